@@ -1,0 +1,1 @@
+"""kvscope.cli: the `kvscope` console command."""

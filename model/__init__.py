@@ -1,0 +1,1 @@
+"""kvscope.model: a tiny Llama with random weights and a locally trained tokenizer."""
