@@ -1,0 +1,92 @@
+"""CPU copy backend: one background thread runs jobs in order while the engine computes."""
+
+import queue
+import threading
+import time
+from collections.abc import Sequence
+
+import torch
+
+from kvscope.connector.common.block_copy import load_runs, store_runs
+from kvscope.connector.common.copy_engine import (
+    CopyEngine,
+    CopyJob,
+    CopyResult,
+    Direction,
+    InjectedFault,
+    describe_error,
+)
+from kvscope.connector.common.host_buffer import HostBuffer
+
+
+class CpuCopyEngine(CopyEngine):
+    """Copies on a worker thread; torch releases the GIL inside copies, so they overlap."""
+
+    def __init__(self, kv_layers: Sequence[torch.Tensor], host_buffer: HostBuffer, block_dim: int):
+        super().__init__(kv_layers, host_buffer, block_dim)
+        # A blocking get() keeps the idle worker asleep instead of spinning.
+        self._jobs: queue.SimpleQueue[CopyJob | None] = queue.SimpleQueue()
+        self._lock: threading.Condition = threading.Condition()
+        self._pending_ids: set[int] = set()
+        self._finished: list[CopyResult] = []
+        self._stopping: threading.Event = threading.Event()
+        self._worker: threading.Thread = threading.Thread(
+            target=self._run, name="kvscope-copy", daemon=True
+        )
+        self._worker.start()
+
+    def poll(self) -> list[CopyResult]:
+        with self._lock:
+            finished, self._finished = self._finished, []
+        return finished
+
+    def wait(self, job_id: int, timeout_s: float | None = None) -> bool:
+        with self._lock:
+            return self._lock.wait_for(lambda: job_id not in self._pending_ids, timeout_s)
+
+    @property
+    def num_pending(self) -> int:
+        with self._lock:
+            return len(self._pending_ids)
+
+    def drain(self, timeout_s: float | None = None) -> list[CopyResult]:
+        with self._lock:
+            self._lock.wait_for(lambda: not self._pending_ids, timeout_s)
+        return self.poll()
+
+    def shutdown(self, timeout_s: float | None = None) -> None:
+        """Runs the jobs already queued, then joins the worker; injected delays are cut short."""
+        if self._closed:
+            return
+        super().shutdown()
+        self._stopping.set()
+        self._jobs.put(None)
+        self._worker.join(timeout_s)
+
+    def _start(self, job: CopyJob) -> None:
+        with self._lock:
+            self._pending_ids.add(job.job_id)
+        self._jobs.put(job)
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            result = self._execute(job)
+            with self._lock:
+                self._pending_ids.discard(job.job_id)
+                self._finished.append(result)
+                self._lock.notify_all()
+
+    def _execute(self, job: CopyJob) -> CopyResult:
+        delay_s = job.not_before - time.monotonic()
+        if delay_s > 0:
+            self._stopping.wait(delay_s)
+        started = time.perf_counter()
+        try:
+            if job.fail_reason is not None:
+                raise InjectedFault(job.fail_reason)
+            copy = store_runs if job.direction is Direction.STORE else load_runs
+            copy(self.kv_layers, self.host_buffer.layers, self.layout.block_dim, job.runs)
+            error = None
+        except Exception as exc:  # reported to the caller through poll(), never raised here
+            error = describe_error(exc)
+        return job.result(time.perf_counter() - started, error)

@@ -1,0 +1,198 @@
+"""Asynchronous whole-block copies between the engine's KV layers and the host buffer."""
+
+import itertools
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+import torch
+
+from kvscope.connector.common.block_copy import CopyRun, plan_runs
+from kvscope.connector.common.host_buffer import BlockLayout, HostBuffer
+
+
+class Direction(StrEnum):
+    STORE = "store"  # device -> host
+    LOAD = "load"  # host -> device
+
+
+class InjectedFault(RuntimeError):
+    """A failure asked for by fault injection, reported like any other copy failure."""
+
+
+@dataclass(frozen=True)
+class CopyResult:
+    """A finished job. duration_s covers the copy itself, not time spent queued or delayed."""
+
+    job_id: int
+    direction: Direction
+    num_blocks: int
+    num_bytes: int
+    submitted_at: float
+    finished_at: float
+    duration_s: float
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def gib_per_s(self) -> float:
+        return self.num_bytes / 2**30 / self.duration_s if self.duration_s > 0 else 0.0
+
+
+@dataclass
+class CopyJob:
+    """A submitted job, as the backends see it."""
+
+    job_id: int
+    direction: Direction
+    runs: list[CopyRun]
+    num_blocks: int
+    num_bytes: int
+    submitted_at: float
+    not_before: float  # injected delay: the job may not finish earlier than this
+    fail_reason: str | None = None
+
+    def result(self, duration_s: float, error: str | None) -> CopyResult:
+        return CopyResult(
+            job_id=self.job_id,
+            direction=self.direction,
+            num_blocks=self.num_blocks,
+            num_bytes=self.num_bytes,
+            submitted_at=self.submitted_at,
+            finished_at=time.monotonic(),
+            duration_s=duration_s,
+            error=error,
+        )
+
+
+class CopyEngine(ABC):
+    """Submit (device_block_ids, host_block_ids) jobs; poll() returns each result exactly once.
+
+    Jobs run in submission order. A load therefore finishes before any later store can
+    overwrite the host blocks it reads, even if its lease expired meanwhile.
+    """
+
+    def __init__(self, kv_layers: Sequence[torch.Tensor], host_buffer: HostBuffer, block_dim: int):
+        layout = BlockLayout.of(kv_layers, block_dim)
+        if (layout.layer_block_shape, layout.dtype, layout.num_layers) != (
+            host_buffer.layout.layer_block_shape,
+            host_buffer.layout.dtype,
+            host_buffer.layout.num_layers,
+        ):
+            raise ValueError(f"host buffer layout {host_buffer.layout} does not fit KV {layout}")
+        self.layout: BlockLayout = layout
+        self.kv_layers: list[torch.Tensor] = list(kv_layers)
+        self.host_buffer: HostBuffer = host_buffer
+        self._job_ids: itertools.count = itertools.count(1)
+        self._closed: bool = False
+
+    def submit_store(
+        self,
+        device_block_ids: Sequence[int],
+        host_block_ids: Sequence[int],
+        delay_s: float = 0.0,
+        fail_reason: str | None = None,
+    ) -> int:
+        """Copies device blocks to host blocks; returns the job id."""
+        return self._submit(Direction.STORE, device_block_ids, host_block_ids, delay_s, fail_reason)
+
+    def submit_load(
+        self,
+        device_block_ids: Sequence[int],
+        host_block_ids: Sequence[int],
+        delay_s: float = 0.0,
+        fail_reason: str | None = None,
+    ) -> int:
+        """Copies host blocks to device blocks; returns the job id."""
+        return self._submit(Direction.LOAD, device_block_ids, host_block_ids, delay_s, fail_reason)
+
+    @abstractmethod
+    def poll(self) -> list[CopyResult]:
+        """Results of jobs finished since the last poll, in completion order; never blocks."""
+
+    @abstractmethod
+    def wait(self, job_id: int, timeout_s: float | None = None) -> bool:
+        """Blocks until the job finished (True) or the timeout passed (False)."""
+
+    @property
+    @abstractmethod
+    def num_pending(self) -> int:
+        """Jobs submitted and not yet finished."""
+
+    def drain(self, timeout_s: float | None = None) -> list[CopyResult]:
+        """Waits for every submitted job, then returns what poll() would."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        results: list[CopyResult] = []
+        while True:
+            results += self.poll()
+            if self.num_pending == 0:
+                return results + self.poll()
+            if deadline is not None and time.monotonic() >= deadline:
+                return results
+            time.sleep(0.0005)
+
+    def shutdown(self) -> None:
+        """Finishes queued jobs and stops; results stay available to poll()."""
+        self._closed = True
+
+    def __enter__(self) -> "CopyEngine":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
+
+    @abstractmethod
+    def _start(self, job: CopyJob) -> None:
+        """Hands a validated job to the backend."""
+
+    def _submit(
+        self,
+        direction: Direction,
+        device_block_ids: Sequence[int],
+        host_block_ids: Sequence[int],
+        delay_s: float,
+        fail_reason: str | None,
+    ) -> int:
+        if self._closed:
+            raise RuntimeError("copy engine is shut down: create a new one")
+        runs = plan_runs(
+            device_block_ids,
+            host_block_ids,
+            self.layout.num_device_blocks,
+            self.host_buffer.num_blocks,
+        )
+        now = time.monotonic()
+        job = CopyJob(
+            job_id=next(self._job_ids),
+            direction=direction,
+            runs=runs,
+            num_blocks=len(host_block_ids),
+            num_bytes=len(host_block_ids) * self.layout.bytes_per_block,
+            submitted_at=now,
+            not_before=now + max(0.0, delay_s),
+            fail_reason=fail_reason,
+        )
+        self._start(job)
+        return job.job_id
+
+
+def describe_error(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"
+
+
+def make_copy_engine(
+    kv_layers: Sequence[torch.Tensor], host_buffer: HostBuffer, block_dim: int
+) -> CopyEngine:
+    """The CUDA backend for KV on a CUDA device, else the CPU (background thread) backend."""
+    if kv_layers and kv_layers[0].device.type == "cuda":
+        from kvscope.connector.common.copy_cuda import CudaCopyEngine
+
+        return CudaCopyEngine(kv_layers, host_buffer, block_dim)
+    from kvscope.connector.common.copy_cpu import CpuCopyEngine
+
+    return CpuCopyEngine(kv_layers, host_buffer, block_dim)

@@ -1,0 +1,64 @@
+"""Test helpers: KV cache layouts the copy engine must handle, filled with random bf16."""
+
+from dataclasses import dataclass
+
+import torch
+
+from kvscope.connector.common.host_buffer import BlockLayout, HostBuffer
+
+
+@dataclass
+class KVCache:
+    """Per-layer KV tensors as an engine would hand them to a connector."""
+
+    name: str
+    layers: list[torch.Tensor]
+    block_dim: int
+
+    @property
+    def num_blocks(self) -> int:
+        return self.layers[0].shape[self.block_dim]
+
+    def block(self, layer: int, device_block_id: int) -> torch.Tensor:
+        return self.layers[layer].select(self.block_dim, device_block_id)
+
+    def block_bits(self, device_block_id: int) -> torch.Tensor:
+        """All layers of one block as int16, so equality is byte equality."""
+        return torch.stack(
+            [self.block(n, device_block_id).contiguous() for n in range(len(self.layers))]
+        ).view(torch.int16)
+
+
+def random_bf16(shape: tuple[int, ...], generator: torch.Generator, device: str) -> torch.Tensor:
+    return torch.randn(shape, generator=generator).to(device=device, dtype=torch.bfloat16)
+
+
+def make_kv_cache(name: str, num_blocks: int = 24, device: str = "cpu", seed: int = 0) -> KVCache:
+    """vLLM CPU layout (layers share one storage) or the flash-attn layout (block dim 1)."""
+    generator = torch.Generator().manual_seed(seed)
+    num_layers, heads, block_size, head_dim = 3, 2, 32, 16
+    if name == "cpu_layer_major":  # storage [L, nb, h, bs, 2d]: each layer contiguous
+        shape = (num_layers, num_blocks, heads, block_size, 2 * head_dim)
+        layers = list(random_bf16(shape, generator, device).unbind(0))
+        return KVCache(name, layers, block_dim=0)
+    if name == "cpu_block_major":  # storage [nb, L, h, bs, 2d]: layers are strided views
+        shape = (num_blocks, num_layers, heads, block_size, 2 * head_dim)
+        layers = list(random_bf16(shape, generator, device).unbind(1))
+        return KVCache(name, layers, block_dim=0)
+    if name == "flash":  # [2, nb, bs, h, d] per layer
+        shape = (2, num_blocks, block_size, heads, head_dim)
+        layers = [random_bf16(shape, generator, device) for _ in range(num_layers)]
+        return KVCache(name, layers, block_dim=1)
+    raise ValueError(name)
+
+
+LAYOUTS = ["cpu_layer_major", "cpu_block_major", "flash"]
+
+
+def make_host_buffer(kv: KVCache, num_host_blocks: int, pin_memory: bool = False) -> HostBuffer:
+    layout = BlockLayout.of(kv.layers, kv.block_dim)
+    return HostBuffer(layout, num_host_blocks, pin_memory)
+
+
+def block_key(n: int) -> bytes:
+    return n.to_bytes(8, "big")
