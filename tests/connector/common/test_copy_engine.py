@@ -1,0 +1,170 @@
+"""CPU copy engine: byte-exact round trips for each KV layout, async behaviour, failures."""
+
+import time
+
+import pytest
+import torch
+from kvcache_fixtures import LAYOUTS, KVCache, make_host_buffer, make_kv_cache
+
+from kvscope.connector.common.copy_cpu import CpuCopyEngine
+from kvscope.connector.common.copy_engine import Direction, make_copy_engine
+
+# (device_block_ids, host_block_ids): contiguous on both sides, scattered device ids into a
+# host run, scattered on both sides, and reversed order.
+BLOCK_PLANS = [
+    ([3, 4, 5, 6], [0, 1, 2, 3]),
+    ([17, 2, 9, 11, 5], [4, 5, 6, 7, 8]),
+    ([1, 20, 7], [9, 2, 14]),
+    ([12, 11, 10], [3, 2, 1]),
+]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize(("device_block_ids", "host_block_ids"), BLOCK_PLANS)
+def test_store_then_load_round_trips_bytes_exactly(layout, device_block_ids, host_block_ids):
+    source = make_kv_cache(layout, seed=1)
+    expected = {d: source.block_bits(d) for d in device_block_ids}
+    host_buffer = make_host_buffer(source, num_host_blocks=16)
+    with make_copy_engine(source.layers, host_buffer, source.block_dim) as engine:
+        engine.submit_store(device_block_ids, host_block_ids)
+        [stored] = engine.drain(timeout_s=10)
+    assert stored.ok and stored.direction is Direction.STORE
+
+    # Load into other device blocks of a second engine's cache, as a later request would.
+    target = make_kv_cache(layout, seed=2)
+    untouched_before = target.block_bits(0)
+    target_ids = [(d + 7) % target.num_blocks or 23 for d in device_block_ids]
+    with make_copy_engine(target.layers, host_buffer, target.block_dim) as engine:
+        engine.submit_load(target_ids, host_block_ids)
+        [loaded] = engine.drain(timeout_s=10)
+    assert loaded.ok and loaded.num_blocks == len(host_block_ids)
+    for device_block_id, target_id in zip(device_block_ids, target_ids, strict=True):
+        assert torch.equal(target.block_bits(target_id), expected[device_block_id])
+    if 0 not in target_ids:
+        assert torch.equal(target.block_bits(0), untouched_before)
+
+
+def test_results_report_bytes_and_duration():
+    kv = make_kv_cache("cpu_layer_major")
+    host_buffer = make_host_buffer(kv, num_host_blocks=8)
+    with CpuCopyEngine(kv.layers, host_buffer, kv.block_dim) as engine:
+        job_id = engine.submit_store([0, 1, 2], [0, 1, 2])
+        assert engine.wait(job_id, timeout_s=10)
+        [result] = engine.poll()
+    assert result.job_id == job_id
+    assert result.num_bytes == 3 * host_buffer.layout.bytes_per_block
+    assert result.duration_s > 0 and result.gib_per_s > 0
+    assert engine.poll() == []  # each result is handed out once
+
+
+def test_submit_returns_before_the_copy_and_the_caller_keeps_working():
+    kv = make_kv_cache("flash")
+    host_buffer = make_host_buffer(kv, num_host_blocks=8)
+    with CpuCopyEngine(kv.layers, host_buffer, kv.block_dim) as engine:
+        started = time.monotonic()
+        job_id = engine.submit_load([0, 1], [0, 1], delay_s=0.3)
+        assert time.monotonic() - started < 0.1
+        assert engine.poll() == [] and engine.num_pending == 1
+        # The engine's own work runs meanwhile on this thread.
+        product = torch.ones(64, 64) @ torch.ones(64, 64)
+        assert product[0, 0] == 64
+        assert engine.wait(job_id, timeout_s=0.01) is False
+        assert engine.wait(job_id, timeout_s=5)
+        [result] = engine.poll()
+    assert result.finished_at - result.submitted_at >= 0.3
+
+
+def test_copies_overlap_a_busy_caller_thread():
+    """The caller's own torch work runs while a large copy is still in flight."""
+    kv = KVCache("big", list(torch.ones(2, 2048, 2, 32, 64, dtype=torch.bfloat16)), 0)
+    host_buffer = make_host_buffer(kv, num_host_blocks=2048)
+    with CpuCopyEngine(kv.layers, host_buffer, kv.block_dim) as engine:
+        job_id = engine.submit_store(list(range(2048)), list(range(2048)))
+        work_done_while_copying = 0
+        while not engine.wait(job_id, timeout_s=0):
+            torch.randn(64, 64) @ torch.randn(64, 64)  # the "forward pass"
+            work_done_while_copying += 1
+        [result] = engine.poll()
+    assert result.ok and work_done_while_copying > 0
+    assert torch.equal(host_buffer.storage, torch.ones_like(host_buffer.storage))
+
+
+def test_idle_worker_does_not_spin():
+    kv = make_kv_cache("cpu_layer_major")
+    with CpuCopyEngine(kv.layers, make_host_buffer(kv, 4), kv.block_dim) as engine:
+        engine.submit_store([0], [0])
+        engine.drain(timeout_s=5)
+        cpu_before, wall_before = time.process_time(), time.monotonic()
+        time.sleep(0.3)
+        cpu_used = time.process_time() - cpu_before
+        wall = time.monotonic() - wall_before
+    assert cpu_used < 0.2 * wall
+
+
+def test_jobs_finish_in_submission_order():
+    kv = make_kv_cache("cpu_block_major")
+    with CpuCopyEngine(kv.layers, make_host_buffer(kv, 8), kv.block_dim) as engine:
+        job_ids = [engine.submit_store([n], [n]) for n in range(6)]
+        job_ids.append(engine.submit_load([10, 11], [0, 1]))
+        results = engine.drain(timeout_s=10)
+    assert [r.job_id for r in results] == job_ids
+
+
+def test_a_failing_copy_is_reported_and_the_engine_keeps_working():
+    with torch.inference_mode():  # in-place writes to these outside inference mode raise
+        kv = make_kv_cache("cpu_layer_major")
+    host_buffer = make_host_buffer(kv, 4)
+    with CpuCopyEngine(kv.layers, host_buffer, kv.block_dim) as engine:
+        engine.submit_load([0, 1], [0, 1])
+        engine.submit_store([2], [2])
+        engine.submit_load([3], [3], fail_reason="injected: test")
+        failed_load, store, injected = engine.drain(timeout_s=10)
+    assert not failed_load.ok and "RuntimeError" in failed_load.error
+    assert store.ok
+    assert injected.error == "InjectedFault: injected: test"
+
+
+@pytest.mark.parametrize(
+    ("device_block_ids", "host_block_ids", "message"),
+    [
+        ([0, 1], [0], "2 device blocks but 1 host blocks"),
+        ([0, 0], [0, 1], "repeated device block ids"),
+        ([0], [99], r"host block id 99 out of range \[0, 4\)"),
+        ([-1], [0], "device block id -1 out of range"),
+    ],
+)
+def test_bad_block_ids_are_refused_at_submit(device_block_ids, host_block_ids, message):
+    kv = make_kv_cache("flash")
+    with CpuCopyEngine(kv.layers, make_host_buffer(kv, 4), kv.block_dim) as engine:
+        with pytest.raises(ValueError, match=message):
+            engine.submit_store(device_block_ids, host_block_ids)
+        assert engine.num_pending == 0
+
+
+def test_shutdown_finishes_queued_jobs_then_joins():
+    kv = make_kv_cache("cpu_layer_major")
+    engine = CpuCopyEngine(kv.layers, make_host_buffer(kv, 8), kv.block_dim)
+    for n in range(4):
+        engine.submit_store([n], [n])
+    engine.shutdown(timeout_s=10)
+    assert not engine._worker.is_alive()
+    assert len(engine.poll()) == 4
+    with pytest.raises(RuntimeError, match="shut down"):
+        engine.submit_store([0], [0])
+    engine.shutdown()  # twice is harmless
+
+
+def test_shutdown_cuts_injected_delays_short():
+    kv = make_kv_cache("cpu_layer_major")
+    engine = CpuCopyEngine(kv.layers, make_host_buffer(kv, 8), kv.block_dim)
+    engine.submit_load([0], [0], delay_s=30)
+    started = time.monotonic()
+    engine.shutdown(timeout_s=10)
+    assert time.monotonic() - started < 5
+    assert [r.ok for r in engine.poll()] == [True]
+
+
+def test_host_buffer_that_does_not_fit_the_kv_is_rejected():
+    kv, other = make_kv_cache("flash"), make_kv_cache("cpu_layer_major")
+    with pytest.raises(ValueError, match="does not fit"):
+        CpuCopyEngine(kv.layers, make_host_buffer(other, 4), kv.block_dim)
