@@ -58,7 +58,7 @@ class CpuCopyEngine(CopyEngine):
         """Runs the jobs already queued, then joins the worker; injected delays are cut short."""
         if self._closed:
             return
-        super().shutdown()
+        super().shutdown(timeout_s)
         self._stopping.set()
         self._jobs.put(None)
         self._worker.join(timeout_s)

@@ -65,18 +65,25 @@ class CudaCopyEngine(CopyEngine):
     def num_pending(self) -> int:
         return len(self._in_flight)
 
-    def shutdown(self) -> None:
-        super().shutdown()
+    def make_compute_stream_wait(self, job_id: int) -> None:
+        """Orders the caller's current stream after a job without blocking the host."""
+        entry = next((e for e in self._in_flight if e.job.job_id == job_id), None)
+        if entry is not None:
+            torch.cuda.current_stream(self.device).wait_event(entry.finished)
+
+    def shutdown(self, timeout_s: float | None = None) -> None:
+        """Waits for the side stream; timeout_s is not enforceable on a CUDA stream."""
+        super().shutdown(timeout_s)
         self.stream.synchronize()
 
     def _start(self, job: CopyJob) -> None:
         started = torch.cuda.Event(enable_timing=True)
         finished = torch.cuda.Event(enable_timing=True)
         error = job.fail_reason
+        # Stores must see the KV the forward pass wrote; loads must not race blocks that the
+        # compute stream still uses for a request that just finished.
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self.stream):
-            # Stores must see the KV the forward pass wrote; loads must not race blocks that
-            # the compute stream still uses for a request that just finished.
-            self.stream.wait_stream(torch.cuda.current_stream(self.device))
             started.record(self.stream)
             if error is None:
                 error = self._enqueue_copies(job)

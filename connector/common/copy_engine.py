@@ -136,7 +136,7 @@ class CopyEngine(ABC):
                 return results
             time.sleep(0.0005)
 
-    def shutdown(self) -> None:
+    def shutdown(self, timeout_s: float | None = None) -> None:
         """Finishes queued jobs and stops; results stay available to poll()."""
         self._closed = True
 

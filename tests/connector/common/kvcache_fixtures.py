@@ -54,6 +54,15 @@ def make_kv_cache(name: str, num_blocks: int = 24, device: str = "cpu", seed: in
 
 LAYOUTS = ["cpu_layer_major", "cpu_block_major", "flash"]
 
+# (device_block_ids, host_block_ids): contiguous on both sides, scattered device ids into a
+# host run, scattered on both sides, and reversed order.
+BLOCK_PLANS = [
+    ([3, 4, 5, 6], [0, 1, 2, 3]),
+    ([17, 2, 9, 11, 5], [4, 5, 6, 7, 8]),
+    ([1, 20, 7], [9, 2, 14]),
+    ([12, 11, 10], [3, 2, 1]),
+]
+
 
 def make_host_buffer(kv: KVCache, num_host_blocks: int, pin_memory: bool = False) -> HostBuffer:
     layout = BlockLayout.of(kv.layers, kv.block_dim)

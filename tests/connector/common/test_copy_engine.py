@@ -4,19 +4,10 @@ import time
 
 import pytest
 import torch
-from kvcache_fixtures import LAYOUTS, KVCache, make_host_buffer, make_kv_cache
+from kvcache_fixtures import BLOCK_PLANS, LAYOUTS, KVCache, make_host_buffer, make_kv_cache
 
 from kvscope.connector.common.copy_cpu import CpuCopyEngine
 from kvscope.connector.common.copy_engine import Direction, make_copy_engine
-
-# (device_block_ids, host_block_ids): contiguous on both sides, scattered device ids into a
-# host run, scattered on both sides, and reversed order.
-BLOCK_PLANS = [
-    ([3, 4, 5, 6], [0, 1, 2, 3]),
-    ([17, 2, 9, 11, 5], [4, 5, 6, 7, 8]),
-    ([1, 20, 7], [9, 2, 14]),
-    ([12, 11, 10], [3, 2, 1]),
-]
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

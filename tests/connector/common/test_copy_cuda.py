@@ -1,0 +1,80 @@
+"""CUDA copy engine: pinned host buffer, side stream, event polling; skipped without a GPU."""
+
+import time
+
+import pytest
+import torch
+from kvcache_fixtures import BLOCK_PLANS, LAYOUTS, make_host_buffer, make_kv_cache
+
+from kvscope.connector.common.copy_engine import make_copy_engine
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+GPU_BUSY_CYCLES = 200_000_000  # about 0.1 s of one SM spinning on the compute stream
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize(("device_block_ids", "host_block_ids"), BLOCK_PLANS)
+def test_cuda_round_trip_is_byte_exact(layout, device_block_ids, host_block_ids):
+    source = make_kv_cache(layout, device="cuda", seed=1)
+    expected = {d: source.block_bits(d) for d in device_block_ids}
+    host_buffer = make_host_buffer(source, num_host_blocks=16, pin_memory=True)
+    assert host_buffer.pinned
+    with make_copy_engine(source.layers, host_buffer, source.block_dim) as engine:
+        assert type(engine).__name__ == "CudaCopyEngine"
+        engine.submit_store(device_block_ids, host_block_ids)
+        [stored] = engine.drain(timeout_s=30)
+    assert stored.ok, stored.error
+    target = make_kv_cache(layout, device="cuda", seed=2)
+    untouched_before = target.block_bits(0)
+    target_ids = [(d + 7) % target.num_blocks or 23 for d in device_block_ids]
+    with make_copy_engine(target.layers, host_buffer, target.block_dim) as engine:
+        engine.submit_load(target_ids, host_block_ids)
+        [loaded] = engine.drain(timeout_s=30)
+    assert loaded.ok, loaded.error
+    for device_block_id, target_id in zip(device_block_ids, target_ids, strict=True):
+        assert torch.equal(target.block_bits(target_id), expected[device_block_id])
+    if 0 not in target_ids:
+        assert torch.equal(target.block_bits(0), untouched_before)
+
+
+def test_store_sees_kv_written_on_the_compute_stream_just_before():
+    kv = make_kv_cache("flash", device="cuda")
+    host_buffer = make_host_buffer(kv, num_host_blocks=4, pin_memory=True)
+    with make_copy_engine(kv.layers, host_buffer, kv.block_dim) as engine:
+        torch.cuda._sleep(GPU_BUSY_CYCLES)  # the "forward pass" is still running...
+        for layer in kv.layers:
+            layer[:, 3].fill_(7.0)  # ...and writes this block when it ends
+        started = time.monotonic()
+        engine.submit_store([3], [1])
+        submit_s = time.monotonic() - started
+        assert engine.poll() == []  # still behind the compute stream's work
+        [result] = engine.drain(timeout_s=30)
+    assert result.ok and submit_s < 0.05
+    assert bool((host_buffer.block(1) == 7.0).all())
+
+
+def test_compute_stream_can_wait_for_a_load_without_blocking_the_host():
+    kv = make_kv_cache("flash", device="cuda", seed=3)
+    host_buffer = make_host_buffer(kv, num_host_blocks=4, pin_memory=True)
+    host_buffer.block(2).fill_(5.0)
+    with make_copy_engine(kv.layers, host_buffer, kv.block_dim) as engine:
+        job_id = engine.submit_load([9], [2])
+        engine.make_compute_stream_wait(job_id)
+        total = sum(layer[:, 9].float().sum() for layer in kv.layers)  # runs after the load
+        assert total.item() == 5.0 * host_buffer.block(2).numel()
+        engine.drain(timeout_s=30)
+
+
+def test_cuda_failures_and_delays_are_reported_through_poll():
+    with torch.inference_mode():  # in-place writes to these outside inference mode raise
+        kv = make_kv_cache("cpu_layer_major", device="cuda")
+    host_buffer = make_host_buffer(kv, num_host_blocks=4, pin_memory=True)
+    with make_copy_engine(kv.layers, host_buffer, kv.block_dim) as engine:
+        engine.submit_load([0, 5], [0, 1])
+        engine.submit_store([2], [2], delay_s=0.05)
+        engine.submit_load([3], [3], fail_reason="injected: test")
+        failed, delayed, injected = engine.drain(timeout_s=30)
+    assert "RuntimeError" in failed.error
+    assert delayed.ok and delayed.finished_at - delayed.submitted_at >= 0.05
+    assert injected.error == "InjectedFault: injected: test"
