@@ -45,7 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--model", help="model folder to check (default: the tiny model)")
     doctor.set_defaults(handler=_doctor)
 
-    demo = commands.add_parser("demo", help="run the tiny model through vLLM with a kvscope connector")
+    demo = commands.add_parser(
+        "demo", help="run the tiny model through vLLM with a kvscope connector"
+    )
     demo.add_argument("--model", help="model folder (default: the tiny model)")
     demo.add_argument("--prompts", type=int, default=4, help="number of prompts")
     demo.set_defaults(handler=_demo)

@@ -1,1 +1,1 @@
-"""kvscope.demo"""
+"""kvscope.demo: engine launcher, quick-start run and (later) the P/D demo."""

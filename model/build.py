@@ -34,7 +34,11 @@ def _random_weights(spec: ModelShape, seed: int) -> dict[str, torch.Tensor]:
     # Scaled so each layer keeps unit variance: outputs then depend on the context, which
     # makes "same greedy tokens with and without a connector" a test that can fail.
     gen = torch.Generator().manual_seed(seed)
-    h, kv, inter = spec.hidden_size, spec.num_key_value_heads * spec.head_dim, spec.intermediate_size
+    h, kv, inter = (
+        spec.hidden_size,
+        spec.num_key_value_heads * spec.head_dim,
+        spec.intermediate_size,
+    )
 
     def normal(rows: int, cols: int, std: float) -> torch.Tensor:
         return (torch.randn(rows, cols, generator=gen) * std).to(torch.bfloat16)
@@ -83,7 +87,9 @@ def _write_tokenizer(out: Path, spec: ModelShape, seed: int) -> None:
             "clean_up_tokenization_spaces": False,
         },
     )
-    _write_json(out / "special_tokens_map.json", {"bos_token": bos, "eos_token": eos, "pad_token": pad})
+    _write_json(
+        out / "special_tokens_map.json", {"bos_token": bos, "eos_token": eos, "pad_token": pad}
+    )
 
 
 def _config(spec: ModelShape) -> dict:

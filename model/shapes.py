@@ -1,4 +1,4 @@
-"""The shapes of the tiny models kvscope builds: small enough for a 2-core CPU, real enough for vLLM."""
+"""Shapes of the tiny models kvscope builds: small for a 2-core CPU, real for vLLM."""
 
 from dataclasses import dataclass
 

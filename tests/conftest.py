@@ -1,0 +1,45 @@
+"""Shared fixtures: the tiny model, one in-memory span exporter per session, engine environment."""
+
+from pathlib import Path
+
+import pytest
+
+from kvscope.demo.engine import use_in_process_engine
+
+# Engines in tests run in-process unless a test starts a subprocess on purpose.
+use_in_process_engine()
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The default tiny model, built once per test session."""
+    from kvscope.model.build import build_model
+
+    return build_model(tmp_path_factory.mktemp("models") / "tiny-seed0")
+
+
+@pytest.fixture(scope="session")
+def span_exporter():
+    """The process's in-memory span exporter (tracing is set up once per process)."""
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from kvscope.traces.sdk.configure import configure_tracing
+    from kvscope.traces.sdk.settings import TracingSettings
+
+    exporter = InMemorySpanExporter()
+    configure_tracing(TracingSettings(schedule_delay_s=0.05), exporters=[exporter])
+    return exporter
+
+
+@pytest.fixture
+def spans(span_exporter):
+    """Finished spans of this test: call it after the work to get them, flushed."""
+    from kvscope.traces.sdk.configure import flush
+
+    span_exporter.clear()
+
+    def collect():
+        flush()
+        return list(span_exporter.get_finished_spans())
+
+    return collect

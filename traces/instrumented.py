@@ -1,0 +1,148 @@
+"""InstrumentedConnector: a KV connector that traces every hook of the connector it wraps."""
+
+import os
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorRole,
+    supports_hma,
+)
+
+from kvscope.traces.scheduler_hooks import SchedulerHooks
+from kvscope.traces.scheduler_spans import SchedulerTracing
+from kvscope.traces.spans import HookSpans
+from kvscope.traces.worker_hooks import WorkerHooks
+from kvscope.traces.worker_spans import WorkerTracing
+
+EXTRA_LAYER_MODE = "trace_layer_mode"
+"""kv_connector_extra_config key: 'aggregated' (default) or 'per_layer' spans for layer hooks."""
+
+EXTRA_QUIET_HOOKS = "trace_quiet_hooks"
+"""kv_connector_extra_config key: True gives per-step queries a span even when idle."""
+
+
+class InstrumentedConnector(SchedulerHooks, WorkerHooks, KVConnectorBase_V1):
+    """Delegates every hook to an inner connector inside an OpenTelemetry span.
+
+    Subclasses say how to build the inner connector (`build_inner`) and which class it is
+    (`inner_class`). The hook's behaviour never changes: arguments and return values pass
+    through, and exceptions are recorded on the span and re-raised unchanged.
+    """
+
+    def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any):
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        from kvscope.traces.sdk.configure import configure_tracing
+
+        ktc = self._kv_transfer_config
+        role_name = "scheduler" if role == KVConnectorRole.SCHEDULER else "worker"
+        configure_tracing(service_name=f"kvscope-{ktc.kv_role or 'engine'}")
+        self._inner: KVConnectorBase_V1 = self.build_inner(vllm_config, role, kv_cache_config)
+        # vLLM decides from our class whether it may enable the hybrid KV cache manager, so
+        # a subclass that is SupportsHMA must wrap a connector that is too.
+        self._inner_supports_hma = supports_hma(self._inner)
+        if supports_hma(self) and not self._inner_supports_hma:
+            raise ValueError(
+                f"{type(self._inner).__name__} does not support the hybrid KV cache manager: "
+                f"wrap it with a connector class that is not SupportsHMA"
+            )
+        extra = ktc.kv_connector_extra_config or {}
+        layer_mode = extra.get(EXTRA_LAYER_MODE) or os.environ.get(
+            "KVSCOPE_LAYER_SPANS", "aggregated"
+        )
+        self._trace_quiet_hooks = bool(extra.get(EXTRA_QUIET_HOOKS, False))
+        self._failure_policy = ktc.kv_load_failure_policy
+        self._spans = HookSpans(
+            type(self._inner).__name__, role_name, str(ktc.engine_id), str(ktc.kv_role)
+        )
+        self._sched = SchedulerTracing(self._spans)
+        self._work = WorkerTracing(self._spans, per_layer=layer_mode == "per_layer")
+
+    # --- what subclasses provide --------------------------------------------------------------
+
+    def build_inner(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any):
+        raise NotImplementedError
+
+    @classmethod
+    def inner_class(cls, extra_config: dict[str, Any]) -> type[KVConnectorBase_V1]:
+        """The wrapped class, from the outer kv_connector_extra_config."""
+        raise NotImplementedError
+
+    @classmethod
+    def inner_vllm_config(cls, vllm_config: Any) -> Any:
+        return vllm_config
+
+    # --- class-level questions vLLM asks before building connectors --------------------------
+
+    @classmethod
+    def _inner_class_of(cls, vllm_config: Any) -> type[KVConnectorBase_V1]:
+        return cls.inner_class(vllm_config.kv_transfer_config.kv_connector_extra_config or {})
+
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config: Any) -> str | None:
+        inner = cls._inner_class_of(vllm_config)
+        return inner.get_required_kvcache_layout(cls.inner_vllm_config(vllm_config))
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
+        inner_extra = cls.inner_extra_config(extra_config)
+        return cls.inner_class(extra_config).requires_piecewise_for_cudagraph(inner_extra)
+
+    @classmethod
+    def inner_extra_config(cls, extra_config: dict[str, Any]) -> dict[str, Any]:
+        """The inner connector's own kv_connector_extra_config."""
+        return {
+            k: v for k, v in extra_config.items() if k not in (EXTRA_LAYER_MODE, EXTRA_QUIET_HOOKS)
+        }
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        return cls._inner_class_of(vllm_config).build_prom_metrics(
+            cls.inner_vllm_config(vllm_config), metric_types, labelnames, per_engine_labelvalues
+        )
+
+    # --- lifecycle shared by both roles -------------------------------------------------------
+
+    @property
+    def inner(self) -> KVConnectorBase_V1:
+        return self._inner
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        return self._inner.requires_kv_delivery
+
+    def get_handshake_metadata(self):
+        return self._inner.get_handshake_metadata()
+
+    def set_xfer_handshake_metadata(self, metadata) -> None:
+        with self._spans.hook("set_xfer_handshake_metadata"):
+            return self._inner.set_xfer_handshake_metadata(metadata)
+
+    def set_xfer_handshake_metadata_pp_aware(self, metadata) -> None:
+        with self._spans.hook("set_xfer_handshake_metadata"):
+            return self._inner.set_xfer_handshake_metadata_pp_aware(metadata)
+
+    def set_host_xfer_buffer_ops(self, copy_operation) -> None:
+        return self._inner.set_host_xfer_buffer_ops(copy_operation)
+
+    def get_mem_pool_context(self):
+        return self._inner.get_mem_pool_context()
+
+    def finish_forward(self) -> None:
+        return self._inner.finish_forward()
+
+    def reset_capture_state(self) -> None:
+        return self._inner.reset_capture_state()
+
+    def get_finished_count(self) -> int | None:
+        return self._inner.get_finished_count()
+
+    def shutdown(self):
+        with self._spans.hook("shutdown"):
+            result = self._inner.shutdown()
+        self._work.end_step()
+        self._sched.end_all()
+        from kvscope.traces.sdk.configure import flush
+
+        flush(timeout_s=5)
+        return result

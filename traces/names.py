@@ -1,0 +1,257 @@
+"""Every span name, attribute key and event name kvscope emits: the one place they are written.
+
+Keys reuse OpenTelemetry's `gen_ai.*` semantic conventions and vLLM's own tracing names where
+those exist; everything else lives under the `kvscope.` prefix. The backend reads spans by
+these names only, so renaming one here is a protocol change (bump SCHEMA_VERSION).
+"""
+
+from typing import Final
+
+SCHEMA_VERSION: Final = 1
+"""Version of this naming scheme; carried as a resource attribute."""
+
+INSTRUMENTATION_NAME: Final = "kvscope"
+"""The instrumentation scope name of every kvscope tracer."""
+
+# --- Span names -------------------------------------------------------------------------------
+
+SPAN_REQUEST: Final = "kvscope.request"
+"""One request's life in one engine's scheduler: parent of its scheduler hook spans."""
+
+SPAN_HOOK_PREFIX: Final = "kvscope.hook."
+"""Prefix of hook spans; the full name is SPAN_HOOK_PREFIX + the connector method's name."""
+
+SPAN_STEP: Final = "kvscope.step"
+"""One engine step on a worker: parent of that step's worker hook spans, linked to its requests."""
+
+SPAN_WORKER_REQUEST: Final = "kvscope.worker.request"
+"""A request's KV work in one worker step (in the request's trace): load, layers, save."""
+
+SPAN_REQUEST_EVENT: Final = "kvscope.request.event"
+"""A short span in a request's trace for a fact seen outside its own spans (e.g. load done)."""
+
+SPAN_TRANSFER: Final = "kvscope.transfer"
+"""One block transfer (host copy or network read) with its bytes and duration."""
+
+SPAN_HANDSHAKE: Final = "kvscope.handshake"
+"""The first contact with a peer engine over the side channel."""
+
+SPAN_TELEMETRY: Final = "kvscope.telemetry"
+"""Periodic self-report of the tracing pipeline: spans emitted and dropped so far."""
+
+# --- Resource and process attributes ----------------------------------------------------------
+
+SCHEMA: Final = "kvscope.schema.version"
+"""SCHEMA_VERSION of the process that emitted the span."""
+
+SEQ: Final = "kvscope.seq"
+"""Per-process sequence number of each span, in start order: a hole means spans were lost."""
+
+SEQ_ORIGIN: Final = "kvscope.seq.origin"
+"""Unique id of the process start whose SEQ counter numbered the span: gaps are per origin."""
+
+PROCESS_ID: Final = "service.instance.id"
+"""Unique id of one process start (OTel semantic convention), equal to SEQ_ORIGIN where
+kvscope created the tracer provider (not when it joined one vLLM had set up)."""
+
+# --- Connector, engine, request, step ---------------------------------------------------------
+
+CONNECTOR_NAME: Final = "kvscope.connector.name"
+"""Class name of the connector whose hook ran (the wrapped one for TracedConnector)."""
+
+CONNECTOR_ROLE: Final = "kvscope.connector.role"
+"""'scheduler' or 'worker': which half of the connector ran the hook."""
+
+CONNECTOR_CHILD: Final = "kvscope.connector.child"
+"""Within a MultiConnector: the child connector a span or fact belongs to."""
+
+ENGINE_ID: Final = "kvscope.engine.id"
+"""vLLM's kv_transfer_config.engine_id of the engine."""
+
+KV_ROLE: Final = "kvscope.engine.kv_role"
+"""vLLM's kv_role of the engine: kv_producer, kv_consumer or kv_both."""
+
+REQUEST_ID: Final = "gen_ai.request.id"
+"""vLLM's request id (the name vLLM's own tracing uses)."""
+
+REQUEST_IDS: Final = "kvscope.request.ids"
+"""Request ids a step-level span served."""
+
+PROMPT_TOKENS: Final = "gen_ai.usage.prompt_tokens"
+"""Prompt length in tokens (the name vLLM's own tracing uses)."""
+
+STEP: Final = "kvscope.step.index"
+"""Index of the engine step (counted by the scheduler half, carried to workers in metadata)."""
+
+HOOK: Final = "kvscope.hook"
+"""Name of the KV connector method a span covers."""
+
+HOOK_RESULT: Final = "kvscope.hook.result"
+"""Short text form of a hook's return value."""
+
+# --- Tokens -----------------------------------------------------------------------------------
+
+TOKENS_LOCAL_HIT: Final = "kvscope.tokens.local_hit"
+"""Tokens already computed locally (vLLM's prefix cache) when the connector was asked."""
+
+TOKENS_EXTERNAL_HIT: Final = "kvscope.tokens.external_hit"
+"""Tokens the connector can load beyond the local hit (None while it is still deciding)."""
+
+TOKENS_EXTERNAL_PENDING: Final = "kvscope.tokens.external_pending"
+"""True when the connector needs more time to decide and will be asked again."""
+
+LOAD_ASYNC: Final = "kvscope.load.async"
+"""True when the external tokens load asynchronously, between scheduler steps."""
+
+TOKENS_TO_LOAD: Final = "kvscope.tokens.to_load"
+"""num_external_tokens given to update_state_after_alloc: tokens the load must fill."""
+
+TOKENS_SCHEDULED: Final = "kvscope.tokens.scheduled"
+"""Tokens the scheduler scheduled in the step."""
+
+# --- Blocks, layers ---------------------------------------------------------------------------
+
+BLOCK_IDS: Final = "kvscope.blocks.ids"
+"""Local block ids (addresses in this engine's KV cache)."""
+
+BLOCK_HASHES: Final = "kvscope.blocks.hashes"
+"""Block content hashes, compact: the first 8 bytes in hex."""
+
+BLOCK_COUNT: Final = "kvscope.blocks.count"
+"""How many blocks the span or event concerns."""
+
+BLOCK_TIER: Final = "kvscope.block.tier"
+"""Where a block lives: 'device', 'host' or 'remote'."""
+
+HOST_BLOCK_IDS: Final = "kvscope.host_blocks.ids"
+"""Host pool block ids (addresses in the CPU offload pool)."""
+
+LOAD_ERROR_BLOCK_IDS: Final = "kvscope.load_errors.block_ids"
+"""Local block ids whose load failed (get_block_ids_with_load_errors)."""
+
+FINISHED_SENDING: Final = "kvscope.finished.sending"
+"""Request ids whose asynchronous save or send finished."""
+
+FINISHED_RECVING: Final = "kvscope.finished.recving"
+"""Request ids whose asynchronous load finished."""
+
+LAYER_NAME: Final = "kvscope.layer.name"
+"""Attention layer name, as vLLM names it."""
+
+LAYER_INDEX: Final = "kvscope.layer.index"
+"""Attention layer position in the step's call order."""
+
+LAYER_COUNT: Final = "kvscope.layer.count"
+"""Per-layer calls aggregated into one span."""
+
+LAYER_DURATIONS_MS: Final = "kvscope.layer.durations_ms"
+"""Per-layer durations in milliseconds, in call order (aggregated mode)."""
+
+LAYER_TOTAL_MS: Final = "kvscope.layer.total_ms"
+"""Sum of the per-layer durations in milliseconds (aggregated mode)."""
+
+# --- Transfers --------------------------------------------------------------------------------
+
+TRANSFER_DIRECTION: Final = "kvscope.transfer.direction"
+"""'store' (device to host), 'load' (host to device) or 'p2p_read' (remote to local)."""
+
+TRANSFER_BYTES: Final = "kvscope.transfer.bytes"
+"""Bytes the transfer moved."""
+
+TRANSFER_DURATION_MS: Final = "kvscope.transfer.duration_ms"
+"""Wall time of the transfer in milliseconds."""
+
+TRANSFER_GBPS: Final = "kvscope.transfer.gbps"
+"""Throughput of the transfer in GB/s (1e9 bytes per second)."""
+
+TRANSFER_PEER: Final = "kvscope.transfer.peer"
+"""The other side: a peer engine id, or 'host' for the offload pool."""
+
+TRANSFER_DESCRIPTORS: Final = "kvscope.transfer.descriptors"
+"""Memory descriptors in the transfer (blocks times layers for a NIXL read)."""
+
+TRANSFER_OK: Final = "kvscope.transfer.ok"
+"""False when the transfer failed."""
+
+# --- Leases -----------------------------------------------------------------------------------
+
+LEASE_ID: Final = "kvscope.lease.id"
+"""Id of a lease that pins blocks until a load completes."""
+
+LEASE_TIMEOUT_S: Final = "kvscope.lease.timeout_s"
+"""Seconds after which an unreleased lease expires."""
+
+LEASE_OUTCOME: Final = "kvscope.lease.outcome"
+"""How a lease ended: 'released', 'expired' or 'aborted'."""
+
+LEASE_HOLDER: Final = "kvscope.lease.holder"
+"""Request id holding the lease."""
+
+# --- Failures ---------------------------------------------------------------------------------
+
+FAILURE_CAUSE: Final = "kvscope.failure.cause"
+"""Why a load or transfer failed: 'load_error', 'timeout', 'peer_dead', 'lease_expired', ..."""
+
+FAILURE_POLICY: Final = "kvscope.failure.policy"
+"""vLLM's kv_load_failure_policy applied: 'recompute' or 'fail'."""
+
+FAILURE_OUTCOME: Final = "kvscope.failure.outcome"
+"""What happened to the request: 'recomputed', 'failed' or 'served_by_fallback'."""
+
+# --- Tracing pipeline self-report -------------------------------------------------------------
+
+TRACE_MODE: Final = "kvscope.trace.layer_mode"
+"""'aggregated' (one span per step for per-layer hooks) or 'per_layer'."""
+
+SPANS_EMITTED: Final = "kvscope.telemetry.spans_emitted"
+"""Spans this process has ended so far."""
+
+SPANS_DROPPED: Final = "kvscope.telemetry.spans_dropped"
+"""Spans this process has dropped so far (queue full or export failed)."""
+
+# --- Span events ------------------------------------------------------------------------------
+
+EVENT_LEASE_ACQUIRED: Final = "kvscope.lease.acquired"
+"""A lease was taken on blocks a lookup counted."""
+
+EVENT_LEASE_RELEASED: Final = "kvscope.lease.released"
+"""A lease was released (load done, request finished or aborted)."""
+
+EVENT_LEASE_EXPIRED: Final = "kvscope.lease.expired"
+"""A lease expired before it was released: a failure."""
+
+EVENT_BLOCK_STORED: Final = "kvscope.block.stored"
+"""Blocks were committed to a tier (their data is final)."""
+
+EVENT_BLOCK_EVICTED: Final = "kvscope.block.evicted"
+"""Blocks were evicted from a tier."""
+
+EVENT_BLOCK_LOADED: Final = "kvscope.block.loaded"
+"""Blocks were loaded into the engine's KV cache."""
+
+EVENT_EVICTION_REFUSED: Final = "kvscope.block.eviction_refused"
+"""An eviction was refused because the blocks were leased."""
+
+EVENT_LOAD_FAILED: Final = "kvscope.load.failed"
+"""A load failed; FAILURE_CAUSE and FAILURE_POLICY say why and what follows."""
+
+EVENT_TIMELINE: Final = "kvscope.timeline"
+"""A request timeline point; TIMELINE_POINT names it."""
+
+TIMELINE_POINT: Final = "kvscope.timeline.point"
+"""Name of a timeline point, one of TIMELINE_POINTS."""
+
+# --- Request timeline -------------------------------------------------------------------------
+
+TIMELINE_POINTS: Final = (
+    "lookup_start",  # start of the first get_num_new_matched_tokens span
+    "lookup_result",  # end of the last get_num_new_matched_tokens span (TOKENS_EXTERNAL_HIT)
+    "blocks_allocated",  # end of update_state_after_alloc with TOKENS_TO_LOAD > 0
+    "transfer_submitted",  # EVENT_TIMELINE on SPAN_WORKER_REQUEST at start_load_kv
+    "layer_ready",  # EVENT_TIMELINE per layer on SPAN_WORKER_REQUEST (wait_for_layer_load)
+    "forward_start",  # EVENT_TIMELINE on SPAN_WORKER_REQUEST at the first per-layer hook
+    "transfer_complete",  # SPAN_REQUEST_EVENT when the worker reports FINISHED_RECVING
+    "resumed",  # EVENT_TIMELINE on SPAN_REQUEST when first scheduled after its load
+    "finished",  # end of the request_finished hook span
+)
+"""The KV timeline points of a request, in their usual order, and where each is read from."""

@@ -1,0 +1,143 @@
+"""Traced scheduler-side hooks: each opens a span, delegates to the inner connector in one call."""
+
+from typing import Any
+
+from kvscope.traces import names
+from kvscope.traces.attributes import (
+    block_ids_attributes,
+    finished_attributes,
+    kv_blocks_ids,
+    lookup_attributes,
+    short_text,
+)
+from kvscope.traces.metadata import TracedMetadata
+
+
+class SchedulerHooks:
+    """Mixin for InstrumentedConnector: the hooks vLLM's scheduler calls."""
+
+    def _request_hook(self, hook: str, request: Any, **attributes: Any):
+        """A hook span in the request's trace, child of its kvscope.request span."""
+        parent = self._sched.request_context(request)
+        req_id = {names.REQUEST_ID: str(request.request_id)}
+        return self._spans.hook(hook, parent, **req_id, **attributes)
+
+    def on_new_request(self, request: Any) -> None:
+        with self._request_hook("on_new_request", request):
+            return self._inner.on_new_request(request)
+
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int):
+        with self._request_hook("get_num_new_matched_tokens", request) as span:
+            result = self._inner.get_num_new_matched_tokens(request, num_computed_tokens)
+            span.set_attributes(lookup_attributes(num_computed_tokens, result))
+            return result
+
+    def get_external_cache_hit_sources(self, request: Any, num_external_tokens: int):
+        with self._request_hook("get_external_cache_hit_sources", request) as span:
+            result = self._inner.get_external_cache_hit_sources(request, num_external_tokens)
+            span.set_attribute(
+                names.HOOK_RESULT, short_text({str(k): v for k, v in result.items()})
+            )
+            return result
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int):
+        with self._request_hook(
+            "update_state_after_alloc", request, **{names.TOKENS_TO_LOAD: num_external_tokens}
+        ) as span:
+            if num_external_tokens > 0:
+                self._sched.note_load(str(request.request_id))
+                span.set_attributes(block_ids_attributes(names.BLOCK_IDS, kv_blocks_ids(blocks)))
+            return self._inner.update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: Any) -> TracedMetadata:
+        new_ids = [r.req_id for r in scheduler_output.scheduled_new_reqs]
+        contexts, loads, links = self._sched.begin_step(
+            scheduler_output.num_scheduled_tokens, new_ids
+        )
+        with self._spans.hook(
+            "build_connector_meta",
+            None,
+            links,
+            **{
+                names.STEP: self._sched.step,
+                names.REQUEST_IDS: sorted(contexts),
+                names.TOKENS_SCHEDULED: scheduler_output.total_num_scheduled_tokens,
+            },
+        ):
+            inner = self._inner.build_connector_meta(scheduler_output)
+            return TracedMetadata(inner, self._sched.step, contexts, loads)
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        sending = connector_output.finished_sending or set()
+        recving = connector_output.finished_recving or set()
+        invalid = connector_output.invalid_block_ids or set()
+        if not (sending or recving or invalid) and not self._trace_quiet_hooks:
+            return self._inner.update_connector_output(connector_output)
+        self._sched.note_loaded(set(recving))
+        with self._spans.hook(
+            "update_connector_output",
+            None,
+            **finished_attributes(sending, recving),
+            **{names.LOAD_ERROR_BLOCK_IDS: sorted(invalid)[:256]},
+        ):
+            return self._inner.update_connector_output(connector_output)
+
+    def request_finished(self, request: Any, block_ids: list[int]):
+        return self._finished("request_finished", request, block_ids, block_ids)
+
+    def request_finished_all_groups(self, request: Any, block_ids: tuple[list[int], ...]):
+        return self._finished("request_finished_all_groups", request, block_ids[0], block_ids)
+
+    def _finished(self, hook: str, request: Any, first_group: list[int], block_ids: Any):
+        ids = block_ids_attributes(names.BLOCK_IDS, first_group)
+        with self._request_hook(hook, request, **ids) as span:
+            if self._inner_supports_hma:
+                delay_free, params = self._inner.request_finished_all_groups(request, block_ids)
+            else:
+                delay_free, params = self._inner.request_finished(request, first_group)
+            span.set_attributes(
+                {
+                    "kvscope.request.delay_free": bool(delay_free),
+                    names.HOOK_RESULT: short_text(sorted(params) if params else None),
+                }
+            )
+        status = getattr(request, "status", None)
+        self._sched.end_request(
+            str(request.request_id),
+            status=str(getattr(status, "name", status) or "finished"),
+            **{"kvscope.request.delay_free": bool(delay_free)},
+        )
+        return delay_free, params
+
+    def take_events(self):
+        events = list(self._inner.take_events())
+        if events or self._trace_quiet_hooks:
+            with self._spans.hook("take_events", None, **{"kvscope.events.count": len(events)}):
+                pass
+        return events
+
+    def reset_cache(self) -> bool | None:
+        with self._spans.hook("reset_cache") as span:
+            result = self._inner.reset_cache()
+            span.set_attribute(names.HOOK_RESULT, short_text(result))
+            return result
+
+    # Plain delegation: bookkeeping queries polled every step, not lifecycle events.
+    def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
+        self._kv_cache_manager = kv_cache_manager
+        self._inner.bind_kv_cache_manager(kv_cache_manager)
+
+    def bind_gpu_block_pool(self, gpu_block_pool: Any) -> None:
+        self._inner.bind_gpu_block_pool(gpu_block_pool)
+
+    def get_loaded_kv_cache_group_ids(self, request: Any) -> tuple[int, ...]:
+        return self._inner.get_loaded_kv_cache_group_ids(request)
+
+    def register_finished_partial_tail(self, request, block_ids, partial_tail_offloads) -> bool:
+        return self._inner.register_finished_partial_tail(request, block_ids, partial_tail_offloads)
+
+    def has_pending_block_frees(self) -> bool:
+        return self._inner.has_pending_block_frees()
+
+    def has_pending_push_work(self) -> bool:
+        return self._inner.has_pending_push_work()

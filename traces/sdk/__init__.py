@@ -1,0 +1,1 @@
+"""kvscope.traces.sdk: the only code that touches the OpenTelemetry SDK."""

@@ -1,0 +1,118 @@
+"""Span processors: per-process sequence numbers, and a bounded batch queue that counts drops."""
+
+import itertools
+import logging
+import threading
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from kvscope.traces import names
+
+logger = logging.getLogger(__name__)
+
+
+class SequenceProcessor(SpanProcessor):
+    """Numbers every span of this process in start order, so the backend can see lost spans."""
+
+    def __init__(self, origin: str) -> None:
+        self._next = itertools.count()
+        self._origin = origin
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        span.set_attributes({names.SEQ: next(self._next), names.SEQ_ORIGIN: self._origin})
+
+
+@dataclass
+class ExportCounters:
+    """What one exporter's queue did with the spans it was given."""
+
+    queued: int = 0
+    exported: int = 0
+    dropped_queue_full: int = 0
+    dropped_export_failed: int = 0
+
+    @property
+    def dropped(self) -> int:
+        return self.dropped_queue_full + self.dropped_export_failed
+
+
+class BoundedBatchProcessor(SpanProcessor):
+    """Hands ended spans to a background exporter thread through a bounded queue.
+
+    on_end never waits: when the queue is full the span is dropped and counted. This is the
+    guarantee the engine needs (the SDK's BatchSpanProcessor also drops, but logs every drop
+    and exposes no count to read back).
+    """
+
+    def __init__(
+        self,
+        exporter: SpanExporter,
+        max_queue_size: int = 4096,
+        max_batch_size: int = 512,
+        schedule_delay_s: float = 0.5,
+    ) -> None:
+        self.exporter = exporter
+        self.counters = ExportCounters()
+        self._queue: deque[ReadableSpan] = deque()
+        self._max_queue_size = max_queue_size
+        self._max_batch_size = max_batch_size
+        self._delay_s = schedule_delay_s
+        self._wake = threading.Event()
+        self._flushed = threading.Condition()
+        self._stopping = False
+        self._exporting = 0
+        self._thread = threading.Thread(target=self._run, name="kvscope-span-export", daemon=True)
+        self._thread.start()
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if len(self._queue) >= self._max_queue_size or self._stopping:
+            self.counters.dropped_queue_full += 1
+            return
+        self._queue.append(span)
+        self.counters.queued += 1
+        if len(self._queue) >= self._max_batch_size:
+            self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stopping:
+            self._wake.wait(self._delay_s)
+            self._wake.clear()
+            self._drain()
+        self._drain()
+
+    def _drain(self) -> None:
+        while self._queue:
+            size = min(len(self._queue), self._max_batch_size)
+            self._exporting = size
+            self._export([self._queue.popleft() for _ in range(size)])
+            self._exporting = 0
+        with self._flushed:
+            self._flushed.notify_all()
+
+    def _export(self, batch: Sequence[ReadableSpan]) -> None:
+        try:
+            ok = self.exporter.export(batch) == SpanExportResult.SUCCESS
+        except Exception:  # an exporter bug must not kill the export thread
+            logger.exception("span exporter %s raised", type(self.exporter).__name__)
+            ok = False
+        if ok:
+            self.counters.exported += len(batch)
+        else:
+            self.counters.dropped_export_failed += len(batch)
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        with self._flushed:
+            self._wake.set()
+            idle = lambda: not self._queue and not self._exporting  # noqa: E731
+            return self._flushed.wait_for(idle, timeout_millis / 1000)
+
+    def shutdown(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        self._thread.join(timeout=10)
+        self.exporter.shutdown()

@@ -1,0 +1,88 @@
+"""Tracing settings read from the standard OTEL_* variables plus kvscope's own KVSCOPE_* ones."""
+
+import os
+from dataclasses import dataclass, field
+
+LAYER_MODES = ("aggregated", "per_layer")
+
+
+@dataclass(frozen=True)
+class Destination:
+    """One place spans go: protocol 'http/protobuf', 'http/json', 'grpc' or 'file'."""
+
+    protocol: str
+    endpoint: str
+
+
+@dataclass(frozen=True)
+class TracingSettings:
+    """What set-up needs; from_env() reads it the way OpenTelemetry users expect."""
+
+    enabled: bool = True
+    service_name: str | None = None
+    destinations: tuple[Destination, ...] = field(default_factory=tuple)
+    max_queue_size: int = 4096
+    max_batch_size: int = 512
+    schedule_delay_s: float = 0.5
+    layer_mode: str = "aggregated"
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> "TracingSettings":
+        env = os.environ if env is None else env
+        layer_mode = env.get("KVSCOPE_LAYER_SPANS", "aggregated")
+        if layer_mode not in LAYER_MODES:
+            raise ValueError(f"KVSCOPE_LAYER_SPANS={layer_mode!r}: use one of {LAYER_MODES}")
+        return cls(
+            enabled=env.get("OTEL_SDK_DISABLED", "false").lower() != "true"
+            and env.get("KVSCOPE_TRACING", "on").lower() not in ("off", "0", "false"),
+            service_name=env.get("OTEL_SERVICE_NAME") or None,
+            destinations=tuple(_destinations(env)),
+            max_queue_size=int(env.get("OTEL_BSP_MAX_QUEUE_SIZE", 4096)),
+            max_batch_size=int(env.get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512)),
+            schedule_delay_s=int(env.get("OTEL_BSP_SCHEDULE_DELAY", 500)) / 1000,
+            layer_mode=layer_mode,
+        )
+
+
+def _destinations(env: dict[str, str]) -> list[Destination]:
+    """KVSCOPE_OTLP_ENDPOINTS (several, comma-separated), the standard OTLP endpoint, a file."""
+    found: list[Destination] = []
+    for url in filter(None, (u.strip() for u in env.get("KVSCOPE_OTLP_ENDPOINTS", "").split(","))):
+        found.append(parse_endpoint(url))
+    standard = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or _base_endpoint(env)
+    if standard and env.get("OTEL_TRACES_EXPORTER", "otlp") != "none":
+        protocol = env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or env.get(
+            "OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"
+        )
+        found.append(Destination(protocol, standard))
+    if path := env.get("KVSCOPE_TRACES_FILE"):
+        found.append(Destination("file", path))
+    return found
+
+
+def _base_endpoint(env: dict[str, str]) -> str | None:
+    base = env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    if not base:
+        return None
+    protocol = env.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+    # The spec: for HTTP the base endpoint gets /v1/traces appended; gRPC takes it as it is.
+    return base if protocol == "grpc" else base.rstrip("/") + "/v1/traces"
+
+
+def parse_endpoint(url: str) -> Destination:
+    """'grpc://host:4317' -> gRPC; 'http(s)://host:port/path' -> OTLP/HTTP protobuf;
+    'http+json://...' -> OTLP/HTTP JSON; 'file:///path' -> OTLP/JSON lines in a file."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        raise ValueError(
+            f"OTLP endpoint {url!r} needs a scheme: grpc://, http://, https://, file://"
+        )
+    if scheme == "grpc":
+        return Destination("grpc", "http://" + rest)
+    if scheme in ("http", "https"):
+        return Destination("http/protobuf", url)
+    if scheme in ("http+json", "https+json"):
+        return Destination("http/json", scheme.removesuffix("+json") + "://" + rest)
+    if scheme == "file":
+        return Destination("file", rest)
+    raise ValueError(f"OTLP endpoint {url!r}: unknown scheme {scheme!r}")

@@ -1,0 +1,158 @@
+"""Traced worker-side hooks: a step span per bound metadata, a span per hook, per-layer timings."""
+
+import time
+from typing import Any
+
+from kvscope.traces import names
+from kvscope.traces.attributes import (
+    block_ids_attributes,
+    finished_attributes,
+    kv_caches_attributes,
+    short_text,
+)
+from kvscope.traces.metadata import TracedMetadata
+
+
+class WorkerHooks:
+    """Mixin for InstrumentedConnector: the hooks vLLM's model runner and attention layers call."""
+
+    def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
+        with self._spans.hook("register_kv_caches", **kv_caches_attributes(kv_caches)):
+            return self._inner.register_kv_caches(kv_caches)
+
+    def bind_connector_metadata(self, connector_metadata: Any) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        if isinstance(connector_metadata, TracedMetadata):
+            self._work.begin_step(connector_metadata)
+            connector_metadata = connector_metadata.inner
+        self._inner.bind_connector_metadata(connector_metadata)
+
+    def clear_connector_metadata(self) -> None:
+        super().clear_connector_metadata()
+        self._inner.clear_connector_metadata()
+        self._work.end_step()
+
+    def handle_preemptions(self, kv_connector_metadata: Any) -> None:
+        inner = getattr(kv_connector_metadata, "inner", kv_connector_metadata)
+        with self._spans.hook("handle_preemptions", self._work.step_context):
+            return self._inner.handle_preemptions(inner)
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        loading = sorted(self._work.loading)
+        with self._spans.hook(
+            "start_load_kv", self._work.step_context, **{names.REQUEST_IDS: loading}
+        ):
+            self._work.timeline("transfer_submitted", loading)
+            return self._inner.start_load_kv(forward_context, **kwargs)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        if self._work.per_layer:
+            with self._spans.hook(
+                "wait_for_layer_load", self._work.step_context, **{names.LAYER_NAME: layer_name}
+            ):
+                self._inner.wait_for_layer_load(layer_name)
+        else:
+            start = time.time_ns()
+            self._inner.wait_for_layer_load(layer_name)
+            self._work.layer_call("wait_for_layer_load", layer_name, start, time.time_ns())
+        self._work.timeline("layer_ready", self._work.loading, **{names.LAYER_NAME: layer_name})
+
+    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs) -> None:
+        if self._work.per_layer:
+            with self._spans.hook(
+                "save_kv_layer", self._work.step_context, **{names.LAYER_NAME: layer_name}
+            ):
+                return self._inner.save_kv_layer(layer_name, kv_layer, attn_metadata, **kwargs)
+        start = time.time_ns()
+        self._inner.save_kv_layer(layer_name, kv_layer, attn_metadata, **kwargs)
+        self._work.layer_call("save_kv_layer", layer_name, start, time.time_ns())
+
+    def wait_for_save(self) -> None:
+        self._work.flush_layer_calls()
+        with self._spans.hook("wait_for_save", self._work.step_context):
+            return self._inner.wait_for_save()
+
+    def get_finished(self, finished_req_ids: set[str]):
+        with self._spans.hook("get_finished", self._work.step_context) as span:
+            sending, recving = self._inner.get_finished(finished_req_ids)
+            span.set_attributes(finished_attributes(sending, recving))
+        self._report_finished(sending or (), recving or (), ())
+        return sending, recving
+
+    def get_transfer_results(self, finished_req_ids: set[str]):
+        start = time.time_ns()
+        try:
+            results = self._inner.get_transfer_results(finished_req_ids)
+        except Exception:
+            with self._spans.hook("get_transfer_results", self._work.step_context):
+                raise  # recorded on the span, re-raised unchanged
+        done = results.finished_sending or results.finished_recving or results.failed_recving
+        if done or self._trace_quiet_hooks:
+            span = self._spans.start(
+                names.SPAN_HOOK_PREFIX + "get_transfer_results",
+                self._work.step_context,
+                start_time=start,
+                **{names.HOOK: "get_transfer_results"},
+                **finished_attributes(results.finished_sending, results.finished_recving),
+            )
+            span.set_attribute("kvscope.failed.recving", sorted(results.failed_recving))
+            span.end()
+        else:
+            self._work.quiet_hooks.append("get_transfer_results")
+        self._report_finished(
+            results.finished_sending, results.finished_recving, results.failed_recving
+        )
+        return results
+
+    def _report_finished(self, sending, recving, failed) -> None:
+        for req_id in recving:
+            outcome = "failed" if req_id in failed else "ok"
+            self._work.request_event(
+                req_id, "transfer_complete", **{"kvscope.load.outcome": outcome}
+            )
+        for req_id in sending:
+            self._work.request_event(req_id, "send_complete")
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self._quiet("get_block_ids_with_load_errors", names.LOAD_ERROR_BLOCK_IDS)
+
+    def get_kv_connector_stats(self):
+        return self._quiet("get_kv_connector_stats", names.HOOK_RESULT)
+
+    def get_kv_connector_kv_cache_events(self):
+        return self._quiet("get_kv_connector_kv_cache_events", names.HOOK_RESULT)
+
+    def build_connector_worker_meta(self):
+        return self._quiet("build_connector_worker_meta", names.HOOK_RESULT)
+
+    def _quiet(self, hook: str, result_key: str):
+        """A per-step query: a span only when it returns something (or quiet hooks are traced)."""
+        start = time.time_ns()
+        try:
+            result = getattr(self._inner, hook)()
+        except Exception:
+            with self._spans.hook(hook, self._work.step_context):
+                raise  # recorded on the span, re-raised unchanged
+        if result or self._trace_quiet_hooks:
+            span = self._spans.start(
+                names.SPAN_HOOK_PREFIX + hook,
+                self._work.step_context,
+                start_time=start,
+                **{names.HOOK: hook},
+            )
+            if result_key == names.LOAD_ERROR_BLOCK_IDS and result:
+                span.set_attributes(block_ids_attributes(result_key, sorted(result)))
+                span.add_event(
+                    names.EVENT_LOAD_FAILED,
+                    {
+                        names.FAILURE_CAUSE: "load_error",
+                        names.FAILURE_POLICY: self._failure_policy,
+                        names.BLOCK_COUNT: len(result),
+                    },
+                )
+            else:
+                span.set_attribute(result_key, short_text(result))
+            span.end()
+        else:
+            self._work.quiet_hooks.append(hook)
+        return result

@@ -1,0 +1,137 @@
+"""Worker-side tracing state: the step span, per-request work spans, per-layer timings."""
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from opentelemetry import trace
+from opentelemetry.trace import Link, Span
+
+from kvscope.traces import names
+from kvscope.traces.metadata import TracedMetadata
+from kvscope.traces.spans import HookSpans, from_headers
+
+MAX_KNOWN_REQUESTS = 65536
+"""Request trace contexts a worker remembers for facts reported after their last step."""
+
+
+@dataclass
+class LayerCalls:
+    """Per-layer calls of one hook in one step, for the aggregated span."""
+
+    start_ns: int = 0
+    end_ns: int = 0
+    layers: list[str] = field(default_factory=list)
+    durations_ms: list[float] = field(default_factory=list)
+
+
+class WorkerTracing:
+    """Opens a step span per bound metadata and the request spans of that step's KV work."""
+
+    def __init__(self, spans: HookSpans, per_layer: bool) -> None:
+        self.spans = spans
+        self.per_layer = per_layer
+        self.step_span: Span | None = None
+        self.step_context = None
+        self.step_index = -1
+        self.request_spans: dict[str, Span] = {}
+        self.loading: frozenset[str] = frozenset()
+        self.layer_calls: dict[str, LayerCalls] = {}
+        self.quiet_hooks: list[str] = []
+        self._known: OrderedDict[str, str] = OrderedDict()
+
+    def begin_step(self, metadata: TracedMetadata) -> None:
+        self.end_step()
+        self.step_index = metadata.step
+        self.loading = metadata.reqs_to_load
+        for req_id, traceparent in metadata.reqs_trace_context.items():
+            self._remember(req_id, traceparent)
+        links = []
+        for req_id, traceparent in metadata.reqs_trace_context.items():
+            parent = from_headers({"traceparent": traceparent})
+            span = self.spans.start(
+                names.SPAN_WORKER_REQUEST,
+                parent,
+                **{
+                    names.REQUEST_ID: req_id,
+                    names.STEP: metadata.step,
+                    "kvscope.load.this_step": req_id in self.loading,
+                },
+            )
+            self.request_spans[req_id] = span
+            links.append(Link(span.get_span_context(), {names.REQUEST_ID: req_id}))
+        self.step_span = self.spans.start(
+            names.SPAN_STEP, None, links, **{names.STEP: metadata.step}
+        )
+        self.step_context = trace.set_span_in_context(self.step_span)
+
+    def timeline(self, point: str, req_ids, **attributes) -> None:
+        """Adds a timeline event to the step's span of each request in req_ids."""
+        for req_id in req_ids:
+            span = self.request_spans.get(req_id)
+            if span is not None:
+                span.add_event(names.EVENT_TIMELINE, {names.TIMELINE_POINT: point, **attributes})
+
+    def layer_call(self, hook: str, layer_name: str, start_ns: int, end_ns: int) -> None:
+        calls = self.layer_calls.get(hook)
+        if calls is None:
+            if not self.layer_calls:  # the step's first per-layer call: the forward has begun
+                self.timeline("forward_start", self.request_spans)
+            calls = self.layer_calls[hook] = LayerCalls(start_ns=start_ns)
+        calls.end_ns = end_ns
+        calls.layers.append(layer_name)
+        calls.durations_ms.append((end_ns - start_ns) / 1e6)
+
+    def flush_layer_calls(self) -> None:
+        """One span per per-layer hook that ran this step, timed from first call to last."""
+        for hook, calls in self.layer_calls.items():
+            span = self.spans.start(
+                names.SPAN_HOOK_PREFIX + hook,
+                self.step_context,
+                start_time=calls.start_ns,
+                **{
+                    names.HOOK: hook,
+                    names.STEP: self.step_index,
+                    names.TRACE_MODE: "aggregated",
+                    names.LAYER_COUNT: len(calls.layers),
+                    names.LAYER_DURATIONS_MS: calls.durations_ms,
+                    names.LAYER_TOTAL_MS: sum(calls.durations_ms),
+                },
+            )
+            span.end(end_time=calls.end_ns)
+        self.layer_calls = {}
+
+    def end_step(self) -> None:
+        if self.step_span is None:
+            return
+        self.flush_layer_calls()
+        for span in self.request_spans.values():
+            span.end()
+        self.request_spans = {}
+        if self.quiet_hooks:
+            self.step_span.set_attribute("kvscope.step.quiet_hooks", self.quiet_hooks)
+            self.quiet_hooks = []
+        self.step_span.end()
+        self.step_span = self.step_context = None
+
+    def request_event(self, req_id: str, point: str, **attributes) -> None:
+        """A short span in a request's trace for a fact reported outside its step spans."""
+        traceparent = self._known.get(req_id)
+        parent = from_headers({"traceparent": traceparent}) if traceparent else None
+        span = self.spans.start(
+            names.SPAN_REQUEST_EVENT,
+            parent,
+            **{names.REQUEST_ID: req_id, names.TIMELINE_POINT: point, **attributes},
+        )
+        span.add_event(names.EVENT_TIMELINE, {names.TIMELINE_POINT: point})
+        span.end()
+
+    def _remember(self, req_id: str, traceparent: str) -> None:
+        self._known[req_id] = traceparent
+        self._known.move_to_end(req_id)
+        if len(self._known) > MAX_KNOWN_REQUESTS:
+            self._known.popitem(last=False)
+
+
+def now_ns() -> int:
+    return time.time_ns()
