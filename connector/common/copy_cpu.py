@@ -20,10 +20,22 @@ from kvscope.connector.common.host_buffer import HostBuffer
 
 
 class CpuCopyEngine(CopyEngine):
-    """Copies on a worker thread; torch releases the GIL inside copies, so they overlap."""
+    """Copies on a worker thread; torch releases the GIL inside copies, so they overlap.
 
-    def __init__(self, kv_layers: Sequence[torch.Tensor], host_buffer: HostBuffer, block_dim: int):
+    num_threads is the worker's own torch thread count (None: inherit). One thread by
+    default: the forward pass owns the cores, and a second OpenMP team competing with it
+    for them slows both down far more than a single-threaded memcpy costs.
+    """
+
+    def __init__(
+        self,
+        kv_layers: Sequence[torch.Tensor],
+        host_buffer: HostBuffer,
+        block_dim: int,
+        num_threads: int | None = 1,
+    ):
         super().__init__(kv_layers, host_buffer, block_dim)
+        self.num_threads: int | None = num_threads
         # A blocking get() keeps the idle worker asleep instead of spinning.
         self._jobs: queue.SimpleQueue[CopyJob | None] = queue.SimpleQueue()
         self._lock: threading.Condition = threading.Condition()
@@ -33,7 +45,13 @@ class CpuCopyEngine(CopyEngine):
         self._worker: threading.Thread = threading.Thread(
             target=self._run, name="kvscope-copy", daemon=True
         )
+        self._worker_ready: threading.Event = threading.Event()
+        threads_elsewhere = torch.get_num_threads()
         self._worker.start()
+        self._worker_ready.wait()
+        # set_num_threads also changes the default that threads started later inherit: put
+        # it back. The worker keeps its own count, which it already applied.
+        torch.set_num_threads(threads_elsewhere)
 
     def poll(self) -> list[CopyResult]:
         with self._lock:
@@ -69,6 +87,9 @@ class CpuCopyEngine(CopyEngine):
         self._jobs.put(job)
 
     def _run(self) -> None:
+        if self.num_threads is not None:
+            torch.set_num_threads(self.num_threads)
+        self._worker_ready.set()
         while (job := self._jobs.get()) is not None:
             result = self._execute(job)
             with self._lock:

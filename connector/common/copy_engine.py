@@ -186,7 +186,10 @@ def describe_error(error: BaseException) -> str:
 
 
 def make_copy_engine(
-    kv_layers: Sequence[torch.Tensor], host_buffer: HostBuffer, block_dim: int
+    kv_layers: Sequence[torch.Tensor],
+    host_buffer: HostBuffer,
+    block_dim: int,
+    cpu_threads: int | None = 1,
 ) -> CopyEngine:
     """The CUDA backend for KV on a CUDA device, else the CPU (background thread) backend."""
     if kv_layers and kv_layers[0].device.type == "cuda":
@@ -195,4 +198,4 @@ def make_copy_engine(
         return CudaCopyEngine(kv_layers, host_buffer, block_dim)
     from kvscope.connector.common.copy_cpu import CpuCopyEngine
 
-    return CpuCopyEngine(kv_layers, host_buffer, block_dim)
+    return CpuCopyEngine(kv_layers, host_buffer, block_dim, cpu_threads)

@@ -4,7 +4,6 @@ import time
 
 import pytest
 import torch
-from kvcache_fixtures import BLOCK_PLANS, LAYOUTS, make_host_buffer, make_kv_cache
 
 from kvscope.connector.common.copy_engine import make_copy_engine
 
@@ -13,9 +12,8 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 GPU_BUSY_CYCLES = 200_000_000  # about 0.1 s of one SM spinning on the compute stream
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize(("device_block_ids", "host_block_ids"), BLOCK_PLANS)
-def test_cuda_round_trip_is_byte_exact(layout, device_block_ids, host_block_ids):
+def test_cuda_round_trip_is_byte_exact(layout, block_plan, make_kv_cache, make_host_buffer):
+    device_block_ids, host_block_ids = block_plan
     source = make_kv_cache(layout, device="cuda", seed=1)
     expected = {d: source.block_bits(d) for d in device_block_ids}
     host_buffer = make_host_buffer(source, num_host_blocks=16, pin_memory=True)
@@ -38,7 +36,7 @@ def test_cuda_round_trip_is_byte_exact(layout, device_block_ids, host_block_ids)
         assert torch.equal(target.block_bits(0), untouched_before)
 
 
-def test_store_sees_kv_written_on_the_compute_stream_just_before():
+def test_store_sees_kv_written_on_the_compute_stream_just_before(make_kv_cache, make_host_buffer):
     kv = make_kv_cache("flash", device="cuda")
     host_buffer = make_host_buffer(kv, num_host_blocks=4, pin_memory=True)
     with make_copy_engine(kv.layers, host_buffer, kv.block_dim) as engine:
@@ -54,7 +52,9 @@ def test_store_sees_kv_written_on_the_compute_stream_just_before():
     assert bool((host_buffer.block(1) == 7.0).all())
 
 
-def test_compute_stream_can_wait_for_a_load_without_blocking_the_host():
+def test_compute_stream_can_wait_for_a_load_without_blocking_the_host(
+    make_kv_cache, make_host_buffer
+):
     kv = make_kv_cache("flash", device="cuda", seed=3)
     host_buffer = make_host_buffer(kv, num_host_blocks=4, pin_memory=True)
     host_buffer.block(2).fill_(5.0)
@@ -66,7 +66,7 @@ def test_compute_stream_can_wait_for_a_load_without_blocking_the_host():
         engine.drain(timeout_s=30)
 
 
-def test_cuda_failures_and_delays_are_reported_through_poll():
+def test_cuda_failures_and_delays_are_reported_through_poll(make_kv_cache, make_host_buffer):
     with torch.inference_mode():  # in-place writes to these outside inference mode raise
         kv = make_kv_cache("cpu_layer_major", device="cuda")
     host_buffer = make_host_buffer(kv, num_host_blocks=4, pin_memory=True)

@@ -1,18 +1,20 @@
 """CPU copy engine: byte-exact round trips for each KV layout, async behaviour, failures."""
 
+import threading
 import time
 
 import pytest
 import torch
-from kvcache_fixtures import BLOCK_PLANS, LAYOUTS, KVCache, make_host_buffer, make_kv_cache
 
 from kvscope.connector.common.copy_cpu import CpuCopyEngine
 from kvscope.connector.common.copy_engine import Direction, make_copy_engine
+from kvscope.connector.common.host_buffer import BlockLayout, HostBuffer
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize(("device_block_ids", "host_block_ids"), BLOCK_PLANS)
-def test_store_then_load_round_trips_bytes_exactly(layout, device_block_ids, host_block_ids):
+def test_store_then_load_round_trips_bytes_exactly(
+    layout, block_plan, make_kv_cache, make_host_buffer
+):
+    device_block_ids, host_block_ids = block_plan
     source = make_kv_cache(layout, seed=1)
     expected = {d: source.block_bits(d) for d in device_block_ids}
     host_buffer = make_host_buffer(source, num_host_blocks=16)
@@ -35,7 +37,7 @@ def test_store_then_load_round_trips_bytes_exactly(layout, device_block_ids, hos
         assert torch.equal(target.block_bits(0), untouched_before)
 
 
-def test_results_report_bytes_and_duration():
+def test_results_report_bytes_and_duration(make_kv_cache, make_host_buffer):
     kv = make_kv_cache("cpu_layer_major")
     host_buffer = make_host_buffer(kv, num_host_blocks=8)
     with CpuCopyEngine(kv.layers, host_buffer, kv.block_dim) as engine:
@@ -48,7 +50,9 @@ def test_results_report_bytes_and_duration():
     assert engine.poll() == []  # each result is handed out once
 
 
-def test_submit_returns_before_the_copy_and_the_caller_keeps_working():
+def test_submit_returns_before_the_copy_and_the_caller_keeps_working(
+    make_kv_cache, make_host_buffer
+):
     kv = make_kv_cache("flash")
     host_buffer = make_host_buffer(kv, num_host_blocks=8)
     with CpuCopyEngine(kv.layers, host_buffer, kv.block_dim) as engine:
@@ -67,9 +71,9 @@ def test_submit_returns_before_the_copy_and_the_caller_keeps_working():
 
 def test_copies_overlap_a_busy_caller_thread():
     """The caller's own torch work runs while a large copy is still in flight."""
-    kv = KVCache("big", list(torch.ones(2, 2048, 2, 32, 64, dtype=torch.bfloat16)), 0)
-    host_buffer = make_host_buffer(kv, num_host_blocks=2048)
-    with CpuCopyEngine(kv.layers, host_buffer, kv.block_dim) as engine:
+    kv_layers = list(torch.ones(2, 2048, 2, 32, 64, dtype=torch.bfloat16))
+    host_buffer = HostBuffer(BlockLayout.of(kv_layers, block_dim=0), num_blocks=2048)
+    with CpuCopyEngine(kv_layers, host_buffer, block_dim=0) as engine:
         job_id = engine.submit_store(list(range(2048)), list(range(2048)))
         work_done_while_copying = 0
         while not engine.wait(job_id, timeout_s=0):
@@ -80,7 +84,7 @@ def test_copies_overlap_a_busy_caller_thread():
     assert torch.equal(host_buffer.storage, torch.ones_like(host_buffer.storage))
 
 
-def test_idle_worker_does_not_spin():
+def test_idle_worker_does_not_spin(make_kv_cache, make_host_buffer):
     kv = make_kv_cache("cpu_layer_major")
     with CpuCopyEngine(kv.layers, make_host_buffer(kv, 4), kv.block_dim) as engine:
         engine.submit_store([0], [0])
@@ -92,7 +96,7 @@ def test_idle_worker_does_not_spin():
     assert cpu_used < 0.2 * wall
 
 
-def test_jobs_finish_in_submission_order():
+def test_jobs_finish_in_submission_order(make_kv_cache, make_host_buffer):
     kv = make_kv_cache("cpu_block_major")
     with CpuCopyEngine(kv.layers, make_host_buffer(kv, 8), kv.block_dim) as engine:
         job_ids = [engine.submit_store([n], [n]) for n in range(6)]
@@ -101,7 +105,7 @@ def test_jobs_finish_in_submission_order():
     assert [r.job_id for r in results] == job_ids
 
 
-def test_a_failing_copy_is_reported_and_the_engine_keeps_working():
+def test_a_failing_copy_is_reported_and_the_engine_keeps_working(make_kv_cache, make_host_buffer):
     with torch.inference_mode():  # in-place writes to these outside inference mode raise
         kv = make_kv_cache("cpu_layer_major")
     host_buffer = make_host_buffer(kv, 4)
@@ -124,7 +128,9 @@ def test_a_failing_copy_is_reported_and_the_engine_keeps_working():
         ([-1], [0], "device block id -1 out of range"),
     ],
 )
-def test_bad_block_ids_are_refused_at_submit(device_block_ids, host_block_ids, message):
+def test_bad_block_ids_are_refused_at_submit(
+    device_block_ids, host_block_ids, message, make_kv_cache, make_host_buffer
+):
     kv = make_kv_cache("flash")
     with CpuCopyEngine(kv.layers, make_host_buffer(kv, 4), kv.block_dim) as engine:
         with pytest.raises(ValueError, match=message):
@@ -132,7 +138,7 @@ def test_bad_block_ids_are_refused_at_submit(device_block_ids, host_block_ids, m
         assert engine.num_pending == 0
 
 
-def test_shutdown_finishes_queued_jobs_then_joins():
+def test_shutdown_finishes_queued_jobs_then_joins(make_kv_cache, make_host_buffer):
     kv = make_kv_cache("cpu_layer_major")
     engine = CpuCopyEngine(kv.layers, make_host_buffer(kv, 8), kv.block_dim)
     for n in range(4):
@@ -145,7 +151,7 @@ def test_shutdown_finishes_queued_jobs_then_joins():
     engine.shutdown()  # twice is harmless
 
 
-def test_shutdown_cuts_injected_delays_short():
+def test_shutdown_cuts_injected_delays_short(make_kv_cache, make_host_buffer):
     kv = make_kv_cache("cpu_layer_major")
     engine = CpuCopyEngine(kv.layers, make_host_buffer(kv, 8), kv.block_dim)
     engine.submit_load([0], [0], delay_s=30)
@@ -155,7 +161,19 @@ def test_shutdown_cuts_injected_delays_short():
     assert [r.ok for r in engine.poll()] == [True]
 
 
-def test_host_buffer_that_does_not_fit_the_kv_is_rejected():
+def test_host_buffer_that_does_not_fit_the_kv_is_rejected(make_kv_cache, make_host_buffer):
     kv, other = make_kv_cache("flash"), make_kv_cache("cpu_layer_major")
     with pytest.raises(ValueError, match="does not fit"):
         CpuCopyEngine(kv.layers, make_host_buffer(other, 4), kv.block_dim)
+
+
+def test_the_worker_thread_count_does_not_leak_into_other_threads(make_kv_cache, make_host_buffer):
+    threads_before = torch.get_num_threads()
+    seen_by_new_thread: list[int] = []
+    kv = make_kv_cache("cpu_layer_major")
+    with CpuCopyEngine(kv.layers, make_host_buffer(kv, 2), kv.block_dim, num_threads=1):
+        probe = threading.Thread(target=lambda: seen_by_new_thread.append(torch.get_num_threads()))
+        probe.start()
+        probe.join()
+    assert torch.get_num_threads() == threads_before
+    assert seen_by_new_thread == [threads_before]

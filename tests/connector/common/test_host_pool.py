@@ -1,7 +1,6 @@
 """Host block pool: visibility after commit, prefix lookups, LRU eviction, refusals, namespaces."""
 
 import pytest
-from kvcache_fixtures import block_key
 
 from kvscope.connector.common.host_pool import (
     BlockState,
@@ -9,6 +8,10 @@ from kvscope.connector.common.host_pool import (
     KVNamespace,
     num_host_blocks,
 )
+
+
+def block_key(n: int) -> bytes:
+    return n.to_bytes(8, "big")
 
 
 def store(pool: HostBlockPool, keys: list[bytes]) -> list[int]:

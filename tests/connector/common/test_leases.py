@@ -1,9 +1,11 @@
 """Leases: pinning hits against eviction, release paths, expiry, counters."""
 
-from kvcache_fixtures import block_key
-
 from kvscope.connector.common.host_pool import HostBlockPool
 from kvscope.connector.common.leases import LeaseTable
+
+
+def block_key(n: int) -> bytes:
+    return n.to_bytes(8, "big")
 
 
 def stored_pool(num_blocks: int, num_keys: int) -> HostBlockPool:

@@ -1,7 +1,6 @@
 """Pool, leases, copy engine and faults together, in the order a connector would drive them."""
 
 import torch
-from kvcache_fixtures import make_host_buffer, make_kv_cache
 
 from kvscope.connector.common.copy_engine import CopyEngine, make_copy_engine
 from kvscope.connector.common.faults import FaultInjector, FaultPlan
@@ -21,7 +20,9 @@ def offload(pool: HostBlockPool, engine: CopyEngine, device_block_ids: list[int]
     return reservation
 
 
-def test_a_leased_hit_loads_correct_bytes_despite_eviction_attempts_and_pressure():
+def test_a_leased_hit_loads_correct_bytes_despite_eviction_attempts_and_pressure(
+    make_kv_cache, make_host_buffer
+):
     source, target = make_kv_cache("flash", seed=1), make_kv_cache("flash", seed=2)
     host_buffer = make_host_buffer(source, num_host_blocks=4)
     pool = HostBlockPool(host_buffer.num_blocks)
@@ -46,7 +47,9 @@ def test_a_leased_hit_loads_correct_bytes_despite_eviction_attempts_and_pressure
         assert torch.equal(target.block_bits(device_block_id), bits)
 
 
-def test_injected_load_failure_travels_like_a_real_one_and_the_lease_is_released():
+def test_injected_load_failure_travels_like_a_real_one_and_the_lease_is_released(
+    make_kv_cache, make_host_buffer
+):
     kv = make_kv_cache("cpu_layer_major")
     host_buffer = make_host_buffer(kv, num_host_blocks=4)
     pool = HostBlockPool(host_buffer.num_blocks)
@@ -67,7 +70,9 @@ def test_injected_load_failure_travels_like_a_real_one_and_the_lease_is_released
     assert pool.stats().pinned == 0
 
 
-def test_an_expired_lease_lets_the_blocks_go_and_a_new_store_reuses_them():
+def test_an_expired_lease_lets_the_blocks_go_and_a_new_store_reuses_them(
+    make_kv_cache, make_host_buffer
+):
     kv = make_kv_cache("cpu_block_major")
     host_buffer = make_host_buffer(kv, num_host_blocks=2)
     pool = HostBlockPool(host_buffer.num_blocks)

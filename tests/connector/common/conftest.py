@@ -1,7 +1,9 @@
-"""Test helpers: KV cache layouts the copy engine must handle, filled with random bf16."""
+"""Fixtures: the KV cache layouts the copy engine must handle, filled with random bf16."""
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
+import pytest
 import torch
 
 from kvscope.connector.common.host_buffer import BlockLayout, HostBuffer
@@ -33,7 +35,7 @@ def random_bf16(shape: tuple[int, ...], generator: torch.Generator, device: str)
     return torch.randn(shape, generator=generator).to(device=device, dtype=torch.bfloat16)
 
 
-def make_kv_cache(name: str, num_blocks: int = 24, device: str = "cpu", seed: int = 0) -> KVCache:
+def build_kv_cache(name: str, num_blocks: int = 24, device: str = "cpu", seed: int = 0) -> KVCache:
     """vLLM CPU layout (layers share one storage) or the flash-attn layout (block dim 1)."""
     generator = torch.Generator().manual_seed(seed)
     num_layers, heads, block_size, head_dim = 3, 2, 32, 16
@@ -64,10 +66,27 @@ BLOCK_PLANS = [
 ]
 
 
-def make_host_buffer(kv: KVCache, num_host_blocks: int, pin_memory: bool = False) -> HostBuffer:
+def build_host_buffer(kv: KVCache, num_host_blocks: int, pin_memory: bool = False) -> HostBuffer:
     layout = BlockLayout.of(kv.layers, kv.block_dim)
     return HostBuffer(layout, num_host_blocks, pin_memory)
 
 
-def block_key(n: int) -> bytes:
-    return n.to_bytes(8, "big")
+@pytest.fixture(params=LAYOUTS)
+def layout(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture(params=BLOCK_PLANS, ids=["contiguous", "scattered", "both-scattered", "reversed"])
+def block_plan(request: pytest.FixtureRequest) -> tuple[list[int], list[int]]:
+    """(device_block_ids, host_block_ids) of one copy job."""
+    return request.param
+
+
+@pytest.fixture
+def make_kv_cache() -> Callable[..., KVCache]:
+    return build_kv_cache
+
+
+@pytest.fixture
+def make_host_buffer() -> Callable[..., HostBuffer]:
+    return build_host_buffer
