@@ -1,0 +1,50 @@
+"""FastAPI dependencies: settings, database session, ingest service, bearer-token check."""
+
+import hmac
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Request, status
+from sqlmodel import Session
+
+from kvscope.backend.ingest import IngestService
+from kvscope.backend.settings import Settings
+
+
+def get_settings(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    with Session(request.app.state.engine) as session:
+        yield session
+
+
+def get_ingest(request: Request) -> IngestService:
+    return request.app.state.ingest
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+SessionDep = Annotated[Session, Depends(get_session)]
+IngestDep = Annotated[IngestService, Depends(get_ingest)]
+
+
+def token_matches(settings: Settings, authorization: str | None) -> bool:
+    """True when no token is configured or the header carries it ('Bearer <token>')."""
+    if not settings.token:
+        return True
+    scheme, _, presented = (authorization or "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(
+        presented.strip().encode(), settings.token.encode())
+
+
+def require_token(request: Request, settings: SettingsDep) -> None:
+    if not token_matches(settings, request.headers.get("authorization")):
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED,
+            "missing or wrong bearer token: send 'Authorization: Bearer <KVSCOPE_BACKEND_TOKEN>'",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+
+TokenDep = Depends(require_token)

@@ -1,0 +1,117 @@
+"""Per-span checks: ids and times that make a span unusable, sizes that get truncated."""
+
+from collections import Counter
+from dataclasses import dataclass
+
+TRUNCATED_KEYS = "kvscope.backend.truncated"
+"""Attribute the backend adds to a span: keys whose values it cut to fit its limits."""
+
+_ZERO_TRACE = bytes(16)
+_ZERO_SPAN = bytes(8)
+_MAX_NS = 2**63  # times are stored as signed 64-bit integers
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Bounds on what one span may hold (see Settings for the defaults)."""
+
+    max_attribute_value_bytes: int = 8 * 1024
+    max_attribute_array_len: int = 1024
+    max_attributes_per_span: int = 128
+    max_events_per_span: int = 1024
+
+    @classmethod
+    def from_settings(cls, settings) -> "Limits":
+        return cls(
+            max_attribute_value_bytes=settings.max_attribute_value_bytes,
+            max_attribute_array_len=settings.max_attribute_array_len,
+            max_attributes_per_span=settings.max_attributes_per_span,
+            max_events_per_span=settings.max_events_per_span,
+        )
+
+
+class SpanChecker:
+    """Rejects spans that cannot be stored and trims the ones that are too big."""
+
+    def __init__(self, limits: Limits):
+        self.limits = limits
+        self.counts: Counter[str] = Counter()
+        self.first_detail: dict[str, str] = {}
+
+    def note(self, problem: str, detail: str = "") -> None:
+        # One line per kind of problem keeps the response short for a batch of 10,000 spans.
+        self.counts[problem] += 1
+        self.first_detail.setdefault(problem, detail)
+
+    def invalid_reason(self, span) -> str | None:
+        if len(span.trace_id) != 16 or span.trace_id == _ZERO_TRACE:
+            return "span rejected: traceId must be 16 bytes (32 hex digits), not all zero"
+        if len(span.span_id) != 8 or span.span_id == _ZERO_SPAN:
+            return "span rejected: spanId must be 8 bytes (16 hex digits), not all zero"
+        if span.parent_span_id and len(span.parent_span_id) != 8:
+            return "span rejected: parentSpanId must be empty or 8 bytes"
+        if not span.name:
+            return "span rejected: name is empty"
+        if span.end_time_unix_nano >= _MAX_NS:
+            return "span rejected: endTimeUnixNano is beyond the year 2262"
+        if span.end_time_unix_nano < span.start_time_unix_nano:
+            return "span rejected: endTimeUnixNano is before startTimeUnixNano"
+        return None
+
+    def bounded(self, attributes: dict, span_name: str) -> dict:
+        """Attributes cut to the limits; cut keys are listed under TRUNCATED_KEYS."""
+        limits = self.limits
+        truncated: list[str] = []
+        if len(attributes) > limits.max_attributes_per_span:
+            kept = list(attributes)[: limits.max_attributes_per_span]
+            truncated.append(f"(+{len(attributes) - len(kept)} attributes dropped)")
+            attributes = {key: attributes[key] for key in kept}
+        for key, value in attributes.items():
+            bounded_value = self._bounded_value(value)
+            if bounded_value is not value:
+                attributes[key] = bounded_value
+                truncated.append(key)
+        if truncated:
+            attributes[TRUNCATED_KEYS] = truncated
+            self.note(
+                f"attributes truncated to the backend's limits "
+                f"({limits.max_attribute_value_bytes} bytes per value, "
+                f"{limits.max_attribute_array_len} items per list, "
+                f"{limits.max_attributes_per_span} per span)",
+                f"first on span {span_name!r}: {', '.join(truncated[:3])}",
+            )
+        return attributes
+
+    def _bounded_value(self, value):
+        limit = self.limits.max_attribute_value_bytes
+        if isinstance(value, str):
+            if len(value) > limit // 4 and len(value.encode()) > limit:
+                return value.encode()[:limit].decode(errors="ignore") + "...[truncated]"
+            return value
+        if isinstance(value, list):
+            items = value[: self.limits.max_attribute_array_len]
+            bounded = [self._bounded_value(item) for item in items]
+            changed = len(items) < len(value) or any(
+                new is not old for new, old in zip(bounded, items, strict=True))
+            return bounded if changed else value
+        if isinstance(value, dict):
+            text = str(value)
+            return text[:limit] + "...[truncated]" if len(text) > limit else value
+        return value
+
+    def bounded_events(self, span):
+        limit = self.limits.max_events_per_span
+        if len(span.events) > limit:
+            self.note(f"events beyond {limit} per span dropped", f"first on span {span.name!r}")
+            return list(span.events)[:limit]
+        return span.events
+
+    def summary(self) -> str | None:
+        """The problems seen, one clause each, with how many spans had them."""
+        if not self.counts:
+            return None
+        return "; ".join(
+            f"{problem}: {count} span(s)" + (f", {self.first_detail[problem]}"
+                                            if self.first_detail[problem] else "")
+            for problem, count in self.counts.items()
+        )

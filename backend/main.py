@@ -1,0 +1,51 @@
+"""The FastAPI application: database set-up, routers, the ingest service and live hub."""
+
+import asyncio
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from kvscope.backend.db import make_engine
+from kvscope.backend.ingest import IngestService
+from kvscope.backend.live import Hub
+from kvscope.backend.migrations import migrate
+from kvscope.backend.routes import (
+    blocks,
+    failures,
+    health,
+    ingest,
+    leases,
+    requests,
+    stats,
+    streams,
+    transfers,
+    ws,
+)
+from kvscope.backend.settings import Settings, get_settings
+
+ROUTERS = (health, ingest, requests, blocks, leases, failures, transfers, stats, streams, ws)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+    engine = make_engine(settings.database_url)
+    migrate(engine)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        app.state.hub.bind(asyncio.get_running_loop())
+        yield
+        engine.dispose()
+
+    app = FastAPI(
+        title="kvscope backend",
+        summary="OTLP receiver and API for vLLM KV connector timelines, blocks and leases",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.engine = engine
+    app.state.hub = Hub()
+    app.state.ingest = IngestService(engine, settings, app.state.hub, ws.make_publisher(app))
+    for module in ROUTERS:
+        app.include_router(module.router)
+    return app

@@ -1,0 +1,65 @@
+"""Versioned schema migrations in a small table of our own (no alembic dependency)."""
+
+import time
+from collections.abc import Callable
+
+from sqlalchemy import Connection, Engine, text
+from sqlmodel import SQLModel
+
+from kvscope.backend import models  # noqa: F401  (registers the tables on SQLModel.metadata)
+
+VERSION_TABLE = "kvscope_schema_version"
+
+Migration = tuple[int, str, Callable[[Connection], None]]
+
+# Later schema changes append (version, description, function running explicit DDL) here.
+# A fresh database gets every table from the models at once and is stamped with the latest
+# version, so no migration ever runs against tables that already have its change.
+MIGRATIONS: list[Migration] = [
+    (1, "spans, requests, timeline points, transfers, failures, leases, blocks, seq ranges",
+     lambda connection: None),
+]
+
+
+def latest_version() -> int:
+    return MIGRATIONS[-1][0]
+
+
+def current_version(connection: Connection) -> int | None:
+    """The schema version stamped in the database, or None for a database kvscope never used."""
+    if not connection.dialect.has_table(connection, VERSION_TABLE):
+        return None
+    found = connection.execute(text(f"SELECT MAX(version) FROM {VERSION_TABLE}")).scalar()
+    return int(found) if found is not None else None
+
+
+def migrate(engine: Engine) -> int:
+    """Brings the schema to the latest version; returns that version."""
+    with engine.begin() as connection:
+        connection.execute(text(
+            f"CREATE TABLE IF NOT EXISTS {VERSION_TABLE} "
+            "(version INTEGER PRIMARY KEY, description TEXT NOT NULL, applied_ns BIGINT NOT NULL)"
+        ))
+        version = current_version(connection)
+        if version is None:
+            SQLModel.metadata.create_all(connection)
+            _stamp(connection, latest_version(), "created from models")
+            return latest_version()
+        if version > latest_version():
+            raise RuntimeError(
+                f"database schema is version {version}, newer than this kvscope "
+                f"({latest_version()}): upgrade kvscope or point DATABASE_URL elsewhere"
+            )
+        for number, description, apply in MIGRATIONS:
+            if number > version:
+                apply(connection)
+                _stamp(connection, number, description)
+    return latest_version()
+
+
+def _stamp(connection: Connection, version: int, description: str) -> None:
+    connection.execute(
+        text(f"INSERT INTO {VERSION_TABLE} (version, description, applied_ns) "
+             "VALUES (:version, :description, :applied_ns)"),
+        {"version": version, "description": description, "applied_ns": time.time_ns()},
+    )

@@ -1,0 +1,230 @@
+"""OTLP/HTTP trace payloads: decode protobuf or JSON into flat span records, encode responses."""
+
+import base64
+import json
+import math
+from dataclasses import dataclass, field
+
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError
+from google.rpc import status_pb2
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as pb
+
+from kvscope.backend.limits import Limits, SpanChecker
+from kvscope.traces import names
+
+PROTOBUF = "application/x-protobuf"
+JSON = "application/json"
+# service.name comes from OTel's resource semantic conventions, not from kvscope's names.
+SERVICE_NAME = "service.name"
+
+
+class PayloadError(ValueError):
+    """The body is not an OTLP trace export request; the message says what to fix."""
+
+
+@dataclass(slots=True)
+class SpanRecord:
+    """One span, decoded and checked, with the process facts its resource carries."""
+
+    trace_id: str
+    span_id: str
+    parent_span_id: str | None
+    name: str
+    kind: int
+    start_ns: int
+    end_ns: int
+    status_code: int
+    status_message: str | None
+    attributes: dict
+    events: list
+    links: list
+    instance_id: str | None
+    service_name: str | None
+    engine_id: str | None
+
+
+@dataclass(slots=True)
+class Decoded:
+    """What one export request held: accepted spans, rejections and warnings."""
+
+    spans: list[SpanRecord] = field(default_factory=list)
+    resources: dict[str, dict] = field(default_factory=dict)
+    rejected: int = 0
+    message: str | None = None
+
+
+def any_value(value) -> object:
+    """An AnyValue as a plain Python value (bytes as hex, so it stays JSON-friendly)."""
+    kind = value.WhichOneof("value")
+    if kind == "string_value":
+        return value.string_value
+    if kind == "int_value":
+        return value.int_value
+    if kind == "double_value":
+        number = value.double_value
+        # NaN and infinities are not JSON: keep them readable as text instead of failing reads.
+        return number if math.isfinite(number) else str(number)
+    if kind == "bool_value":
+        return value.bool_value
+    if kind == "array_value":
+        return [any_value(item) for item in value.array_value.values]
+    if kind == "kvlist_value":
+        return {kv.key: any_value(kv.value) for kv in value.kvlist_value.values}
+    if kind == "bytes_value":
+        return value.bytes_value.hex()
+    return None
+
+
+def attributes_of(key_values) -> dict:
+    return {kv.key: any_value(kv.value) for kv in key_values}
+
+
+def parse_body(body: bytes, content_type: str) -> pb.ExportTraceServiceRequest:
+    """Parse the (already decompressed) body in the encoding its content type names."""
+    if content_type == PROTOBUF:
+        try:
+            request = pb.ExportTraceServiceRequest.FromString(body)
+        except DecodeError as error:
+            raise PayloadError(f"body is not a valid OTLP protobuf message: {error}") from None
+    else:
+        request = _parse_json(body)
+    if body and not request.resource_spans:
+        raise PayloadError(
+            "body decoded to an ExportTraceServiceRequest with no resourceSpans: "
+            "send an OTLP trace export request (did you post logs or metrics here?)"
+        )
+    return request
+
+
+def _parse_json(body: bytes) -> pb.ExportTraceServiceRequest:
+    try:
+        document = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise PayloadError(f"body is not valid JSON: {error}") from None
+    if not isinstance(document, dict):
+        raise PayloadError("OTLP JSON body must be an object with a resourceSpans list")
+    _hex_ids_to_base64(document)
+    try:
+        return json_format.ParseDict(document, pb.ExportTraceServiceRequest(),
+                                     ignore_unknown_fields=True)
+    except (json_format.ParseError, TypeError, ValueError) as error:
+        raise PayloadError(f"body is not an OTLP JSON trace export request: {error}") from None
+
+
+def _pick(obj: dict, camel: str, snake: str) -> list:
+    found = obj.get(camel, obj.get(snake))
+    return found if isinstance(found, list) else []
+
+
+def _hex_ids_to_base64(document: dict) -> None:
+    """OTLP JSON writes ids in hex where protobuf's JSON mapping expects base64 bytes."""
+    for resource_spans in _pick(document, "resourceSpans", "resource_spans"):
+        if not isinstance(resource_spans, dict):
+            continue
+        for scope_spans in _pick(resource_spans, "scopeSpans", "scope_spans"):
+            if not isinstance(scope_spans, dict):
+                continue
+            for span in _pick(scope_spans, "spans", "spans"):
+                if not isinstance(span, dict):
+                    continue
+                _convert_ids(span, ("traceId", "trace_id", "spanId", "span_id",
+                                    "parentSpanId", "parent_span_id"))
+                for link in _pick(span, "links", "links"):
+                    if isinstance(link, dict):
+                        _convert_ids(link, ("traceId", "trace_id", "spanId", "span_id"))
+
+
+def _convert_ids(obj: dict, keys: tuple[str, ...]) -> None:
+    for key in keys:
+        hex_id = obj.get(key)
+        if isinstance(hex_id, str):
+            try:
+                obj[key] = base64.b64encode(bytes.fromhex(hex_id)).decode()
+            except ValueError:
+                obj[key] = ""  # an unreadable id rejects this span only, with a reason
+
+
+def decode(request: pb.ExportTraceServiceRequest, limits: Limits) -> Decoded:
+    """Flatten the request into span records; invalid spans are counted, not fatal."""
+    decoded = Decoded()
+    checker = SpanChecker(limits)
+    for resource_spans in request.resource_spans:
+        resource = attributes_of(resource_spans.resource.attributes)
+        instance_id = _text(resource.get(names.PROCESS_ID))
+        service_name = _text(resource.get(SERVICE_NAME))
+        engine_id = _text(resource.get(names.ENGINE_ID))
+        if instance_id:
+            decoded.resources[instance_id] = resource
+        for scope_spans in resource_spans.scope_spans:
+            for span in scope_spans.spans:
+                record = _record(span, checker, instance_id, service_name, engine_id)
+                if record is None:
+                    decoded.rejected += 1
+                else:
+                    decoded.spans.append(record)
+    decoded.message = checker.summary()
+    return decoded
+
+
+def clean(text: str) -> str:
+    """Text safe for every database: PostgreSQL refuses NUL characters in text columns."""
+    return text.replace("\x00", "") if "\x00" in text else text
+
+
+def _text(value: object) -> str | None:
+    return None if value is None else clean(str(value))
+
+
+def _record(span, checker: SpanChecker, instance_id, service_name, engine_id):
+    reason = checker.invalid_reason(span)
+    if reason:
+        checker.note(reason)
+        return None
+    attributes = checker.bounded(attributes_of(span.attributes), span.name)
+    events = [
+        {"name": event.name, "time_ns": event.time_unix_nano,
+         "attributes": checker.bounded(attributes_of(event.attributes), span.name)}
+        for event in checker.bounded_events(span)
+    ]
+    links = [
+        {"trace_id": link.trace_id.hex(), "span_id": link.span_id.hex(),
+         "attributes": attributes_of(link.attributes)}
+        for link in span.links
+    ]
+    return SpanRecord(
+        trace_id=span.trace_id.hex(),
+        span_id=span.span_id.hex(),
+        parent_span_id=span.parent_span_id.hex() or None,
+        name=clean(span.name),
+        kind=span.kind,
+        start_ns=span.start_time_unix_nano,
+        end_ns=span.end_time_unix_nano,
+        status_code=span.status.code,
+        status_message=clean(span.status.message) or None,
+        attributes=attributes,
+        events=events,
+        links=links,
+        instance_id=instance_id,
+        service_name=service_name,
+        engine_id=_text(attributes.get(names.ENGINE_ID)) or engine_id,
+    )
+
+
+def encode_response(content_type: str, rejected: int, message: str | None) -> bytes:
+    """ExportTraceServiceResponse in the request's encoding; partial_success only if needed."""
+    response = pb.ExportTraceServiceResponse()
+    if rejected or message:
+        response.partial_success.rejected_spans = rejected
+        response.partial_success.error_message = message or ""
+    if content_type == PROTOBUF:
+        return response.SerializeToString()
+    return json.dumps(json_format.MessageToDict(response)).encode()
+
+
+def encode_status(content_type: str, code: int, message: str) -> bytes:
+    """A google.rpc.Status error body, as OTLP/HTTP asks for failed requests."""
+    if content_type == PROTOBUF:
+        return status_pb2.Status(code=code, message=message).SerializeToString()
+    return json.dumps({"code": code, "message": message}).encode()
+

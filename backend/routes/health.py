@@ -1,0 +1,21 @@
+"""GET /health: liveness and database reachability, for compose health checks."""
+
+from fastapi import APIRouter, Response, status
+from sqlalchemy import text
+
+from kvscope.backend.deps import IngestDep, SessionDep
+from kvscope.backend.migrations import current_version
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/health", summary="Backend and database health")
+def health(session: SessionDep, ingest: IngestDep, response: Response) -> dict:
+    try:
+        session.exec(text("SELECT 1"))
+        version = current_version(session.connection())
+    except Exception as error:  # any database failure means unhealthy, with the reason shown
+        response.status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+        return {"status": "unhealthy", "database": f"unreachable: {error}"}
+    return {"status": "ok", "database": ingest.engine.dialect.name, "schema_version": version,
+            "spans_stored_since_start": ingest.spans_stored}

@@ -1,0 +1,35 @@
+"""Shared query helpers for list routes: paging parameters and a counted page."""
+
+from typing import Annotated
+
+from fastapi import Query
+from sqlmodel import Session, func, select
+
+Offset = Annotated[int, Query(ge=0, description="rows to skip")]
+Limit = Annotated[int, Query(ge=1, le=1000, description="rows to return")]
+SinceNs = Annotated[int | None, Query(description="only rows at or after this time (ns)")]
+UntilNs = Annotated[int | None, Query(description="only rows before this time (ns)")]
+
+
+def page(session: Session, query, offset: int, limit: int) -> dict:
+    """The query's rows in [offset, offset+limit) and how many rows match in all."""
+    total = session.exec(select(func.count()).select_from(query.subquery())).one()
+    items = session.exec(query.offset(offset).limit(limit)).all()
+    return {"items": items, "total": total, "offset": offset, "limit": limit}
+
+
+def in_window(query, column, since_ns: int | None, until_ns: int | None):
+    if since_ns is not None:
+        query = query.where(column >= since_ns)
+    if until_ns is not None:
+        query = query.where(column < until_ns)
+    return query
+
+
+def equal(query, **filters):
+    """Adds column == value for every filter given (None means no filter)."""
+    model = query.column_descriptions[0]["entity"]
+    for name, value in filters.items():
+        if value is not None:
+            query = query.where(getattr(model, name) == value)
+    return query

@@ -1,0 +1,84 @@
+"""GET /ws: a WebSocket that pushes each stored batch's state changes and finished timelines."""
+
+import asyncio
+import logging
+
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+from sqlmodel import Session, select
+
+from kvscope.backend import certainty
+from kvscope.backend.deps import token_matches
+from kvscope.backend.derive import Facts
+from kvscope.backend.ingest import batch_message
+from kvscope.backend.models import Request
+from kvscope.backend.timeline import build
+
+router = APIRouter(tags=["live"])
+logger = logging.getLogger(__name__)
+
+
+@router.websocket("/ws")
+async def live(websocket: WebSocket) -> None:
+    """Messages: {'type': 'batch', ...} per stored batch, {'type': 'timeline', ...} per
+    finished request. Token as 'Authorization: Bearer' header or ?token= query parameter."""
+    settings = websocket.app.state.settings
+    header = websocket.headers.get("authorization")
+    query_token = websocket.query_params.get("token")
+    if not token_matches(settings, header or (f"Bearer {query_token}" if query_token else None)):
+        await websocket.close(code=1008, reason="missing or wrong token")
+        return
+    await websocket.accept()
+    hub = websocket.app.state.hub
+    queue = hub.subscribe()
+    receiver = asyncio.ensure_future(_until_closed(websocket))
+    try:
+        await websocket.send_json({"type": "hello"})
+        while True:
+            getter = asyncio.ensure_future(queue.get())
+            done, _ = await asyncio.wait({getter, receiver}, return_when=asyncio.FIRST_COMPLETED)
+            if receiver in done:
+                getter.cancel()
+                break
+            await websocket.send_json(getter.result())
+    except (WebSocketDisconnect, RuntimeError):
+        pass
+    finally:
+        hub.unsubscribe(queue)
+        receiver.cancel()
+
+
+async def _until_closed(websocket: WebSocket) -> None:
+    """Reads (and ignores) client messages until the client goes away."""
+    try:
+        while True:
+            await websocket.receive_text()
+    except (WebSocketDisconnect, RuntimeError):
+        return
+
+
+def make_publisher(app):
+    """The ingest service's on_batch hook: called in the ingest thread after each commit."""
+
+    def publish(facts: Facts) -> None:
+        hub = app.state.hub
+        hub.publish(batch_message(facts))
+        settings = app.state.settings
+        finished = facts.requests[: settings.ws_max_timelines_per_batch]
+        if not finished:
+            return
+        try:
+            with Session(app.state.engine) as session:
+                sure = certainty.certainty(session, settings.gap_grace_s,
+                                           {r["instance_id"] for r in finished})
+                for row in finished:
+                    request = session.exec(select(Request).where(
+                        Request.trace_id == row["trace_id"],
+                        Request.span_id == row["span_id"])).first()
+                    if request is not None:
+                        timeline = build(session, request, sure)
+                        hub.publish({"type": "timeline", "timeline": timeline.model_dump(
+                            mode="json")})
+        except Exception:  # live updates are best effort; the stored batch is already safe
+            logger.exception("could not publish timelines")
+
+    return publish

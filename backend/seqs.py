@@ -1,0 +1,117 @@
+"""Which kvscope.seq numbers arrived from each process, and the holes between them."""
+
+from dataclasses import dataclass
+
+from sqlalchemy import Connection, delete, insert, select
+
+from kvscope.backend.models import SeqRange
+
+FIRST_SEQ = 0
+"""traces.sdk numbers spans from 0 (itertools.count()); a range starting later has a head hole."""
+
+
+@dataclass(slots=True)
+class Run:
+    lo: int
+    hi: int
+    lo_start_ns: int
+    hi_start_ns: int
+    seen_ns: int
+
+
+@dataclass(slots=True)
+class Hole:
+    """Seq numbers not received between two runs; age counts from when the later run arrived."""
+
+    origin: str
+    first: int
+    last: int
+    after_ns: int | None
+    before_ns: int
+    age_s: float
+    state: str
+
+    @property
+    def count(self) -> int:
+        return self.last - self.first + 1
+
+
+def runs_of(items: list[tuple[int, int]], now_ns: int) -> list[Run]:
+    """Consecutive runs of one batch's (seq, start_ns) pairs."""
+    runs: list[Run] = []
+    for seq, start_ns in sorted(set(items)):
+        last = runs[-1] if runs else None
+        if last is not None and seq <= last.hi + 1:
+            if seq > last.hi:
+                last.hi, last.hi_start_ns = seq, start_ns
+        else:
+            runs.append(Run(seq, seq, start_ns, start_ns, now_ns))
+    return runs
+
+
+def merged(runs: list[Run]) -> list[Run]:
+    """Runs joined where they touch or overlap; a hole's age keeps its first sighting."""
+    out: list[Run] = []
+    for run in sorted(runs, key=lambda r: (r.lo, r.hi)):
+        last = out[-1] if out else None
+        if last is not None and run.lo <= last.hi + 1:
+            if run.hi > last.hi:
+                last.hi, last.hi_start_ns = run.hi, run.hi_start_ns
+            last.seen_ns = min(last.seen_ns, run.seen_ns)
+        else:
+            out.append(Run(run.lo, run.hi, run.lo_start_ns, run.hi_start_ns, run.seen_ns))
+    return out
+
+
+def merge(connection: Connection, seqs: dict[str, list[tuple[int, int]]], now_ns: int) -> None:
+    """Folds one batch's seq numbers into the stored ranges of each process."""
+    if not seqs:
+        return
+    table = SeqRange.__table__
+    stored: dict[str, list] = {origin: [] for origin in seqs}
+    for row in connection.execute(select(table).where(table.c.instance_id.in_(list(seqs)))):
+        stored[row.instance_id].append(row)
+    for origin, items in seqs.items():
+        old = [Run(r.lo, r.hi, r.lo_start_ns, r.hi_start_ns, r.seen_ns) for r in stored[origin]]
+        new = merged(old + runs_of(items, now_ns))
+        if [(r.lo, r.hi) for r in new] == sorted((r.lo, r.hi) for r in old):
+            continue
+        if old:
+            connection.execute(delete(table).where(table.c.instance_id == origin))
+        connection.execute(insert(table), [
+            {"instance_id": origin, "lo": r.lo, "hi": r.hi, "lo_start_ns": r.lo_start_ns,
+             "hi_start_ns": r.hi_start_ns, "seen_ns": r.seen_ns}
+            for r in new
+        ])
+
+
+def holes(connection: Connection, now_ns: int, grace_s: float,
+          origin: str | None = None) -> list[Hole]:
+    """Every hole of every process (or one); 'pending' while younger than the grace period."""
+    table = SeqRange.__table__
+    query = select(table).order_by(table.c.instance_id, table.c.lo)
+    if origin is not None:
+        query = query.where(table.c.instance_id == origin)
+    found: list[Hole] = []
+    previous = None
+    for row in connection.execute(query):
+        if previous is None or previous.instance_id != row.instance_id:
+            first, after_ns = FIRST_SEQ, None
+        else:
+            first, after_ns = previous.hi + 1, previous.hi_start_ns
+        if row.lo > first:
+            age_s = max(0.0, (now_ns - row.seen_ns) / 1e9)
+            found.append(Hole(row.instance_id, first, row.lo - 1, after_ns, row.lo_start_ns,
+                              age_s, "pending" if age_s < grace_s else "missing"))
+        previous = row
+    return found
+
+
+def received_counts(connection: Connection) -> dict[str, tuple[int, int]]:
+    """Per process: spans received (distinct seq numbers) and the highest seq seen."""
+    table = SeqRange.__table__
+    counts: dict[str, tuple[int, int]] = {}
+    for row in connection.execute(select(table.c.instance_id, table.c.lo, table.c.hi)):
+        received, highest = counts.get(row.instance_id, (0, -1))
+        counts[row.instance_id] = (received + row.hi - row.lo + 1, max(highest, row.hi))
+    return counts

@@ -1,0 +1,62 @@
+"""Backend settings, read once from the environment (pydantic-settings singleton)."""
+
+from functools import lru_cache
+from ipaddress import ip_address
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_DATABASE_URL = "sqlite:///kvscope.db"
+
+
+class Settings(BaseSettings):
+    """Every knob of the backend; env names are KVSCOPE_BACKEND_<FIELD> unless aliased."""
+
+    model_config = SettingsConfigDict(env_prefix="KVSCOPE_BACKEND_", populate_by_name=True)
+
+    database_url: str = Field(DEFAULT_DATABASE_URL, validation_alias="DATABASE_URL")
+    token: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 4318
+    # Limits: a bounded body, bounded decompression and bounded attributes per span.
+    max_body_bytes: int = 16 * 1024 * 1024
+    max_decompressed_bytes: int = 64 * 1024 * 1024
+    max_attribute_value_bytes: int = 8 * 1024
+    max_attribute_array_len: int = 1024
+    max_attributes_per_span: int = 128
+    max_events_per_span: int = 1024
+    # Retention: whichever limit is reached first prunes the oldest spans.
+    retention_max_spans: int = 5_000_000
+    retention_max_age_s: float = 7 * 24 * 3600.0
+    retention_interval_s: float = 10.0
+    # A seq hole younger than this may be spans still open or in flight, not lost ones.
+    gap_grace_s: float = 30.0
+    # Finished requests whose timelines are pushed on the WebSocket per ingest batch.
+    ws_max_timelines_per_batch: int = 50
+    log_level: str = "info"
+
+
+@lru_cache
+def get_settings() -> Settings:
+    """The process-wide settings; tests build their own Settings and pass them to create_app."""
+    return Settings()
+
+
+def is_loopback(host: str) -> bool:
+    """True when binding to host is reachable only from this machine."""
+    if host in ("localhost", ""):
+        return host == "localhost"
+    try:
+        return ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind_is_safe(settings: Settings, host: str) -> None:
+    """Refuse to listen beyond loopback without a token: spans reveal prompts' structure."""
+    if not is_loopback(host) and not settings.token:
+        raise SystemExit(
+            f"refusing to bind the kvscope backend to {host!r} without a token: "
+            "set KVSCOPE_BACKEND_TOKEN (clients send 'Authorization: Bearer <token>') "
+            "or bind to 127.0.0.1"
+        )

@@ -1,0 +1,110 @@
+"""A request's KV timeline and time-to-first-token breakdown, read from stored rows."""
+
+import json
+
+from sqlmodel import Session, or_, select
+
+from kvscope.backend.models import (
+    Failure,
+    Request,
+    RequestPublic,
+    Span,
+    TimelinePoint,
+    Transfer,
+)
+from kvscope.backend.schemas import Certainty, Timeline, TtftBreakdown
+from kvscope.traces import names
+
+LLM_REQUEST = "llm_request"
+TTFT_S = "gen_ai.latency.time_to_first_token"
+QUEUE_S = "gen_ai.latency.time_in_queue"
+# These points take their last occurrence: a lookup may be repeated until it decides.
+_LAST_WINS = {"lookup_result", "finished"}
+
+
+def request_public(request: Request) -> RequestPublic:
+    duration = (request.end_ns - request.start_ns) / 1e6 if request.end_ns else None
+    return RequestPublic.model_validate(request, update={"duration_ms": duration})
+
+
+def build(session: Session, request: Request, certainty: Certainty) -> Timeline:
+    points = _points(session, request)
+    first: dict[str, int] = {}
+    for point in points:
+        if point.point in _LAST_WINS or point.point not in first:
+            first[point.point] = point.time_ns
+    transfers = session.exec(select(Transfer).where(
+        Transfer.trace_id == request.trace_id, _same_engine(Transfer, request)
+    ).order_by(Transfer.start_ns)).all()
+    failures = session.exec(select(Failure).where(
+        Failure.trace_id == request.trace_id).order_by(Failure.time_ns)).all()
+    return Timeline(
+        request=request_public(request),
+        points=points,
+        first=first,
+        missing_points=[p for p in names.TIMELINE_POINTS if p not in first],
+        ttft=breakdown(request, first, _llm_attributes(session, request)),
+        transfers=transfers,
+        failures=failures,
+        certainty=certainty,
+    )
+
+
+def _same_engine(model, request: Request):
+    if request.engine_id is None:
+        return True
+    return or_(model.engine_id == request.engine_id, model.engine_id.is_(None))
+
+
+def _points(session: Session, request: Request) -> list[TimelinePoint]:
+    query = select(TimelinePoint).where(
+        TimelinePoint.trace_id == request.trace_id, _same_engine(TimelinePoint, request))
+    if request.request_id is not None:
+        query = query.where(or_(TimelinePoint.request_id == request.request_id,
+                                TimelinePoint.request_id.is_(None)))
+    return list(session.exec(query.order_by(TimelinePoint.time_ns)).all())
+
+
+def _llm_attributes(session: Session, request: Request) -> dict:
+    """vLLM's llm_request span carries the API server's id: ours minus the '-xxxxxxxx' tail."""
+    if request.request_id is None:
+        return {}
+    candidates = [request.request_id]
+    head, dash, tail = request.request_id.rpartition("-")
+    if dash and len(tail) == 8:
+        candidates.append(head)
+    span = session.exec(select(Span).where(
+        Span.request_id.in_(candidates), Span.name == LLM_REQUEST).limit(1)).first()
+    return json.loads(span.attributes) if span else {}
+
+
+def _ms(later: int | None, earlier: int | None) -> float | None:
+    if later is None or earlier is None:
+        return None
+    return max(0.0, (later - earlier) / 1e6)
+
+
+def breakdown(request: Request, first: dict[str, int], llm: dict) -> TtftBreakdown:
+    """Queue + lookup + waiting for KV + compute = TTFT, each part with where it came from."""
+    result = TtftBreakdown()
+    sources: dict[str, str] = {}
+    if isinstance(llm.get(QUEUE_S), int | float):
+        result.queue_ms, sources["queue_ms"] = llm[QUEUE_S] * 1e3, QUEUE_S
+    elif (queue := _ms(first.get("lookup_start"), request.start_ns)) is not None:
+        result.queue_ms, sources["queue_ms"] = queue, "request span start to lookup_start"
+    result.lookup_ms = _ms(first.get("lookup_result"), first.get("lookup_start"))
+    if result.lookup_ms is not None:
+        sources["lookup_ms"] = "lookup_start to lookup_result"
+    loaded = first.get("transfer_complete", first.get("resumed"))
+    if "blocks_allocated" not in first:
+        result.kv_wait_ms, sources["kv_wait_ms"] = 0.0, "no external KV to load"
+    elif loaded is not None:
+        result.kv_wait_ms = _ms(loaded, first["blocks_allocated"])
+        sources["kv_wait_ms"] = "blocks_allocated to transfer_complete (or resumed)"
+    if isinstance(llm.get(TTFT_S), int | float):
+        result.ttft_ms, sources["ttft_ms"] = llm[TTFT_S] * 1e3, TTFT_S
+        parts = [result.queue_ms, result.lookup_ms, result.kv_wait_ms]
+        result.compute_ms = max(0.0, result.ttft_ms - sum(p for p in parts if p))
+        sources["compute_ms"] = "ttft minus queue, lookup and KV wait"
+    result.sources = sources
+    return result

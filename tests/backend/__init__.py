@@ -1,0 +1,1 @@
+"""Tests of kvscope.backend: OTLP ingest, state rebuilding, API, limits, PostgreSQL."""
