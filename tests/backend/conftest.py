@@ -18,8 +18,10 @@ from kvscope.backend.main import create_app
 from kvscope.backend.settings import Settings
 
 POSTGRES_URL = os.environ.get("KVSCOPE_TEST_POSTGRES_URL")
-SKIP_POSTGRES = ("KVSCOPE_TEST_POSTGRES_URL is not set: run scripts/postgres.sh and export the "
-                 "DATABASE_URL it prints as KVSCOPE_TEST_POSTGRES_URL")
+SKIP_POSTGRES = (
+    "KVSCOPE_TEST_POSTGRES_URL is not set: run scripts/postgres.sh and export the "
+    "DATABASE_URL it prints as KVSCOPE_TEST_POSTGRES_URL"
+)
 
 
 class RunningBackend:
@@ -28,8 +30,9 @@ class RunningBackend:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.app = create_app(settings)
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning",
-                                lifespan="on")
+        config = uvicorn.Config(
+            self.app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="backend", daemon=True)
 
@@ -57,8 +60,11 @@ class RunningBackend:
         """Sends spans with the SDK's own OTLP/HTTP protobuf exporter."""
         token = token if token is not None else self.settings.token
         exporter = OTLPSpanExporter(
-            endpoint=f"{self.url}/v1/traces", timeout=10, compression=compression,
-            headers={"Authorization": f"Bearer {token}"} if token else None)
+            endpoint=f"{self.url}/v1/traces",
+            timeout=10,
+            compression=compression,
+            headers={"Authorization": f"Bearer {token}"} if token else None,
+        )
         try:
             return exporter.export(spans)
         finally:
@@ -97,13 +103,15 @@ def _throwaway_postgres_database(url: str):
     import psycopg
 
     name = f"kvscope_test_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://"),
-                         autocommit=True) as connection:
+    with psycopg.connect(
+        url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True
+    ) as connection:
         connection.execute(f'CREATE DATABASE "{name}"')
     base, _, _ = url.rpartition("/")
     yield f"{base}/{name}"
-    with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://"),
-                         autocommit=True) as connection:
+    with psycopg.connect(
+        url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True
+    ) as connection:
         connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 

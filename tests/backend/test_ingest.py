@@ -16,9 +16,11 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def _processes(engine_id: str):
-    return (Process("vllm-engine", engine_id, "scheduler"),
-            Process("vllm-worker", engine_id, "worker"),
-            Process("vllm-api", engine_id, "api"))
+    return (
+        Process("vllm-engine", engine_id, "scheduler"),
+        Process("vllm-worker", engine_id, "worker"),
+        Process("vllm-api", engine_id, "api"),
+    )
 
 
 def _request(client, engine_id: str) -> dict:
@@ -94,8 +96,9 @@ def test_a_retried_export_is_stored_once(backend):
         timeline = client.get(f"/api/v1/requests/{request['id']}/timeline").json()
         stored = client.get(f"/api/v1/requests/{request['id']}/spans").json()
         transfers = client.get("/api/v1/transfers", params={"engine_id": engine_id}).json()
-    assert len(stored) == len([s for s in spans if s.context.trace_id ==
-                               int(request["trace_id"], 16)])
+    assert len(stored) == len(
+        [s for s in spans if s.context.trace_id == int(request["trace_id"], 16)]
+    )
     assert len([p for p in timeline["points"] if p["point"] == "layer_ready"]) == 2
     assert transfers["total"] == 1
 
@@ -108,8 +111,9 @@ def test_protobuf_response_is_an_export_trace_service_response(backend):
 
     body = encode_spans(scheduler.spans()).SerializeToString()
     with backend.client() as client:
-        response = client.post("/v1/traces", content=body,
-                               headers={"Content-Type": "application/x-protobuf"})
+        response = client.post(
+            "/v1/traces", content=body, headers={"Content-Type": "application/x-protobuf"}
+        )
     assert response.status_code == 200
     parsed = pb.ExportTraceServiceResponse.FromString(response.content)
     assert not parsed.HasField("partial_success")
