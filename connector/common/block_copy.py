@@ -39,6 +39,36 @@ def plan_runs(
     return runs
 
 
+# Widest first. CPU index kernels move one element at a time, so viewing bf16 KV as 16-byte
+# elements makes scattered copies about as fast as a memcpy; moves never alter bits.
+_WIDE_DTYPES = (torch.complex128, torch.int64, torch.int32)
+
+
+def widest_views(
+    device_layer: torch.Tensor, host_layer: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both layers reinterpreted as the widest dtype their innermost contiguous axis allows."""
+    if device_layer.device.type != "cpu":
+        return device_layer, host_layer
+    for wide_dtype in _WIDE_DTYPES:
+        if _can_view_as(device_layer, wide_dtype) and _can_view_as(host_layer, wide_dtype):
+            return device_layer.view(wide_dtype), host_layer.view(wide_dtype)
+    return device_layer, host_layer
+
+
+def _can_view_as(tensor: torch.Tensor, wide_dtype: torch.dtype) -> bool:
+    wide_size = torch.empty((), dtype=wide_dtype).element_size()
+    item_size = tensor.element_size()
+    return (
+        tensor.dim() > 0
+        and tensor.stride(-1) == 1
+        and wide_size > item_size
+        and (tensor.shape[-1] * item_size) % wide_size == 0
+        and (tensor.storage_offset() * item_size) % wide_size == 0
+        and all(stride * item_size % wide_size == 0 for stride in tensor.stride()[:-1])
+    )
+
+
 def store_runs(
     device_layers: Sequence[torch.Tensor],
     host_layers: Sequence[torch.Tensor],
@@ -48,6 +78,7 @@ def store_runs(
 ) -> None:
     """Device -> host, every layer of every run."""
     for device_layer, host_layer in zip(device_layers, host_layers, strict=True):
+        device_layer, host_layer = widest_views(device_layer, host_layer)
         for run in runs:
             _store_run(device_layer, host_layer, block_dim, run, non_blocking)
 
@@ -61,6 +92,7 @@ def load_runs(
 ) -> None:
     """Host -> device, every layer of every run."""
     for device_layer, host_layer in zip(device_layers, host_layers, strict=True):
+        device_layer, host_layer = widest_views(device_layer, host_layer)
         for run in runs:
             _load_run(device_layer, host_layer, block_dim, run, non_blocking)
 

@@ -37,6 +37,23 @@ def test_store_then_load_round_trips_bytes_exactly(
         assert torch.equal(target.block_bits(0), untouched_before)
 
 
+@pytest.mark.parametrize("layout", ["cpu_layer_major", "flash"])
+def test_every_bit_pattern_survives_including_nans(layout, make_kv_cache, make_host_buffer):
+    kv = make_kv_cache(layout)
+    generator = torch.Generator().manual_seed(3)
+    for layer in kv.layers:  # all 65536 bf16 bit patterns are likely, NaN payloads included
+        bits = torch.randint(-(2**15), 2**15, layer.shape, dtype=torch.int16, generator=generator)
+        layer.view(torch.int16).copy_(bits)
+    expected = [kv.block_bits(d) for d in (4, 9, 2)]
+    host_buffer = make_host_buffer(kv, num_host_blocks=8)
+    with make_copy_engine(kv.layers, host_buffer, kv.block_dim) as engine:
+        engine.submit_store([4, 9, 2], [5, 1, 3])
+        engine.submit_load([11, 0, 7], [5, 1, 3])
+        assert all(result.ok for result in engine.drain(timeout_s=10))
+    for device_block_id, bits in zip([11, 0, 7], expected, strict=True):
+        assert torch.equal(kv.block_bits(device_block_id), bits)
+
+
 def test_results_report_bytes_and_duration(make_kv_cache, make_host_buffer):
     kv = make_kv_cache("cpu_layer_major")
     host_buffer = make_host_buffer(kv, num_host_blocks=8)
@@ -106,17 +123,20 @@ def test_jobs_finish_in_submission_order(make_kv_cache, make_host_buffer):
 
 
 def test_a_failing_copy_is_reported_and_the_engine_keeps_working(make_kv_cache, make_host_buffer):
-    with torch.inference_mode():  # in-place writes to these outside inference mode raise
-        kv = make_kv_cache("cpu_layer_major")
+    kv, other = make_kv_cache("cpu_layer_major"), make_kv_cache("cpu_layer_major")
     host_buffer = make_host_buffer(kv, 4)
     with CpuCopyEngine(kv.layers, host_buffer, kv.block_dim) as engine:
+        # The engine released its KV memory under us (as vLLM's sleep mode does).
+        kv.layers[0].untyped_storage().resize_(0)
         engine.submit_load([0, 1], [0, 1])
-        engine.submit_store([2], [2])
         engine.submit_load([3], [3], fail_reason="injected: test")
-        failed_load, store, injected = engine.drain(timeout_s=10)
-    assert not failed_load.ok and "RuntimeError" in failed_load.error
-    assert store.ok
+        failed_load, injected = engine.drain(timeout_s=10)
+    with CpuCopyEngine(other.layers, host_buffer, other.block_dim) as engine:
+        engine.submit_store([2], [2])
+        [store] = engine.drain(timeout_s=10)
+    assert not failed_load.ok and "out of bounds for storage" in failed_load.error
     assert injected.error == "InjectedFault: injected: test"
+    assert store.ok
 
 
 @pytest.mark.parametrize(
@@ -177,3 +197,16 @@ def test_the_worker_thread_count_does_not_leak_into_other_threads(make_kv_cache,
         probe.join()
     assert torch.get_num_threads() == threads_before
     assert seen_by_new_thread == [threads_before]
+
+
+@pytest.mark.parametrize("last_dim", [64, 6, 3])  # 16-byte, 4-byte and 2-byte element views
+def test_round_trip_whatever_the_innermost_width(last_dim):
+    kv_layers = list(torch.randn(2, 10, 4, last_dim).to(torch.bfloat16))
+    expected = [layer[[7, 2]].clone() for layer in kv_layers]
+    host_buffer = HostBuffer(BlockLayout.of(kv_layers, block_dim=0), num_blocks=4)
+    with CpuCopyEngine(kv_layers, host_buffer, block_dim=0) as engine:
+        engine.submit_store([7, 2], [3, 0])
+        engine.submit_load([1, 5], [3, 0])
+        assert all(result.ok for result in engine.drain(timeout_s=10))
+    for layer, blocks in zip(kv_layers, expected, strict=True):
+        assert torch.equal(layer[[1, 5]].view(torch.int16), blocks.view(torch.int16))
