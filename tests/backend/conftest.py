@@ -124,13 +124,17 @@ def backend(database_url):
 
 @pytest.fixture
 def make_backend(database_url):
-    """Starts a backend with setting overrides (on a fresh database) for one test."""
+    """Starts a backend with setting overrides, on a fresh database, for one test."""
     started: list[RunningBackend] = []
+    databases = []
 
     def start(**overrides) -> RunningBackend:
         url = database_url
         if url.startswith("sqlite"):
             url = url.replace("kvscope.db", f"kvscope-{uuid.uuid4().hex[:8]}.db")
+        else:
+            databases.append(_throwaway_postgres_database(POSTGRES_URL))
+            url = next(databases[-1])
         running = RunningBackend(Settings(database_url=url, **overrides)).__enter__()
         started.append(running)
         return running
@@ -138,3 +142,5 @@ def make_backend(database_url):
     yield start
     for running in started:
         running.__exit__(None, None, None)
+    for database in databases:
+        next(database, None)  # drops it
