@@ -28,3 +28,47 @@ def _hex_ids(obj: dict) -> None:
     for key in _ID_KEYS:
         if obj.get(key):
             obj[key] = base64.b64decode(obj[key]).hex()
+
+
+def flat_spans(request: dict) -> list[dict]:
+    """The spans of one OTLP/JSON request as flat dicts: name, ids, times, attributes, resource."""
+    out = []
+    for resource_spans in request.get("resourceSpans", ()):
+        resource = _attributes(resource_spans.get("resource", {}).get("attributes", ()))
+        for scope_spans in resource_spans.get("scopeSpans", ()):
+            for span in scope_spans.get("spans", ()):
+                out.append({
+                    "name": span["name"],
+                    "trace_id": span["traceId"],
+                    "span_id": span["spanId"],
+                    "parent_span_id": span.get("parentSpanId", ""),
+                    "start_ns": int(span["startTimeUnixNano"]),
+                    "end_ns": int(span["endTimeUnixNano"]),
+                    "attributes": _attributes(span.get("attributes", ())),
+                    "events": [{"name": e["name"], **_attributes(e.get("attributes", ()))}
+                               for e in span.get("events", ())],
+                    "links": [{"trace_id": link["traceId"], "span_id": link["spanId"]}
+                              for link in span.get("links", ())],
+                    "resource": resource,
+                })  # fmt: skip
+    return out
+
+
+def read_spans_file(path: str) -> list[dict]:
+    """Every span in a file of OTLP/JSON lines (as OtlpJsonFileExporter writes)."""
+    with open(path, encoding="utf-8") as lines:
+        return [span for line in lines if line.strip() for span in flat_spans(json.loads(line))]
+
+
+def _attributes(pairs) -> dict:
+    return {pair["key"]: _value(pair.get("value", {})) for pair in pairs}
+
+
+def _value(value: dict):
+    if "arrayValue" in value:
+        return [_value(v) for v in value["arrayValue"].get("values", ())]
+    for key, cast in (("stringValue", str), ("boolValue", bool), ("intValue", int),
+                      ("doubleValue", float)):  # fmt: skip
+        if key in value:
+            return cast(value[key])
+    return None

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Runs lint and the whole test suite in the project's virtual environment (after setup.sh).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${KVSCOPE_VENV:-.venv}
+
+echo "==> lint (ruff)"
+"$VENV/bin/ruff" check .
+"$VENV/bin/ruff" format --check .
+
+# PostgreSQL for the backend's tests: started when asked (CI asks), skipped with a reason otherwise.
+if [ "${KVSCOPE_TEST_POSTGRES:-0}" = 1 ] && [ -z "${KVSCOPE_TEST_POSTGRES_URL:-}" ] && [ -x scripts/postgres.sh ]; then
+  echo "==> starting a throwaway PostgreSQL on 127.0.0.1"
+  KVSCOPE_TEST_POSTGRES_URL=$(scripts/postgres.sh | tail -n 1)
+  export KVSCOPE_TEST_POSTGRES_URL
+fi
+
+echo "==> tests (pytest)"
+exec "$VENV/bin/pytest" "$@"
