@@ -65,7 +65,8 @@ class SchedulerHooks:
             },
         ):
             inner = self._inner.build_connector_meta(scheduler_output)
-            return TracedMetadata(inner, self._sched.step, contexts, loads)
+            preempted = frozenset(scheduler_output.preempted_req_ids or ())
+            return TracedMetadata(inner, self._sched.step, contexts, loads, preempted)
 
     def update_connector_output(self, connector_output: Any) -> None:
         sending = connector_output.finished_sending or set()

@@ -34,7 +34,12 @@ class WorkerHooks:
 
     def handle_preemptions(self, kv_connector_metadata: Any) -> None:
         inner = getattr(kv_connector_metadata, "inner", kv_connector_metadata)
-        with self._spans.hook("handle_preemptions", self._work.step_context):
+        preempted = getattr(kv_connector_metadata, "reqs_preempted", None)
+        if preempted is not None and not preempted and not self._trace_quiet_hooks:
+            self._work.quiet_hooks.append("handle_preemptions")
+            return self._inner.handle_preemptions(inner)
+        ids = {names.REQUEST_IDS: sorted(preempted or ())}
+        with self._spans.hook("handle_preemptions", self._work.step_context, **ids):
             return self._inner.handle_preemptions(inner)
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:

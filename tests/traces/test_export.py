@@ -14,7 +14,7 @@ from kvscope.demo.engine import engine_env
 from kvscope.demo.quickstart import traced_example_config
 from kvscope.traces.sdk.processors import BoundedBatchProcessor
 from kvscope.traces.sdk.settings import Destination, TracingSettings, parse_endpoint
-from tests.prompts import DISTINCT
+from kvscope.demo.prompts import DISTINCT
 
 
 class BlockedExporter(SpanExporter):

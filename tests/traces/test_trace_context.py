@@ -13,7 +13,7 @@ from kvscope.demo.oracle import greedy_params
 from kvscope.demo.quickstart import traced_example_config
 from kvscope.traces import names
 from kvscope.traces.sdk.otlp_json import read_spans_file
-from tests.prompts import DISTINCT
+from kvscope.demo.prompts import DISTINCT
 
 pytestmark = pytest.mark.engine
 

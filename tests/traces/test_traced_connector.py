@@ -8,7 +8,7 @@ from kvscope.demo.engine import in_process_llm
 from kvscope.demo.oracle import greedy_tokens, token_mismatches
 from kvscope.demo.quickstart import traced_example_config
 from kvscope.traces import names
-from tests.prompts import DISTINCT
+from kvscope.demo.prompts import DISTINCT
 
 pytestmark = pytest.mark.engine
 HOOK = names.SPAN_HOOK_PREFIX

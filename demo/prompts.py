@@ -1,4 +1,4 @@
-"""Prompts shared by engine tests: several blocks long, with and without common prefixes."""
+"""Prompts for engine tests, benchmarks and the demo: several blocks long."""
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog while the cache keeps every block warm.",
