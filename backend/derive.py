@@ -37,6 +37,7 @@ class Facts:
     seqs: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
     telemetry: dict[str, tuple[int, int | None, int | None]] = field(default_factory=dict)
     origins: dict[str, tuple[str | None, str | None]] = field(default_factory=dict)
+    stub_keys: set[tuple[str, str]] = field(default_factory=set)
     # Row counts before the current span: ordinals count within one span, so a span sent
     # twice (an exporter retry) yields the same keys and is stored once.
     points_before: int = 0
@@ -155,7 +156,9 @@ def _hook(facts: Facts, span: SpanRecord, attributes: dict) -> None:
         stub = _request_row(span, attributes)
         stub.update(span_id=span.parent_span_id, end_ns=None, status="running",
                     status_message=None)
-        facts.request_stubs.append(stub)
+        if (span.trace_id, span.parent_span_id) not in facts.stub_keys:
+            facts.stub_keys.add((span.trace_id, span.parent_span_id))
+            facts.request_stubs.append(stub)
     if name == _LOOKUP_HOOK:
         hit = attributes.get(names.TOKENS_EXTERNAL_HIT)
         _point(facts, span, attributes, "lookup_start", span.start_ns)

@@ -66,7 +66,11 @@ class SpanChecker:
             kept = list(attributes)[: limits.max_attributes_per_span]
             truncated.append(f"(+{len(attributes) - len(kept)} attributes dropped)")
             attributes = {key: attributes[key] for key in kept}
+        short_text = limits.max_attribute_value_bytes // 4
         for key, value in attributes.items():
+            kind = type(value)
+            if not (kind is list or kind is dict or (kind is str and len(value) > short_text)):
+                continue  # the usual attribute: a number, a flag or a short text
             bounded_value = self._bounded_value(value)
             if bounded_value is not value:
                 attributes[key] = bounded_value

@@ -21,7 +21,7 @@ class SpanBase(SQLModel):
     trace_id: str = Field(max_length=32)
     span_id: str = Field(max_length=16)
     parent_span_id: str | None = Field(default=None, max_length=16)
-    name: str = Field(index=True)
+    name: str
     kind: int = 0
     start_ns: int = _ns(index=True, nullable=False)
     end_ns: int = _ns(nullable=False)
@@ -79,7 +79,7 @@ class RequestPublic(RequestBase):
 
 
 class TimelinePointBase(SQLModel):
-    trace_id: str = Field(max_length=32, index=True)
+    trace_id: str = Field(max_length=32)
     span_id: str = Field(max_length=16)
     ordinal: int = 0
     engine_id: str | None = None

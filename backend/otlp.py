@@ -54,19 +54,18 @@ class Decoded:
     message: str | None = None
 
 
+_PLAIN = frozenset(("string_value", "int_value", "bool_value"))
+
+
 def any_value(value) -> object:
     """An AnyValue as a plain Python value (bytes as hex, so it stays JSON-friendly)."""
     kind = value.WhichOneof("value")
-    if kind == "string_value":
-        return value.string_value
-    if kind == "int_value":
-        return value.int_value
+    if kind in _PLAIN:
+        return getattr(value, kind)
     if kind == "double_value":
         number = value.double_value
         # NaN and infinities are not JSON: keep them readable as text instead of failing reads.
         return number if math.isfinite(number) else str(number)
-    if kind == "bool_value":
-        return value.bool_value
     if kind == "array_value":
         return [any_value(item) for item in value.array_value.values]
     if kind == "kvlist_value":
@@ -77,7 +76,13 @@ def any_value(value) -> object:
 
 
 def attributes_of(key_values) -> dict:
-    return {kv.key: any_value(kv.value) for kv in key_values}
+    attributes = {}
+    for kv in key_values:
+        value = kv.value
+        kind = value.WhichOneof("value")
+        # Inlined common case: this loop runs for every attribute of every span.
+        attributes[kv.key] = getattr(value, kind) if kind in _PLAIN else any_value(value)
+    return attributes
 
 
 def parse_body(body: bytes, content_type: str) -> pb.ExportTraceServiceRequest:

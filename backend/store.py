@@ -26,10 +26,21 @@ def _insert(connection: Connection, table: Table):
     return dialect.insert(table)
 
 
-def _insert_new(connection: Connection, table: Table, rows: list[dict]) -> None:
-    """Bulk insert; rows already stored (an exporter's retry) are skipped, not duplicated."""
-    if rows:
-        connection.execute(_insert(connection, table).on_conflict_do_nothing(), rows)
+def _insert_new(connection: Connection, table: Table, rows: list[dict],
+                on_conflict: str = "ON CONFLICT DO NOTHING") -> None:
+    """Bulk insert; by default rows already stored (an exporter's retry) are skipped.
+
+    The statement goes to the driver's executemany as plain SQL: SQLAlchemy's per-row
+    parameter processing cost more than SQLite's own work at 20,000 spans per second.
+    The ON CONFLICT forms used here mean the same in SQLite and PostgreSQL.
+    """
+    if not rows:
+        return
+    columns = list(rows[0])
+    marker = "?" if connection.dialect.paramstyle == "qmark" else "%s"
+    statement = (f"INSERT INTO {table.name} ({', '.join(columns)}) VALUES "
+                 f"({', '.join([marker] * len(columns))}) {on_conflict}")
+    connection.exec_driver_sql(statement, [tuple(row.values()) for row in rows])
 
 
 def write_batch(connection: Connection, facts: Facts, resources: dict, now_ns: int) -> None:
@@ -47,17 +58,11 @@ def write_batch(connection: Connection, facts: Facts, resources: dict, now_ns: i
 
 def _upsert_requests(connection: Connection, rows: list[dict]) -> None:
     """The request span itself is the final word; it replaces a 'running' stub."""
-    if not rows:
-        return
-    statement = _insert(connection, Request.__table__)
-    columns = [c for c in rows[0] if c not in ("trace_id", "span_id")]
-    connection.execute(
-        statement.on_conflict_do_update(
-            index_elements=["trace_id", "span_id"],
-            set_={column: statement.excluded[column] for column in columns},
-        ),
-        rows,
-    )
+    if rows:
+        updates = ", ".join(f"{column} = excluded.{column}" for column in rows[0]
+                            if column not in ("trace_id", "span_id"))
+        _insert_new(connection, Request.__table__, rows,
+                    f"ON CONFLICT (trace_id, span_id) DO UPDATE SET {updates}")
 
 
 def _upsert_leases(connection: Connection, rows: list[dict]) -> None:
@@ -89,25 +94,12 @@ def _upsert_leases(connection: Connection, rows: list[dict]) -> None:
 
 def _upsert_blocks(connection: Connection, rows: list[dict]) -> None:
     """Last event wins by its own timestamp, so late or reordered batches cannot roll back."""
-    if not rows:
-        return
-    table = Block.__table__
-    statement = _insert(connection, table)
-    new, old = statement.excluded, table.c
-    connection.execute(
-        statement.on_conflict_do_update(
-            index_elements=["engine_id", "tier", "address"],
-            set_={
-                "state": new.state,
-                "updated_ns": new.updated_ns,
-                "block_hash": func.coalesce(new.block_hash, old.block_hash),
-                "instance_id": new.instance_id,
-                "request_id": new.request_id,
-            },
-            where=new.updated_ns >= old.updated_ns,
-        ),
-        rows,
-    )
+    _insert_new(connection, Block.__table__, rows, (
+        "ON CONFLICT (engine_id, tier, address) DO UPDATE SET state = excluded.state, "
+        "updated_ns = excluded.updated_ns, "
+        "block_hash = COALESCE(excluded.block_hash, block.block_hash), "
+        "instance_id = excluded.instance_id, request_id = excluded.request_id "
+        "WHERE excluded.updated_ns >= block.updated_ns"))
 
 
 def _upsert_processes(connection: Connection, facts: Facts, resources: dict, now_ns: int):
