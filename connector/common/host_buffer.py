@@ -56,8 +56,7 @@ class BlockLayout:
 
     @property
     def bytes_per_layer_block(self) -> int:
-        itemsize = torch.empty((), dtype=self.dtype).element_size()
-        return math.prod(self.layer_block_shape) * itemsize
+        return math.prod(self.layer_block_shape) * self.dtype.itemsize
 
     @property
     def bytes_per_block(self) -> int:

@@ -1,0 +1,176 @@
+"""Copy engine store/load bandwidth next to a raw torch copy of the same bytes, in one run."""
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import torch
+
+from kvscope.connector.common.copy_engine import CopyEngine, make_copy_engine
+from kvscope.connector.common.host_buffer import BlockLayout, HostBuffer
+
+TARGET_RATIO = 0.9
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """One transfer of num_blocks whole blocks, vLLM CPU layout [nb, heads, bs, 2*head_dim]."""
+
+    mib: int = 64
+    num_layers: int = 8
+    num_kv_heads: int = 8
+    block_size: int = 32
+    head_dim: int = 128
+    pattern: str = "scattered"  # device block ids: "contiguous" or "scattered" (shuffled)
+    repeats: int = 15
+    device: str = "cpu"
+    threads: int = 1  # torch threads of the raw copy and of the CPU engine's worker
+
+    @property
+    def bytes_per_block(self) -> int:
+        return self.num_layers * self.num_kv_heads * self.block_size * 2 * self.head_dim * 2
+
+    @property
+    def num_blocks(self) -> int:
+        return max(1, self.mib * 2**20 // self.bytes_per_block)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    name: str
+    seconds: float  # median over repeats
+    num_bytes: int
+
+    @property
+    def gib_per_s(self) -> float:
+        return self.num_bytes / 2**30 / self.seconds
+
+
+@dataclass
+class Setup:
+    engine: CopyEngine
+    device_block_ids: list[int]
+    host_block_ids: list[int]
+    raw_device_ranges: list[torch.Tensor]  # the first num_blocks blocks of each layer
+    raw_host_ranges: list[torch.Tensor]  # each host layer: the same bytes, same pages
+
+
+def build(config: BenchConfig) -> Setup:
+    num_device_blocks = 2 * config.num_blocks
+    shape = (config.num_layers, num_device_blocks, config.num_kv_heads, config.block_size)
+    storage = torch.randn(*shape, 2 * config.head_dim).to(config.device, torch.bfloat16)
+    kv_layers = list(storage.unbind(0))
+    layout = BlockLayout.of(kv_layers, block_dim=0)
+    host_buffer = HostBuffer(layout, config.num_blocks, pin_memory=config.device == "cuda")
+    generator = torch.Generator().manual_seed(0)
+    if config.pattern == "contiguous":
+        device_block_ids = list(range(config.num_blocks))
+    else:
+        device_block_ids = torch.randperm(num_device_blocks, generator=generator)
+        device_block_ids = device_block_ids[: config.num_blocks].tolist()
+    return Setup(
+        engine=make_copy_engine(kv_layers, host_buffer, block_dim=0, cpu_threads=config.threads),
+        device_block_ids=device_block_ids,
+        host_block_ids=list(range(config.num_blocks)),
+        raw_device_ranges=[layer.narrow(0, 0, config.num_blocks) for layer in kv_layers],
+        raw_host_ranges=host_buffer.layers,
+    )
+
+
+def timed(action: Callable[[], None], sync: Callable[[], None]) -> float:
+    sync()
+    started = time.perf_counter()
+    action()
+    sync()
+    return time.perf_counter() - started
+
+
+def raw_copy(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
+    """The baseline: plain copy_ of each layer's bytes as one contiguous range."""
+    for target, source in zip(targets, sources, strict=True):
+        target.copy_(source)
+
+
+def measure(config: BenchConfig) -> list[Measurement]:
+    setup = build(config)
+    engine = setup.engine
+    sync = torch.cuda.synchronize if config.device == "cuda" else lambda: None
+
+    def run_job(submit: Callable[[list[int], list[int]], int]) -> None:
+        engine.wait(submit(setup.device_block_ids, setup.host_block_ids))
+        [result] = engine.poll()
+        assert result.ok, result.error
+
+    actions = {
+        "raw store": lambda: raw_copy(setup.raw_host_ranges, setup.raw_device_ranges),
+        "engine store": lambda: run_job(engine.submit_store),
+        "raw load": lambda: raw_copy(setup.raw_device_ranges, setup.raw_host_ranges),
+        "engine load": lambda: run_job(engine.submit_load),
+    }
+    samples: dict[str, list[float]] = {name: [] for name in actions}
+    for _ in range(config.repeats + 1):  # the first round warms up and is dropped
+        for name, action in actions.items():  # interleaved, so drift hits all four alike
+            samples[name].append(timed(action, sync))
+    num_bytes = config.num_blocks * config.bytes_per_block
+    engine.shutdown()
+    return [Measurement(n, statistics.median(s[1:]), num_bytes) for n, s in samples.items()]
+
+
+def print_table(config: BenchConfig, rows: list[tuple[str, list[Measurement]]]) -> None:
+    print(
+        f"copy engine vs raw torch copy: {config.num_blocks} blocks of "
+        f"{config.bytes_per_block / 2**20:.2f} MiB ({config.num_layers} layers) per job, "
+        f"{config.device}, {config.threads} torch thread(s), median of {config.repeats}"
+    )
+    print(f"{'pattern':<11} {'direction':<9} {'engine GiB/s':>12} {'raw GiB/s':>10} {'ratio':>6}")
+    for pattern, measurements in rows:
+        by_name = {m.name: m for m in measurements}
+        for direction in ("store", "load"):
+            engine, raw = by_name[f"engine {direction}"], by_name[f"raw {direction}"]
+            ratio = engine.gib_per_s / raw.gib_per_s
+            verdict = "ok" if ratio >= TARGET_RATIO else f"below {TARGET_RATIO}"
+            print(
+                f"{pattern:<11} {direction:<9} {engine.gib_per_s:>12.2f} {raw.gib_per_s:>10.2f} "
+                f"{ratio:>6.2f}  {verdict}"
+            )
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, list[str]]:
+    defaults = BenchConfig()
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--mib", type=int, default=defaults.mib, help="bytes per job, MiB")
+    parser.add_argument("--layers", type=int, default=defaults.num_layers)
+    parser.add_argument("--kv-heads", type=int, default=defaults.num_kv_heads)
+    parser.add_argument("--block-size", type=int, default=defaults.block_size, help="tokens")
+    parser.add_argument("--head-dim", type=int, default=defaults.head_dim)
+    parser.add_argument("--repeats", type=int, default=defaults.repeats)
+    parser.add_argument("--threads", type=int, default=defaults.threads)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument(
+        "--pattern", choices=["contiguous", "scattered", "both"], default="both",
+        help="device block ids of a job: consecutive, shuffled, or one row of each",
+    )  # fmt: skip
+    args = parser.parse_args(argv)
+    config = BenchConfig(
+        mib=args.mib, num_layers=args.layers, num_kv_heads=args.kv_heads,
+        block_size=args.block_size, head_dim=args.head_dim, repeats=args.repeats,
+        device=args.device, threads=args.threads,
+    )  # fmt: skip
+    patterns = ["contiguous", "scattered"] if args.pattern == "both" else [args.pattern]
+    return config, patterns
+
+
+def main(argv: list[str] | None = None) -> None:
+    config, patterns = parse_args(argv)
+    torch.set_num_threads(config.threads)
+    rows: list[tuple[str, list[Measurement]]] = []
+    for pattern in patterns:
+        print(f"measuring {pattern} ...", flush=True)
+        rows.append((pattern, measure(replace(config, pattern=pattern))))
+    print_table(config, rows)
+
+
+if __name__ == "__main__":
+    main()
