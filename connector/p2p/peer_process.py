@@ -1,0 +1,200 @@
+"""A stand-in KV owner process (fake KV cache served over P2P) and a handle to drive it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Final
+
+import torch
+
+READY: Final = "KVSCOPE_PEER_READY"
+"""Prefix of the line the child prints once it serves; stdout also carries NIXL's own logs."""
+REPLY: Final = "KVSCOPE_PEER_REPLY"
+"""Prefix of the child's answers to commands."""
+
+
+@dataclass(frozen=True)
+class FakeKVShape:
+    """A small model's KV cache on vLLM's CPU platform."""
+
+    num_layers: int = 4
+    num_blocks: int = 64
+    num_kv_heads: int = 2
+    block_size: int = 32
+    head_dim: int = 32
+
+    def to_args(self) -> list[str]:
+        return [f"--{k.replace('_', '-')}={v}" for k, v in self.__dict__.items()]
+
+
+def make_fake_kv_caches(shape: FakeKVShape, seed: int | None) -> dict[str, torch.Tensor]:
+    """Per-layer bf16 views of one storage, like vLLM's CPU KV cache; random bits if seeded."""
+    block = (shape.num_kv_heads, shape.block_size, 2 * shape.head_dim)
+    full = (shape.num_layers, shape.num_blocks, *block)
+    if seed is None:
+        storage = torch.zeros(full, dtype=torch.bfloat16)
+    else:
+        generator = torch.Generator().manual_seed(seed)
+        bits = torch.randint(-(2**15), 2**15, full, dtype=torch.int16, generator=generator)
+        storage = bits.view(torch.bfloat16)
+    return {f"model.layers.{i}.self_attn.attn": storage[i] for i in range(shape.num_layers)}
+
+
+def _serve(args: argparse.Namespace) -> None:
+    """Child main: serve the fake KV cache until stdin closes, answering commands on stdin."""
+    from kvscope.connector.p2p.side_channel import SideChannelServer
+    from kvscope.connector.p2p.transport import NixlTransport
+
+    shape = FakeKVShape(args.num_layers, args.num_blocks, args.num_kv_heads, args.block_size,
+                        args.head_dim)  # fmt: skip
+    kv_caches = make_fake_kv_caches(shape, args.seed)
+    if args.raw:
+        agent_name, server = _serve_raw(args.engine_id, kv_caches, args.port)
+    else:
+        transport = NixlTransport(args.engine_id, kv_caches)
+        server = SideChannelServer(
+            port=args.port, on_request=lambda: transport.expect_activity(1.0)
+        )
+        server.publish(transport.peer_info())
+        agent_name = transport.agent_name
+    print(f"{READY} {server.port} {agent_name}", flush=True)
+    for line in sys.stdin:
+        command = json.loads(line)
+        reply = {} if args.raw else _run_command(transport, command)
+        print(f"{REPLY} {json.dumps(reply)}", flush=True)
+    server.close()
+    if not args.raw:
+        transport.close()
+
+
+def _run_command(transport: Any, command: dict[str, Any]) -> dict[str, Any]:
+    if command["cmd"] == "expect":
+        transport.expect_remote_read(command["msg"].encode(), command["timeout_s"])
+    if command["cmd"] == "notifs":
+        notifs = [[n.peer, n.message.decode()] for n in transport.get_notifs()]
+        expired = [m.decode() for m in transport.expired_remote_reads()]
+        return {"notifs": notifs, "expired": expired}
+    return {}
+
+
+def _serve_raw(engine_id: str, kv_caches: dict[str, torch.Tensor], port: int) -> tuple[str, Any]:
+    """Plain NIXL as shipped (its own progress thread): the baseline for bench/nixl_bandwidth."""
+    from nixl._api import nixl_agent
+
+    from kvscope.connector.p2p.layout import KVLayout
+    from kvscope.connector.p2p.side_channel import PeerInfo, SideChannelServer
+
+    layout = KVLayout.from_layer_tensors(engine_id, kv_caches)
+    agent_name = f"raw-{engine_id}-{os.getpid()}"
+    agent = nixl_agent(agent_name)
+    regions = [(a, n, 0, "") for a, n in layout.registration_regions()]
+    agent.register_memory(regions, "DRAM")
+    server = SideChannelServer(port=port)
+    server.publish(PeerInfo(agent_name, agent.get_agent_metadata(), layout))
+    _serve_raw.keepalive = (agent, kv_caches)  # type: ignore[attr-defined]
+    return agent_name, server
+
+
+class PeerProcess:
+    """A running stand-in owner: its side-channel port, agent name, and commands with timeouts."""
+
+    def __init__(
+        self,
+        engine_id: str = "prefill",
+        shape: FakeKVShape | None = None,
+        seed: int | None = 1,
+        raw: bool = False,
+        start_timeout_s: float = 30.0,
+    ) -> None:
+        self.shape = shape or FakeKVShape()
+        argv = [sys.executable, "-m", __name__, f"--engine-id={engine_id}", *self.shape.to_args()]
+        argv += [f"--seed={seed}"] if seed is not None else []
+        argv += ["--raw"] if raw else []
+        env = {**os.environ, "UCX_NET_DEVICES": os.environ.get("UCX_NET_DEVICES", "lo")}
+        self._proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, env=env,
+        )  # fmt: skip
+        self.pid = self._proc.pid
+        self._lines: queue.Queue[str] = queue.Queue()
+        self.log_tail: deque[str] = deque(maxlen=40)  # the child's own output, for error messages
+        threading.Thread(target=self._drain_stdout, daemon=True).start()
+        try:
+            _, port, self.agent_name = self._next(READY, start_timeout_s).split()
+        except BaseException:
+            self.stop()
+            raise
+        self.port = int(port)
+
+    def request(self, command: dict[str, Any], timeout_s: float = 10.0) -> dict[str, Any]:
+        assert self._proc.stdin is not None
+        self._proc.stdin.write(json.dumps(command) + "\n")
+        self._proc.stdin.flush()
+        return json.loads(self._next(REPLY, timeout_s).split(" ", 1)[1])
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time the child has used so far."""
+        with open(f"/proc/{self.pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Close stdin (the child exits cleanly), then kill it if it does not."""
+        try:
+            if self._proc.stdin:
+                self._proc.stdin.close()
+            self._proc.wait(timeout=timeout_s)
+        except (subprocess.TimeoutExpired, OSError):
+            self._proc.kill()
+            self._proc.wait(timeout=timeout_s)
+
+    def kill(self) -> None:
+        self._proc.kill()
+        self._proc.wait(timeout=5.0)
+
+    def _drain_stdout(self) -> None:
+        assert self._proc.stdout is not None
+        for line in self._proc.stdout:
+            if line.startswith((READY, REPLY)):
+                self._lines.put(line.strip())
+            else:
+                self.log_tail.append(line.rstrip())
+
+    def _next(self, prefix: str, timeout_s: float) -> str:
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self._lines.get(timeout=min(left, 0.2))
+            except queue.Empty:
+                if self._proc.poll() is not None:
+                    break
+                continue
+            if line.startswith(prefix):
+                return line
+        tail = "\n".join(self.log_tail)
+        raise TimeoutError(f"peer process {self.pid} sent no {prefix} in {timeout_s} s:\n{tail}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--engine-id", default="prefill")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--raw", action="store_true", help="plain NIXL agent, no kvscope transport")
+    for name, default in FakeKVShape().__dict__.items():
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=default)
+    os.environ.setdefault("UCX_NET_DEVICES", "lo")
+    _serve(parser.parse_args())
+
+
+if __name__ == "__main__":
+    main()

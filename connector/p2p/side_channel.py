@@ -1,0 +1,218 @@
+"""The P2P handshake over TCP: a KV owner serves its NIXL agent metadata and KV layout to peers."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import struct
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+from kvscope.connector.p2p.layout import KVLayout
+
+logger = logging.getLogger(__name__)
+
+PROTOCOL_VERSION: Final = 1
+"""Version of the frame format and messages; a peer speaking another version is refused."""
+MAGIC: Final = b"KVSC"
+"""First bytes of every frame, so that stray traffic is recognised as such."""
+MAX_HEADER_BYTES: Final = 64 * 1024
+"""Largest JSON header accepted; checked before reading it."""
+MAX_BODY_BYTES: Final = 16 * 1024 * 1024
+"""Largest body (NIXL agent metadata) accepted; checked before reading it."""
+DEFAULT_HOST: Final = "127.0.0.1"
+
+# magic, protocol version, flags (0, reserved), header length, body length
+_PREFIX: Final = struct.Struct("!4sHHII")
+
+
+class SideChannelError(RuntimeError):
+    """A handshake failed: the peer is unreachable, silent, refused us or sent a bad answer."""
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One message: a JSON header and raw bytes, never pickled."""
+
+    header: dict[str, Any]
+    body: bytes = b""
+
+
+@dataclass(frozen=True)
+class PeerInfo:
+    """What a peer needs to read our KV blocks: the NIXL agent and where the blocks are."""
+
+    agent_name: str
+    agent_metadata: bytes
+    layout: KVLayout
+
+    def to_frame(self) -> Frame:
+        header = {
+            "type": "peer_info",
+            "agent_name": self.agent_name,
+            "layout": self.layout.to_wire(),
+        }
+        return Frame(header, self.agent_metadata)
+
+    @classmethod
+    def from_frame(cls, frame: Frame) -> PeerInfo:
+        agent_name = frame.header.get("agent_name")
+        if not isinstance(agent_name, str) or not agent_name or not frame.body:
+            raise ValueError("peer_info without an agent name or agent metadata")
+        return cls(agent_name, frame.body, KVLayout.from_wire(frame.header.get("layout")))
+
+
+def encode_frame(frame: Frame) -> bytes:
+    header = json.dumps(frame.header, separators=(",", ":")).encode()
+    if len(header) > MAX_HEADER_BYTES or len(frame.body) > MAX_BODY_BYTES:
+        raise ValueError(f"frame too large: header {len(header)} B, body {len(frame.body)} B")
+    prefix = _PREFIX.pack(MAGIC, PROTOCOL_VERSION, 0, len(header), len(frame.body))
+    return prefix + header + frame.body
+
+
+def read_frame(sock: socket.socket) -> Frame:
+    """Read one frame; refuse bad magic, another version or oversized parts before reading them."""
+    magic, version, _flags, header_len, body_len = _PREFIX.unpack(_recv_exact(sock, _PREFIX.size))
+    if magic != MAGIC:
+        raise ValueError(f"not a kvscope side-channel message (starts with {magic!r})")
+    if version != PROTOCOL_VERSION:
+        raise ValueError(
+            f"side-channel protocol version {version} is not supported (this side speaks"
+            f" {PROTOCOL_VERSION}): run the same kvscope version on prefill and decode"
+        )
+    if header_len > MAX_HEADER_BYTES or body_len > MAX_BODY_BYTES:
+        raise ValueError(
+            f"message too large: header {header_len} B (max {MAX_HEADER_BYTES}),"
+            f" body {body_len} B (max {MAX_BODY_BYTES})"
+        )
+    try:
+        header = json.loads(_recv_exact(sock, header_len))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"header is not JSON: {exc}") from None
+    if not isinstance(header, dict) or not isinstance(header.get("type"), str):
+        raise ValueError("header must be a JSON object with a 'type'")
+    return Frame(header, _recv_exact(sock, body_len))
+
+
+def _recv_exact(sock: socket.socket, size: int) -> bytes:
+    chunks: list[bytes] = []
+    received = 0
+    while received < size:
+        chunk = sock.recv(min(size - received, 1 << 20))
+        if not chunk:
+            raise ConnectionError(f"connection closed after {received} of {size} bytes")
+        chunks.append(chunk)
+        received += len(chunk)
+    return b"".join(chunks)
+
+
+class SideChannelServer:
+    """Answers `get_peer_info` requests from a daemon thread; survives any bad client."""
+
+    def __init__(
+        self,
+        host: str = DEFAULT_HOST,
+        port: int = 0,
+        io_timeout_s: float = 2.0,
+        max_connections: int = 16,
+        on_request: Callable[[], None] | None = None,
+    ) -> None:
+        self._peer_infos: dict[int, PeerInfo] = {}  # by tp rank
+        self._io_timeout_s = io_timeout_s
+        self._on_request = on_request
+        self._connection_slots = threading.BoundedSemaphore(max_connections)
+        self._closed = threading.Event()
+        self._listener = socket.create_server((host, port))
+        # accept() wakes twice a second to notice close(): negligible CPU, no extra socket tricks.
+        self._listener.settimeout(0.5)
+        self.host, self.port = self._listener.getsockname()[:2]
+        self.requests_served = 0
+        self.requests_refused = 0
+        self._thread = threading.Thread(target=self._accept_loop, name="kvscope-p2p-side-channel")
+        self._thread.daemon = True
+        self._thread.start()
+
+    def publish(self, info: PeerInfo) -> None:
+        """Serve this agent's metadata and layout to peers asking for its tp rank."""
+        self._peer_infos[info.layout.tp_rank] = info
+
+    def close(self) -> None:
+        self._closed.set()
+        self._thread.join(timeout=2.0)
+        self._listener.close()
+
+    def __enter__(self) -> SideChannelServer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _accept_loop(self) -> None:
+        while not self._closed.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            if not self._connection_slots.acquire(blocking=False):
+                conn.close()  # too many open handshakes: the client retries or times out
+                continue
+            threading.Thread(target=self._serve_one, args=(conn,), daemon=True).start()
+
+    def _serve_one(self, conn: socket.socket) -> None:
+        try:
+            with conn:
+                conn.settimeout(self._io_timeout_s)
+                conn.sendall(encode_frame(self._answer(conn)))
+        except Exception as exc:  # a client that vanished or stalled must not stop the server
+            logger.debug("side channel: dropped a connection: %s", exc)
+        finally:
+            self._connection_slots.release()
+
+    def _answer(self, conn: socket.socket) -> Frame:
+        try:
+            request = read_frame(conn)
+            if request.header["type"] != "get_peer_info":
+                raise ValueError(f"unknown request type {request.header['type']!r}")
+            info = self._peer_infos[_tp_rank_of(request.header)]
+        except (ValueError, KeyError, struct.error) as exc:
+            self.requests_refused += 1
+            return Frame({"type": "error", "error": str(exc)})
+        if self._on_request is not None:
+            self._on_request()
+        self.requests_served += 1
+        return info.to_frame()
+
+
+def _tp_rank_of(header: dict[str, Any]) -> int:
+    tp_rank = header.get("tp_rank", 0)
+    if not isinstance(tp_rank, int):
+        raise ValueError(f"tp_rank must be an integer, got {tp_rank!r}")
+    return tp_rank
+
+
+def fetch_peer_info(host: str, port: int, tp_rank: int = 0, timeout_s: float = 5.0) -> PeerInfo:
+    """Ask the KV owner at host:port for its agent metadata and layout."""
+    where = f"side channel {host}:{port}"
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as sock:
+            sock.settimeout(timeout_s)
+            request = Frame({"type": "get_peer_info", "tp_rank": tp_rank})
+            sock.sendall(encode_frame(request))
+            answer = read_frame(sock)
+    except TimeoutError:
+        raise SideChannelError(
+            f"{where} did not answer within {timeout_s} s: is the prefill engine alive?"
+        ) from None
+    except (OSError, ValueError, struct.error) as exc:
+        raise SideChannelError(f"{where}: {exc}") from None
+    if answer.header["type"] == "error":
+        raise SideChannelError(f"{where} refused the handshake: {answer.header.get('error')}")
+    try:
+        return PeerInfo.from_frame(answer)
+    except ValueError as exc:
+        raise SideChannelError(f"{where} sent a bad peer_info: {exc}") from None

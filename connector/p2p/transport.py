@@ -1,0 +1,346 @@
+"""NIXL transport: registers a KV cache, READs peers' blocks into it, reports results and notifs."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from nixl._api import nixl_agent, nixl_agent_config
+
+from kvscope.connector.p2p.layout import BlockMapping, KVLayout, check_compatible
+from kvscope.connector.p2p.poller import ProgressPoller
+from kvscope.connector.p2p.results import (
+    PeerNotif,
+    PeerRejectedError,
+    TransferResult,
+    TransportError,
+    describe_failure,
+)
+from kvscope.connector.p2p.side_channel import PeerInfo
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TransportConfig:
+    """Timeouts and polling pace."""
+
+    transfer_timeout_s: float = 30.0  # a hung peer leaves a READ in PROC forever without this
+    busy_interval_s: float = 0.001
+    idle_interval_s: float = 0.02
+    hot_after_activity_s: float = 1.0  # more reads usually follow a handshake, read or notif
+
+
+@dataclass
+class _Peer:
+    agent_name: str
+    layout: KVLayout
+    mapping: BlockMapping
+    remote_dlist: Any  # nixl_prepped_dlist_handle
+
+
+@dataclass
+class _Inflight:
+    xfer_id: int
+    peer: str
+    handle: Any  # nixl_xfer_handle
+    num_blocks: int
+    nbytes: int
+    started: float  # monotonic
+    deadline: float  # monotonic
+
+
+class NixlTransport:
+    """One NIXL agent (UCX, no progress thread) over one process's KV cache, plus its poller."""
+
+    def __init__(
+        self,
+        engine_id: str,
+        kv_caches: dict[str, torch.Tensor],
+        tp_rank: int = 0,
+        tp_size: int = 1,
+        config: TransportConfig | None = None,
+        kv_layout: str | None = None,
+    ) -> None:
+        self.layout = KVLayout.from_layer_tensors(engine_id, kv_caches, tp_rank, tp_size, kv_layout)
+        self.config = config or TransportConfig()
+        # Unique per process start: loading bad metadata under a name poisons that name in peers.
+        self.agent_name = f"kvscope-{engine_id}-tp{tp_rank}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._lock = threading.Condition()  # NIXL calls and our state; agent sync mode is NONE
+        agent_config = nixl_agent_config(enable_prog_thread=False, backends=["UCX"])
+        self._agent = nixl_agent(self.agent_name, agent_config)
+        mem = self.layout.memory_kind
+        regions = [(a, n, self.layout.device_id, "") for a, n in self.layout.registration_regions()]
+        self._registered = self._agent.register_memory(regions, mem)
+        self._local_dlist = self._agent.prep_xfer_dlist(
+            "NIXL_INIT_AGENT", self.layout.descriptor_array(), mem
+        )
+        self._peers: dict[str, _Peer] = {}
+        self._inflight: dict[int, _Inflight] = {}
+        self._results: dict[int, TransferResult] = {}
+        self._notifs: list[PeerNotif] = []
+        self._expected_reads: dict[bytes, float] = {}  # notif message -> monotonic deadline
+        self._expired_reads: list[bytes] = []
+        self._unreleased: list[Any] = []  # xfer handles NIXL could not cancel yet
+        self._next_xfer_id = 0
+        self._closed = False
+        cfg = self.config
+        self._poller = ProgressPoller(self._progress, cfg.busy_interval_s, cfg.idle_interval_s)
+
+    # --- handshake -------------------------------------------------------------------------
+
+    def peer_info(self) -> PeerInfo:
+        """What to publish on the side channel so that peers can read our blocks."""
+        with self._lock:
+            return PeerInfo(self.agent_name, self._agent.get_agent_metadata(), self.layout)
+
+    def add_peer(self, agent_metadata: bytes, layout: KVLayout) -> str:
+        """Accept a peer's agent; returns its name, the `peer` of later calls."""
+        try:
+            mapping = check_compatible(self.layout, layout)
+        except ValueError as exc:
+            raise PeerRejectedError(str(exc)) from None
+        with self._lock:
+            self._check_open()
+            try:
+                name = _as_str(self._agent.add_remote_agent(agent_metadata))
+                if name == self.agent_name:
+                    raise PeerRejectedError("the peer's metadata is our own agent's")
+                if name in self._peers:
+                    self._agent.release_dlist_handle(self._peers.pop(name).remote_dlist)
+                remote_dlist = self._agent.prep_xfer_dlist(
+                    name, layout.descriptor_array(), layout.memory_kind
+                )
+                self._agent.make_connection(name)
+            except PeerRejectedError:
+                raise
+            except Exception as exc:
+                raise PeerRejectedError(
+                    f"NIXL refused the metadata of engine {layout.engine_id!r} "
+                    f"({type(exc).__name__}: {exc}): handshake again with a live peer"
+                ) from None
+            self._peers[name] = _Peer(name, layout, mapping, remote_dlist)
+        self._poller.keep_hot(self.config.hot_after_activity_s)
+        return name
+
+    def remove_peer(self, peer: str) -> None:
+        """Forget a peer (e.g. after it failed); its in-flight reads fail on their next check."""
+        with self._lock:
+            removed = self._peers.pop(peer, None)
+            if removed is not None:
+                _try(self._agent.release_dlist_handle, removed.remote_dlist)
+                _try(self._agent.remove_remote_agent, peer)
+
+    def expect_activity(self, seconds: float) -> None:
+        """Poll fast for a while: a peer handshook and will connect or read soon."""
+        self._poller.keep_hot(seconds)
+
+    # --- reads -----------------------------------------------------------------------------
+
+    def read_blocks(
+        self,
+        peer: str,
+        remote_block_ids: list[int],
+        local_block_ids: list[int],
+        notif_msg: bytes = b"",
+        timeout_s: float | None = None,
+    ) -> int:
+        """Start a READ of whole blocks (every layer) from the peer; returns the transfer id.
+
+        It never raises for a bad peer or bad ids: those come back as a failed result.
+        `notif_msg` reaches the peer's get_notifs() once the read is complete.
+        """
+        timeout_s = self.config.transfer_timeout_s if timeout_s is None else timeout_s
+        with self._lock:
+            self._check_open()
+            self._next_xfer_id += 1
+            xfer = _Inflight(self._next_xfer_id, peer, None, len(remote_block_ids), 0, 0.0, 0.0)
+            try:
+                state = self._post_read(xfer, remote_block_ids, local_block_ids, notif_msg)
+                xfer.deadline = xfer.started + timeout_s
+            except Exception as exc:
+                cause = (
+                    exc.args[0] if isinstance(exc, TransportError) else describe_failure(exc, peer)
+                )
+                self._finish(xfer, cause)
+                return xfer.xfer_id
+            if state == "PROC":
+                self._inflight[xfer.xfer_id] = xfer
+            else:
+                self._finish(
+                    xfer, "" if state == "DONE" else f"NIXL could not post the read: {state}"
+                )
+        self._poller.wake()
+        return xfer.xfer_id
+
+    def _post_read(
+        self, xfer: _Inflight, remote_ids: list[int], local_ids: list[int], notif_msg: bytes
+    ) -> str:
+        peer = self._peers.get(xfer.peer)
+        if peer is None:
+            raise TransportError(f"unknown peer {xfer.peer!r}: handshake and call add_peer first")
+        try:
+            local_idx, remote_idx = peer.mapping.descriptor_ids(local_ids, remote_ids)
+        except ValueError as exc:
+            raise TransportError(f"bad block ids: {exc}") from None
+        xfer.nbytes = len(local_idx) * self.layout.plane_bytes_per_block
+        xfer.started = time.monotonic()
+        if not len(local_idx):
+            if notif_msg:  # the owner may be waiting for it to free blocks
+                self._agent.send_notif(xfer.peer, notif_msg)
+            return "DONE"
+        xfer.handle = self._agent.make_prepped_xfer(
+            "READ", self._local_dlist, local_idx, peer.remote_dlist, remote_idx, notif_msg
+        )
+        return self._agent.transfer(xfer.handle)
+
+    def poll(self) -> list[TransferResult]:
+        """Transfers that finished or failed since the last call."""
+        with self._lock:
+            results, self._results = list(self._results.values()), {}
+            return results
+
+    def wait(self, xfer_ids: list[int], timeout_s: float) -> list[TransferResult]:
+        """Block until these transfers end (or timeout_s passes); returns those that ended."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while not all(i in self._results for i in xfer_ids):
+                if not self._lock.wait(timeout=max(0.0, deadline - time.monotonic())):
+                    break
+            return [self._results.pop(i) for i in xfer_ids if i in self._results]
+
+    # --- notifications (the owner's side of a read) ----------------------------------------
+
+    def expect_remote_read(self, notif_msg: bytes, timeout_s: float) -> None:
+        """A peer should read our blocks and notify `notif_msg` within timeout_s: poll fast."""
+        with self._lock:
+            self._expected_reads[notif_msg] = time.monotonic() + timeout_s
+        self._poller.wake()
+
+    def get_notifs(self) -> list[PeerNotif]:
+        """Notifications received since the last call (peers' completed reads)."""
+        with self._lock:
+            notifs, self._notifs = self._notifs, []
+            return notifs
+
+    def expired_remote_reads(self) -> list[bytes]:
+        """Expected reads whose notification did not come in time (free their blocks)."""
+        with self._lock:
+            expired, self._expired_reads = self._expired_reads, []
+            return expired
+
+    def send_notif(self, peer: str, message: bytes) -> None:
+        """Send a standalone notification, e.g. 'abort: free the blocks of request X'."""
+        with self._lock:
+            try:
+                self._agent.send_notif(peer, message)
+            except Exception as exc:
+                raise TransportError(describe_failure(exc, peer)) from None
+        self._poller.keep_hot(self.config.hot_after_activity_s)
+
+    # --- progress --------------------------------------------------------------------------
+
+    def _progress(self) -> bool:
+        """One poller step: progress NIXL, settle transfers, expire expectations. True if busy."""
+        with self._lock:
+            if self._closed:
+                return False
+            self._collect_notifs()
+            now = time.monotonic()
+            for xfer in list(self._inflight.values()):
+                self._check(xfer, now)
+            for message, deadline in list(self._expected_reads.items()):
+                if now > deadline:
+                    del self._expected_reads[message]
+                    self._expired_reads.append(message)
+            self._unreleased = [h for h in self._unreleased if not _try(h.release)]
+            return bool(self._inflight or self._expected_reads)
+
+    def _collect_notifs(self) -> None:
+        try:
+            notifs = self._agent.get_new_notifs()  # also what lets peers' READs complete
+        except Exception as exc:
+            logger.warning("p2p: NIXL get_new_notifs failed: %s", exc)
+            return
+        for peer, messages in notifs.items():
+            for message in messages:
+                self._notifs.append(PeerNotif(_as_str(peer), message))
+                self._expected_reads.pop(message, None)
+        if notifs:
+            self._poller.keep_hot(self.config.hot_after_activity_s)
+
+    def _check(self, xfer: _Inflight, now: float) -> None:
+        try:
+            state = self._agent.check_xfer_state(xfer.handle)
+        except Exception as exc:
+            self._finish(xfer, describe_failure(exc, xfer.peer))
+            return
+        if state == "DONE":
+            self._finish(xfer, "")
+        elif state != "PROC":
+            self._finish(xfer, f"NIXL reported the read from peer {xfer.peer} as {state}")
+        elif now > xfer.deadline:
+            self._finish(
+                xfer,
+                f"timed out after {xfer.deadline - xfer.started:.1f} s: peer {xfer.peer} is hung"
+                " or not polling its agent; read from another peer or recompute",
+            )
+
+    def _finish(self, xfer: _Inflight, cause: str) -> None:
+        """Record the result and release the NIXL handle (cancelling the read if still running)."""
+        self._inflight.pop(xfer.xfer_id, None)
+        if xfer.handle is not None and not _try(xfer.handle.release):
+            self._unreleased.append(xfer.handle)
+        duration_s = time.monotonic() - xfer.started if xfer.started else 0.0
+        self._results[xfer.xfer_id] = TransferResult(
+            xfer.xfer_id, xfer.peer, xfer.num_blocks, xfer.nbytes, duration_s, cause
+        )
+        self._lock.notify_all()
+        self._poller.keep_hot(self.config.hot_after_activity_s)
+
+    # --- lifetime --------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TransportError("the transport is closed")
+
+    def close(self) -> None:
+        """Fail in-flight reads, release every NIXL handle, deregister memory."""
+        self._poller.stop()
+        with self._lock:
+            if self._closed:
+                return
+            for xfer in list(self._inflight.values()):
+                self._finish(xfer, "the transport was closed during the read")
+            self._closed = True
+            for peer in list(self._peers):
+                self.remove_peer(peer)
+            _try(self._agent.release_dlist_handle, self._local_dlist)
+            _try(self._agent.deregister_memory, self._registered)
+
+    def __enter__(self) -> NixlTransport:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _as_str(name: str | bytes) -> str:
+    """NIXL returns agent names as bytes from some calls and str from others."""
+    return name.decode() if isinstance(name, bytes) else name
+
+
+def _try(call: Any, *args: Any) -> bool:
+    """Run a NIXL clean-up call; False (logged) if it failed, so clean-up goes on."""
+    try:
+        call(*args)
+        return True
+    except Exception as exc:
+        logger.warning("p2p: NIXL clean-up %s failed: %s", getattr(call, "__name__", call), exc)
+        return False

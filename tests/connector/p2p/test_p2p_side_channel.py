@@ -1,0 +1,114 @@
+"""The handshake server answers good requests and shrugs off bad clients; the client never hangs."""
+
+import socket
+import struct
+import time
+
+import pytest
+
+from kvscope.connector.p2p.layout import KVLayout
+from kvscope.connector.p2p.peer_process import FakeKVShape, make_fake_kv_caches
+from kvscope.connector.p2p.side_channel import (
+    MAGIC,
+    MAX_BODY_BYTES,
+    PROTOCOL_VERSION,
+    Frame,
+    PeerInfo,
+    SideChannelError,
+    SideChannelServer,
+    encode_frame,
+    fetch_peer_info,
+    read_frame,
+)
+
+PREFIX = struct.Struct("!4sHHII")
+
+
+@pytest.fixture(scope="module")
+def peer_info() -> PeerInfo:
+    kv_caches = make_fake_kv_caches(FakeKVShape(num_layers=2, num_blocks=4), seed=None)
+    layout = KVLayout.from_layer_tensors("prefill", kv_caches)
+    return PeerInfo("agent-prefill", b"\x00nixl-metadata\xff" * 100, layout)
+
+
+@pytest.fixture(scope="module")
+def server(peer_info):
+    with SideChannelServer(port=0, io_timeout_s=0.5) as server:
+        server.publish(peer_info)
+        yield server
+
+
+def _exchange(server: SideChannelServer, raw: bytes) -> Frame | None:
+    """Send raw bytes; the server's answer, or None if it just closed the connection."""
+    with socket.create_connection((server.host, server.port), timeout=3) as sock:
+        sock.sendall(raw)
+        sock.shutdown(socket.SHUT_WR)
+        try:
+            return read_frame(sock)
+        except ConnectionError:
+            return None
+
+
+def test_handshake_returns_metadata_and_layout(server, peer_info):
+    fetched = fetch_peer_info(server.host, server.port, timeout_s=3)
+    assert fetched == peer_info
+
+
+def test_unknown_tp_rank_is_refused_with_a_reason(server):
+    with pytest.raises(SideChannelError, match="refused the handshake"):
+        fetch_peer_info(server.host, server.port, tp_rank=3, timeout_s=3)
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (PREFIX.pack(MAGIC, PROTOCOL_VERSION + 1, 0, 2, 0) + b"{}", "version 2 is not supported"),
+        (PREFIX.pack(MAGIC, PROTOCOL_VERSION, 0, 10, MAX_BODY_BYTES + 1), "message too large"),
+        (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", "not a kvscope side-channel message"),
+        (PREFIX.pack(MAGIC, PROTOCOL_VERSION, 0, 5, 0) + b"\xff{]x!", "header is not JSON"),
+        (encode_frame(Frame({"type": "put_blocks"})), "unknown request type"),
+    ],
+    ids=["wrong-version", "oversized", "garbage", "bad-json", "unknown-type"],
+)
+def test_bad_messages_get_an_error_and_the_server_keeps_serving(server, peer_info, raw, reason):
+    refused_before = server.requests_refused
+    answer = _exchange(server, raw)
+    assert answer is not None and answer.header["type"] == "error"
+    assert reason in answer.header["error"]
+    assert server.requests_refused == refused_before + 1
+    assert fetch_peer_info(server.host, server.port, timeout_s=3) == peer_info
+
+
+def test_truncated_and_silent_clients_do_not_block_others(server, peer_info):
+    truncated = encode_frame(Frame({"type": "get_peer_info"}))[:-3]
+    assert _exchange(server, truncated) is None  # dropped, nothing to answer
+    with socket.create_connection((server.host, server.port), timeout=3):
+        started = time.monotonic()  # a client that connects and says nothing, held open
+        assert fetch_peer_info(server.host, server.port, timeout_s=3) == peer_info
+        assert time.monotonic() - started < 0.4  # served at once, not after the silent one
+
+
+def test_client_gives_up_on_a_peer_that_never_answers():
+    with socket.create_server(("127.0.0.1", 0)) as mute:  # accepts (backlog), never replies
+        started = time.monotonic()
+        with pytest.raises(SideChannelError, match="did not answer within 0.3 s"):
+            fetch_peer_info("127.0.0.1", mute.getsockname()[1], timeout_s=0.3)
+        assert time.monotonic() - started < 2.0
+
+
+def test_client_refuses_an_answer_in_another_version():
+    with socket.create_server(("127.0.0.1", 0)) as fake:
+        port = fake.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port), timeout=3) as client:
+            conn, _ = fake.accept()
+            with conn:
+                conn.sendall(PREFIX.pack(MAGIC, 9, 0, 2, 0) + b"{}")
+                with pytest.raises(ValueError, match="version 9 is not supported"):
+                    read_frame(client)
+
+
+def test_nothing_listening_is_a_clear_error():
+    with socket.create_server(("127.0.0.1", 0)) as placeholder:
+        port = placeholder.getsockname()[1]
+    with pytest.raises(SideChannelError, match=f"127.0.0.1:{port}"):
+        fetch_peer_info("127.0.0.1", port, timeout_s=1)
