@@ -82,7 +82,11 @@ class PoolStats:
 
 
 class HostBlockPool:
-    """Index of a fixed number of host blocks; knows keys and states, never touches bytes."""
+    """Index of a fixed number of host blocks; knows keys and states, never touches bytes.
+
+    It lives with the scheduler (one thread), while the bytes live in the worker's HostBuffer:
+    the two share only host block ids. Not thread-safe.
+    """
 
     def __init__(self, num_blocks: int):
         if num_blocks < 0:
