@@ -88,10 +88,10 @@ def test_submit_returns_before_the_copy_and_the_caller_keeps_working(
 
 def test_copies_overlap_a_busy_caller_thread():
     """The caller's own torch work runs while a large copy is still in flight."""
-    kv_layers = list(torch.ones(2, 2048, 2, 32, 64, dtype=torch.bfloat16))
-    host_buffer = HostBuffer(BlockLayout.of(kv_layers, block_dim=0), num_blocks=2048)
+    kv_layers = list(torch.ones(2, 4096, 2, 32, 64, dtype=torch.bfloat16))  # 64 MiB
+    host_buffer = HostBuffer(BlockLayout.of(kv_layers, block_dim=0), num_blocks=4096)
     with CpuCopyEngine(kv_layers, host_buffer, block_dim=0) as engine:
-        job_id = engine.submit_store(list(range(2048)), list(range(2048)))
+        job_id = engine.submit_store(list(range(4096)), list(range(4096)))
         work_done_while_copying = 0
         while not engine.wait(job_id, timeout_s=0):
             torch.randn(64, 64) @ torch.randn(64, 64)  # the "forward pass"
