@@ -30,20 +30,27 @@ def connector_config(mode: str, storage: Path) -> dict:
     }
 
 
-def measure_tokens_per_s(model: Path, mode: str, prompts: list[str], max_tokens: int) -> float:
+def measure_tokens_per_s(
+    model: Path, mode: str, prompts: list[str], max_tokens: int, repeats: int
+) -> list[float]:
+    """tokens/s of `repeats` identical batches on one engine; every batch misses and stores."""
     from kvscope.demo.engine import in_process_llm
     from kvscope.demo.oracle import greedy_params
 
+    rates = []
     with (
         tempfile.TemporaryDirectory() as storage,
         in_process_llm(model, connector_config(mode, Path(storage))) as llm,
     ):
         params = greedy_params(max_tokens)
         llm.generate(prompts[:2], params, use_tqdm=False)  # warm-up
-        start = time.perf_counter()
-        outputs = llm.generate(prompts, params, use_tqdm=False)
-        elapsed = time.perf_counter() - start
-    return sum(len(o.outputs[0].token_ids) for o in outputs) / elapsed
+        for repeat in range(repeats):
+            batch = [f"Batch {repeat}. {prompt}" for prompt in prompts]  # a new first block
+            start = time.perf_counter()
+            outputs = llm.generate(batch, params, use_tqdm=False)
+            elapsed = time.perf_counter() - start
+            rates.append(sum(len(o.outputs[0].token_ids) for o in outputs) / elapsed)
+    return rates
 
 
 def median_span_cost_us(samples: int = 20000) -> float:
@@ -62,7 +69,8 @@ def median_span_cost_us(samples: int = 20000) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--rounds", type=int, default=3, help="rounds over the three configs")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds over the three configs")
+    parser.add_argument("--repeats", type=int, default=5, help="timed batches per engine")
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--model", type=Path, default=None)

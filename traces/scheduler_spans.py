@@ -6,7 +6,7 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import Link, Span, StatusCode
 
-from kvscope.traces import names
+from kvscope.traces import context, names
 from kvscope.traces.attributes import request_attributes
 from kvscope.traces.spans import HookSpans, from_headers, to_traceparent
 
@@ -34,6 +34,7 @@ class SchedulerTracing:
             span = self.spans.start(names.SPAN_REQUEST, parent, **request_attributes(request))
             self._requests[req_id] = span
             self._traceparents[req_id] = to_traceparent(span) or ""
+            context.remember(req_id, self._traceparents[req_id])
             if len(self._requests) > MAX_OPEN_REQUESTS:
                 self.end_request(next(iter(self._requests)), status="untracked")
         return span

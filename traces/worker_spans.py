@@ -1,18 +1,13 @@
 """Worker-side tracing state: the step span, per-request work spans, per-layer timings."""
 
-import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from opentelemetry import trace
 from opentelemetry.trace import Link, Span
 
-from kvscope.traces import names
+from kvscope.traces import context, names
 from kvscope.traces.metadata import TracedMetadata
 from kvscope.traces.spans import HookSpans, from_headers
-
-MAX_KNOWN_REQUESTS = 65536
-"""Request trace contexts a worker remembers for facts reported after their last step."""
 
 
 @dataclass
@@ -38,14 +33,13 @@ class WorkerTracing:
         self.loading: frozenset[str] = frozenset()
         self.layer_calls: dict[str, LayerCalls] = {}
         self.quiet_hooks: list[str] = []
-        self._known: OrderedDict[str, str] = OrderedDict()
 
     def begin_step(self, metadata: TracedMetadata) -> None:
         self.end_step()
         self.step_index = metadata.step
         self.loading = metadata.reqs_to_load
         for req_id, traceparent in metadata.reqs_trace_context.items():
-            self._remember(req_id, traceparent)
+            context.remember(req_id, traceparent)
         links = []
         for req_id, traceparent in metadata.reqs_trace_context.items():
             parent = from_headers({"traceparent": traceparent})
@@ -116,22 +110,10 @@ class WorkerTracing:
 
     def request_event(self, req_id: str, point: str, **attributes) -> None:
         """A short span in a request's trace for a fact reported outside its step spans."""
-        traceparent = self._known.get(req_id)
-        parent = from_headers({"traceparent": traceparent}) if traceparent else None
         span = self.spans.start(
             names.SPAN_REQUEST_EVENT,
-            parent,
+            context.context_of(req_id),
             **{names.REQUEST_ID: req_id, names.TIMELINE_POINT: point, **attributes},
         )
         span.add_event(names.EVENT_TIMELINE, {names.TIMELINE_POINT: point})
         span.end()
-
-    def _remember(self, req_id: str, traceparent: str) -> None:
-        self._known[req_id] = traceparent
-        self._known.move_to_end(req_id)
-        if len(self._known) > MAX_KNOWN_REQUESTS:
-            self._known.popitem(last=False)
-
-
-def now_ns() -> int:
-    return time.time_ns()
