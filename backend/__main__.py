@@ -7,8 +7,11 @@ from kvscope.backend.server import run
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m kvscope.backend", description=__doc__)
-    parser.add_argument("--host", help="address to bind (default KVSCOPE_BACKEND_HOST or "
-                                       "127.0.0.1; other than loopback needs a token)")
+    parser.add_argument(
+        "--host",
+        help="address to bind (default KVSCOPE_BACKEND_HOST or "
+        "127.0.0.1; other than loopback needs a token)",
+    )
     parser.add_argument("--port", type=int, help="port (default KVSCOPE_BACKEND_PORT or 4318)")
     parser.add_argument("--log-level", help="uvicorn log level (default info)")
     arguments = parser.parse_args()

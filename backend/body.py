@@ -42,14 +42,17 @@ async def read_body(request: Request, max_bytes: int, max_decompressed: int) -> 
         if size > max_bytes:
             raise BodyError(413, _too_large(size, max_bytes))
         chunks.append(chunk)
-    return decompress(b"".join(chunks), request.headers.get("content-encoding", ""),
-                      max_decompressed)
+    return decompress(
+        b"".join(chunks), request.headers.get("content-encoding", ""), max_decompressed
+    )
 
 
 def _too_large(size: int, limit: int) -> str:
-    return (f"body of {size} bytes or more exceeds the limit of {limit} bytes: export smaller "
-            "batches (OTel BatchSpanProcessor max_export_batch_size) or raise "
-            "KVSCOPE_BACKEND_MAX_BODY_BYTES")
+    return (
+        f"body of {size} bytes or more exceeds the limit of {limit} bytes: export smaller "
+        "batches (OTel BatchSpanProcessor max_export_batch_size) or raise "
+        "KVSCOPE_BACKEND_MAX_BODY_BYTES"
+    )
 
 
 def decompress(body: bytes, encoding: str, max_bytes: int) -> bytes:
@@ -61,17 +64,21 @@ def decompress(body: bytes, encoding: str, max_bytes: int) -> bytes:
     elif encoding == "deflate":
         inflater = zlib.decompressobj()
     else:
-        raise BodyError(415, f"unsupported Content-Encoding {encoding!r}: use gzip, deflate "
-                             "or none")
+        raise BodyError(
+            415, f"unsupported Content-Encoding {encoding!r}: use gzip, deflate or none"
+        )
     try:
         # max_length bounds the output: a small bomb cannot expand into gigabytes.
         data = inflater.decompress(body, max_bytes + 1)
     except zlib.error as error:
         raise BodyError(400, f"body is not valid {encoding} data: {error}") from None
     if len(data) > max_bytes or inflater.unconsumed_tail:
-        raise BodyError(413, f"body expands beyond {max_bytes} bytes once decompressed: "
-                             "export smaller batches or raise "
-                             "KVSCOPE_BACKEND_MAX_DECOMPRESSED_BYTES")
+        raise BodyError(
+            413,
+            f"body expands beyond {max_bytes} bytes once decompressed: "
+            "export smaller batches or raise "
+            "KVSCOPE_BACKEND_MAX_DECOMPRESSED_BYTES",
+        )
     if not inflater.eof:
         raise BodyError(400, f"body is truncated {encoding} data")
     return data

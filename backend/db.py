@@ -16,7 +16,7 @@ def normalized_url(url: str) -> str:
     """PostgreSQL URLs go through psycopg 3, the driver kvscope installs."""
     for prefix in ("postgres://", "postgresql://"):
         if url.startswith(prefix):
-            return "postgresql+psycopg://" + url[len(prefix):]
+            return "postgresql+psycopg://" + url[len(prefix) :]
     return url
 
 

@@ -35,7 +35,8 @@ def token_matches(settings: Settings, authorization: str | None) -> bool:
         return True
     scheme, _, presented = (authorization or "").partition(" ")
     return scheme.lower() == "bearer" and hmac.compare_digest(
-        presented.strip().encode(), settings.token.encode())
+        presented.strip().encode(), settings.token.encode()
+    )
 
 
 def require_token(request: Request, settings: SettingsDep) -> None:

@@ -119,8 +119,10 @@ def _by_name(facts: Facts, span: SpanRecord, attributes: dict) -> None:
     elif name == names.SPAN_TELEMETRY:
         origin = span.instance_id
         if origin:
-            emitted, dropped = attributes.get(names.SPANS_EMITTED), attributes.get(
-                names.SPANS_DROPPED)
+            emitted, dropped = (
+                attributes.get(names.SPANS_EMITTED),
+                attributes.get(names.SPANS_DROPPED),
+            )
             previous = facts.telemetry.get(origin)
             if previous is None or previous[0] < span.end_ns:
                 facts.telemetry[origin] = (span.end_ns, emitted, dropped)
@@ -154,16 +156,21 @@ def _hook(facts: Facts, span: SpanRecord, attributes: dict) -> None:
     if request_id is not None and span.parent_span_id and is_scheduler:
         # A hook seen before its request span ended: the request is running.
         stub = _request_row(span, attributes)
-        stub.update(span_id=span.parent_span_id, end_ns=None, status="running",
-                    status_message=None)
+        stub.update(span_id=span.parent_span_id, end_ns=None, status="running", status_message=None)
         if (span.trace_id, span.parent_span_id) not in facts.stub_keys:
             facts.stub_keys.add((span.trace_id, span.parent_span_id))
             facts.request_stubs.append(stub)
     if name == _LOOKUP_HOOK:
         hit = attributes.get(names.TOKENS_EXTERNAL_HIT)
         _point(facts, span, attributes, "lookup_start", span.start_ns)
-        _point(facts, span, attributes, "lookup_result", span.end_ns,
-               value=hit if isinstance(hit, int) else None)
+        _point(
+            facts,
+            span,
+            attributes,
+            "lookup_result",
+            span.end_ns,
+            value=hit if isinstance(hit, int) else None,
+        )
     elif name == _ALLOC_HOOK:
         to_load = attributes.get(names.TOKENS_TO_LOAD)
         if isinstance(to_load, int) and to_load > 0:
@@ -173,17 +180,19 @@ def _hook(facts: Facts, span: SpanRecord, attributes: dict) -> None:
 
 
 def _point(facts, span, attributes, point, time_ns, value=None, layer=None, request_id=None):
-    facts.points.append({
-        "trace_id": span.trace_id,
-        "span_id": span.span_id,
-        "ordinal": len(facts.points) - facts.points_before,
-        "engine_id": span.engine_id,
-        "request_id": request_id or _str(attributes.get(names.REQUEST_ID)),
-        "point": point,
-        "time_ns": time_ns,
-        "value": value,
-        "layer": layer,
-    })
+    facts.points.append(
+        {
+            "trace_id": span.trace_id,
+            "span_id": span.span_id,
+            "ordinal": len(facts.points) - facts.points_before,
+            "engine_id": span.engine_id,
+            "request_id": request_id or _str(attributes.get(names.REQUEST_ID)),
+            "point": point,
+            "time_ns": time_ns,
+            "value": value,
+            "layer": layer,
+        }
+    )
 
 
 def _transfer(facts: Facts, span: SpanRecord, attributes: dict) -> None:
@@ -197,24 +206,27 @@ def _transfer(facts: Facts, span: SpanRecord, attributes: dict) -> None:
     ok = attributes.get(names.TRANSFER_OK)
     ok = (ok is not False) and span.status_code != _STATUS_ERROR
     descriptors = attributes.get(names.TRANSFER_DESCRIPTORS)
-    facts.transfers.append({
-        "trace_id": span.trace_id,
-        "span_id": span.span_id,
-        "request_id": _str(attributes.get(names.REQUEST_ID)),
-        "engine_id": span.engine_id,
-        "direction": _str(attributes.get(names.TRANSFER_DIRECTION)),
-        "peer": _str(attributes.get(names.TRANSFER_PEER)),
-        "bytes": size if isinstance(size, int) else None,
-        "duration_ms": float(duration_ms),
-        "gbps": float(gbps) if isinstance(gbps, int | float) else None,
-        "descriptors": descriptors if isinstance(descriptors, int) else None,
-        "ok": ok,
-        "start_ns": span.start_ns,
-        "end_ns": span.end_ns,
-    })
+    facts.transfers.append(
+        {
+            "trace_id": span.trace_id,
+            "span_id": span.span_id,
+            "request_id": _str(attributes.get(names.REQUEST_ID)),
+            "engine_id": span.engine_id,
+            "direction": _str(attributes.get(names.TRANSFER_DIRECTION)),
+            "peer": _str(attributes.get(names.TRANSFER_PEER)),
+            "bytes": size if isinstance(size, int) else None,
+            "duration_ms": float(duration_ms),
+            "gbps": float(gbps) if isinstance(gbps, int | float) else None,
+            "descriptors": descriptors if isinstance(descriptors, int) else None,
+            "ok": ok,
+            "start_ns": span.start_ns,
+            "end_ns": span.end_ns,
+        }
+    )
     if not ok:
-        facts.failures.append(state_events.failure_row(
-            facts, span, attributes, {}, span.end_ns, "transfer_failed"))
+        facts.failures.append(
+            state_events.failure_row(facts, span, attributes, {}, span.end_ns, "transfer_failed")
+        )
 
 
 def _events(facts: Facts, span: SpanRecord, attributes: dict) -> None:
@@ -225,8 +237,14 @@ def _events(facts: Facts, span: SpanRecord, attributes: dict) -> None:
             point = event_attributes.get(names.TIMELINE_POINT)
             if point:
                 layer = event_attributes.get(names.LAYER_INDEX)
-                _point(facts, span, attributes, str(point), event["time_ns"],
-                       layer=layer if isinstance(layer, int) else None,
-                       request_id=_str(event_attributes.get(names.REQUEST_ID)))
+                _point(
+                    facts,
+                    span,
+                    attributes,
+                    str(point),
+                    event["time_ns"],
+                    layer=layer if isinstance(layer, int) else None,
+                    request_id=_str(event_attributes.get(names.REQUEST_ID)),
+                )
         else:
             state_events.apply(facts, span, attributes, event)

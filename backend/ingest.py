@@ -24,8 +24,7 @@ class StoreUnavailable(RuntimeError):
 class IngestService:
     """One per app; batches are serialized because SQLite has a single writer anyway."""
 
-    def __init__(self, engine: Engine, settings: Settings, hub: Hub,
-                 on_batch=None) -> None:
+    def __init__(self, engine: Engine, settings: Settings, hub: Hub, on_batch=None) -> None:
         self.engine = engine
         self.settings = settings
         self.hub = hub
@@ -65,8 +64,12 @@ class IngestService:
     def _prune(self, now_ns: int) -> int:
         self._last_prune = time.monotonic()
         with self.engine.begin() as connection:
-            removed = retention.prune(connection, self.settings.retention_max_spans,
-                                      self.settings.retention_max_age_s, now_ns)
+            removed = retention.prune(
+                connection,
+                self.settings.retention_max_spans,
+                self.settings.retention_max_age_s,
+                now_ns,
+            )
         if removed:
             logger.info("retention removed %d spans", removed)
         return removed

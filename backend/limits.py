@@ -96,7 +96,8 @@ class SpanChecker:
             items = value[: self.limits.max_attribute_array_len]
             bounded = [self._bounded_value(item) for item in items]
             changed = len(items) < len(value) or any(
-                new is not old for new, old in zip(bounded, items, strict=True))
+                new is not old for new, old in zip(bounded, items, strict=True)
+            )
             return bounded if changed else value
         if isinstance(value, dict):
             text = str(value)
@@ -115,7 +116,7 @@ class SpanChecker:
         if not self.counts:
             return None
         return "; ".join(
-            f"{problem}: {count} span(s)" + (f", {self.first_detail[problem]}"
-                                            if self.first_detail[problem] else "")
+            f"{problem}: {count} span(s)"
+            + (f", {self.first_detail[problem]}" if self.first_detail[problem] else "")
             for problem, count in self.counts.items()
         )

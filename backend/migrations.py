@@ -16,8 +16,11 @@ Migration = tuple[int, str, Callable[[Connection], None]]
 # A fresh database gets every table from the models at once and is stamped with the latest
 # version, so no migration ever runs against tables that already have its change.
 MIGRATIONS: list[Migration] = [
-    (1, "spans, requests, timeline points, transfers, failures, leases, blocks, seq ranges",
-     lambda connection: None),
+    (
+        1,
+        "spans, requests, timeline points, transfers, failures, leases, blocks, seq ranges",
+        lambda connection: None,
+    ),
 ]
 
 
@@ -36,10 +39,13 @@ def current_version(connection: Connection) -> int | None:
 def migrate(engine: Engine) -> int:
     """Brings the schema to the latest version; returns that version."""
     with engine.begin() as connection:
-        connection.execute(text(
-            f"CREATE TABLE IF NOT EXISTS {VERSION_TABLE} "
-            "(version INTEGER PRIMARY KEY, description TEXT NOT NULL, applied_ns BIGINT NOT NULL)"
-        ))
+        connection.execute(
+            text(
+                f"CREATE TABLE IF NOT EXISTS {VERSION_TABLE} "
+                "(version INTEGER PRIMARY KEY, description TEXT NOT NULL, "
+                "applied_ns BIGINT NOT NULL)"
+            )
+        )
         version = current_version(connection)
         if version is None:
             SQLModel.metadata.create_all(connection)
@@ -59,7 +65,9 @@ def migrate(engine: Engine) -> int:
 
 def _stamp(connection: Connection, version: int, description: str) -> None:
     connection.execute(
-        text(f"INSERT INTO {VERSION_TABLE} (version, description, applied_ns) "
-             "VALUES (:version, :description, :applied_ns)"),
+        text(
+            f"INSERT INTO {VERSION_TABLE} (version, description, applied_ns) "
+            "VALUES (:version, :description, :applied_ns)"
+        ),
         {"version": version, "description": description, "applied_ns": time.time_ns()},
     )

@@ -148,9 +148,7 @@ class FailureBase(SQLModel):
 
 
 class Failure(FailureBase, table=True):
-    __table_args__ = (
-        UniqueConstraint("trace_id", "span_id", "ordinal", name="uq_failure_source"),
-    )
+    __table_args__ = (UniqueConstraint("trace_id", "span_id", "ordinal", name="uq_failure_source"),)
     id: int | None = Field(default=None, primary_key=True)
 
 

@@ -111,8 +111,9 @@ def _parse_json(body: bytes) -> pb.ExportTraceServiceRequest:
         raise PayloadError("OTLP JSON body must be an object with a resourceSpans list")
     _hex_ids_to_base64(document)
     try:
-        return json_format.ParseDict(document, pb.ExportTraceServiceRequest(),
-                                     ignore_unknown_fields=True)
+        return json_format.ParseDict(
+            document, pb.ExportTraceServiceRequest(), ignore_unknown_fields=True
+        )
     except (json_format.ParseError, TypeError, ValueError) as error:
         raise PayloadError(f"body is not an OTLP JSON trace export request: {error}") from None
 
@@ -133,8 +134,10 @@ def _hex_ids_to_base64(document: dict) -> None:
             for span in _pick(scope_spans, "spans", "spans"):
                 if not isinstance(span, dict):
                     continue
-                _convert_ids(span, ("traceId", "trace_id", "spanId", "span_id",
-                                    "parentSpanId", "parent_span_id"))
+                _convert_ids(
+                    span,
+                    ("traceId", "trace_id", "spanId", "span_id", "parentSpanId", "parent_span_id"),
+                )
                 for link in _pick(span, "links", "links"):
                     if isinstance(link, dict):
                         _convert_ids(link, ("traceId", "trace_id", "spanId", "span_id"))
@@ -188,13 +191,19 @@ def _record(span, checker: SpanChecker, instance_id, service_name, engine_id):
         return None
     attributes = checker.bounded(attributes_of(span.attributes), span.name)
     events = [
-        {"name": event.name, "time_ns": event.time_unix_nano,
-         "attributes": checker.bounded(attributes_of(event.attributes), span.name)}
+        {
+            "name": event.name,
+            "time_ns": event.time_unix_nano,
+            "attributes": checker.bounded(attributes_of(event.attributes), span.name),
+        }
         for event in checker.bounded_events(span)
     ]
     links = [
-        {"trace_id": link.trace_id.hex(), "span_id": link.span_id.hex(),
-         "attributes": attributes_of(link.attributes)}
+        {
+            "trace_id": link.trace_id.hex(),
+            "span_id": link.span_id.hex(),
+            "attributes": attributes_of(link.attributes),
+        }
         for link in span.links
     ]
     return SpanRecord(
@@ -232,4 +241,3 @@ def encode_status(content_type: str, code: int, message: str) -> bytes:
     if content_type == PROTOBUF:
         return status_pb2.Status(code=code, message=message).SerializeToString()
     return json.dumps({"code": code, "message": message}).encode()
-

@@ -31,11 +31,14 @@ def _prune_derived(connection: Connection, before_ns: int) -> None:
     ):
         connection.execute(delete(table).where(table.c[column] < before_ns))
     requests = Request.__table__
-    connection.execute(delete(requests).where(
-        and_(requests.c.end_ns.is_not(None), requests.c.end_ns < before_ns)))
+    connection.execute(
+        delete(requests).where(and_(requests.c.end_ns.is_not(None), requests.c.end_ns < before_ns))
+    )
     leases = Lease.__table__
-    connection.execute(delete(leases).where(
-        and_(leases.c.ended_ns.is_not(None), leases.c.ended_ns < before_ns)))
+    connection.execute(
+        delete(leases).where(and_(leases.c.ended_ns.is_not(None), leases.c.ended_ns < before_ns))
+    )
     blocks = Block.__table__
-    connection.execute(delete(blocks).where(
-        and_(blocks.c.state == "evicted", blocks.c.updated_ns < before_ns)))
+    connection.execute(
+        delete(blocks).where(and_(blocks.c.state == "evicted", blocks.c.updated_ns < before_ns))
+    )

@@ -78,15 +78,25 @@ def merge(connection: Connection, seqs: dict[str, list[tuple[int, int]]], now_ns
             continue
         if old:
             connection.execute(delete(table).where(table.c.instance_id == origin))
-        connection.execute(insert(table), [
-            {"instance_id": origin, "lo": r.lo, "hi": r.hi, "lo_start_ns": r.lo_start_ns,
-             "hi_start_ns": r.hi_start_ns, "seen_ns": r.seen_ns}
-            for r in new
-        ])
+        connection.execute(
+            insert(table),
+            [
+                {
+                    "instance_id": origin,
+                    "lo": r.lo,
+                    "hi": r.hi,
+                    "lo_start_ns": r.lo_start_ns,
+                    "hi_start_ns": r.hi_start_ns,
+                    "seen_ns": r.seen_ns,
+                }
+                for r in new
+            ],
+        )
 
 
-def holes(connection: Connection, now_ns: int, grace_s: float,
-          origin: str | None = None) -> list[Hole]:
+def holes(
+    connection: Connection, now_ns: int, grace_s: float, origin: str | None = None
+) -> list[Hole]:
     """Every hole of every process (or one); 'pending' while younger than the grace period."""
     table = SeqRange.__table__
     query = select(table).order_by(table.c.instance_id, table.c.lo)
@@ -101,8 +111,17 @@ def holes(connection: Connection, now_ns: int, grace_s: float,
             first, after_ns = previous.hi + 1, previous.hi_start_ns
         if row.lo > first:
             age_s = max(0.0, (now_ns - row.seen_ns) / 1e9)
-            found.append(Hole(row.instance_id, first, row.lo - 1, after_ns, row.lo_start_ns,
-                              age_s, "pending" if age_s < grace_s else "missing"))
+            found.append(
+                Hole(
+                    row.instance_id,
+                    first,
+                    row.lo - 1,
+                    after_ns,
+                    row.lo_start_ns,
+                    age_s,
+                    "pending" if age_s < grace_s else "missing",
+                )
+            )
         previous = row
     return found
 

@@ -32,8 +32,11 @@ def apply(facts, span, attributes: dict, event: dict) -> None:
     elif name in _LEASE_ENDS:
         _lease(facts, span, attributes, event, _LEASE_ENDS[name])
     elif name == names.EVENT_LOAD_FAILED:
-        facts.failures.append(failure_row(
-            facts, span, attributes, event["attributes"], event["time_ns"], "load_failed"))
+        facts.failures.append(
+            failure_row(
+                facts, span, attributes, event["attributes"], event["time_ns"], "load_failed"
+            )
+        )
 
 
 def _get(key: str, event_attributes: dict, attributes: dict):
@@ -49,8 +52,9 @@ def _ints(value) -> list[int]:
     return [v for v in value if isinstance(v, int)] if isinstance(value, list) else []
 
 
-def failure_row(facts, span, attributes: dict, event_attributes: dict, time_ns: int,
-                kind: str) -> dict:
+def failure_row(
+    facts, span, attributes: dict, event_attributes: dict, time_ns: int, kind: str
+) -> dict:
     block_ids = _get(names.LOAD_ERROR_BLOCK_IDS, event_attributes, attributes)
     if block_ids is None:
         block_ids = _get(names.BLOCK_IDS, event_attributes, attributes)
@@ -63,8 +67,10 @@ def failure_row(facts, span, attributes: dict, event_attributes: dict, time_ns: 
         "cause": _str(_get(names.FAILURE_CAUSE, event_attributes, attributes)),
         "policy": _str(_get(names.FAILURE_POLICY, event_attributes, attributes)),
         "outcome": _str(_get(names.FAILURE_OUTCOME, event_attributes, attributes)),
-        "request_id": _str(_get(names.REQUEST_ID, event_attributes, attributes)
-                           or _get(names.LEASE_HOLDER, event_attributes, attributes)),
+        "request_id": _str(
+            _get(names.REQUEST_ID, event_attributes, attributes)
+            or _get(names.LEASE_HOLDER, event_attributes, attributes)
+        ),
         "engine_id": engine_key(span),
         "lease_id": _str(_get(names.LEASE_ID, event_attributes, attributes)),
         "block_ids": json.dumps(_ints(block_ids)) if block_ids is not None else None,
@@ -79,20 +85,25 @@ def _lease(facts, span, attributes: dict, event: dict, outcome: str | None) -> N
     host_block_ids = _ints(_get(names.HOST_BLOCK_IDS, event_attributes, attributes))
     timeout_s = _get(names.LEASE_TIMEOUT_S, event_attributes, attributes)
     ended = outcome is not None
-    facts.leases.append({
-        "engine_id": engine_key(span),
-        "lease_id": _str(lease_id),
-        "holder": _str(_get(names.LEASE_HOLDER, event_attributes, attributes)),
-        "host_block_ids": json.dumps(host_block_ids),
-        "acquired_ns": None if ended else event["time_ns"],
-        "ended_ns": event["time_ns"] if ended else None,
-        "outcome": (_str(event_attributes.get(names.LEASE_OUTCOME)) or outcome) if ended else None,
-        "timeout_s": float(timeout_s) if isinstance(timeout_s, int | float) else None,
-        "instance_id": span.instance_id,
-    })
+    facts.leases.append(
+        {
+            "engine_id": engine_key(span),
+            "lease_id": _str(lease_id),
+            "holder": _str(_get(names.LEASE_HOLDER, event_attributes, attributes)),
+            "host_block_ids": json.dumps(host_block_ids),
+            "acquired_ns": None if ended else event["time_ns"],
+            "ended_ns": event["time_ns"] if ended else None,
+            "outcome": (_str(event_attributes.get(names.LEASE_OUTCOME)) or outcome)
+            if ended
+            else None,
+            "timeout_s": float(timeout_s) if isinstance(timeout_s, int | float) else None,
+            "instance_id": span.instance_id,
+        }
+    )
     if outcome == "expired":
-        failure = failure_row(facts, span, attributes, event_attributes, event["time_ns"],
-                              "lease_expired")
+        failure = failure_row(
+            facts, span, attributes, event_attributes, event["time_ns"], "lease_expired"
+        )
         failure["cause"] = failure["cause"] or "lease_expired"
         facts.failures.append(failure)
 
@@ -102,27 +113,35 @@ def _blocks(facts, span, attributes: dict, event: dict, state: str) -> None:
     host_ids = _ints(_get(names.HOST_BLOCK_IDS, event_attributes, attributes))
     tier = _str(_get(names.BLOCK_TIER, event_attributes, attributes))
     tier = tier or ("host" if host_ids else "device")
-    ids = host_ids if tier == "host" and host_ids else _ints(
-        _get(names.BLOCK_IDS, event_attributes, attributes))
+    ids = (
+        host_ids
+        if tier == "host" and host_ids
+        else _ints(_get(names.BLOCK_IDS, event_attributes, attributes))
+    )
     hashes = _get(names.BLOCK_HASHES, event_attributes, attributes)
     hashes = [_str(h) for h in hashes] if isinstance(hashes, list) else []
     paired = len(hashes) == len(ids)
     # Slots (ids) are the state a pool has; a hash alone names content with no known slot.
-    addresses = [(f"id:{block_id}", block_id, hashes[i] if paired else None)
-                 for i, block_id in enumerate(ids)]
+    addresses = [
+        (f"id:{block_id}", block_id, hashes[i] if paired else None)
+        for i, block_id in enumerate(ids)
+    ]
     if not ids:
         addresses = [(f"hash:{block_hash}", None, block_hash) for block_hash in hashes]
     holder = _get(names.REQUEST_ID, event_attributes, attributes) or _get(
-        names.LEASE_HOLDER, event_attributes, attributes)
+        names.LEASE_HOLDER, event_attributes, attributes
+    )
     for address, block_id, block_hash in addresses:
-        facts.blocks.append({
-            "engine_id": engine_key(span),
-            "tier": tier,
-            "address": address,
-            "block_id": block_id,
-            "block_hash": block_hash,
-            "state": state,
-            "updated_ns": event["time_ns"],
-            "instance_id": span.instance_id,
-            "request_id": _str(holder),
-        })
+        facts.blocks.append(
+            {
+                "engine_id": engine_key(span),
+                "tier": tier,
+                "address": address,
+                "block_id": block_id,
+                "block_hash": block_hash,
+                "state": state,
+                "updated_ns": event["time_ns"],
+                "instance_id": span.instance_id,
+                "request_id": _str(holder),
+            }
+        )

@@ -26,8 +26,12 @@ def _insert(connection: Connection, table: Table):
     return dialect.insert(table)
 
 
-def _insert_new(connection: Connection, table: Table, rows: list[dict],
-                on_conflict: str = "ON CONFLICT DO NOTHING") -> None:
+def _insert_new(
+    connection: Connection,
+    table: Table,
+    rows: list[dict],
+    on_conflict: str = "ON CONFLICT DO NOTHING",
+) -> None:
     """Bulk insert; by default rows already stored (an exporter's retry) are skipped.
 
     The statement goes to the driver's executemany as plain SQL: SQLAlchemy's per-row
@@ -38,8 +42,10 @@ def _insert_new(connection: Connection, table: Table, rows: list[dict],
         return
     columns = list(rows[0])
     marker = "?" if connection.dialect.paramstyle == "qmark" else "%s"
-    statement = (f"INSERT INTO {table.name} ({', '.join(columns)}) VALUES "
-                 f"({', '.join([marker] * len(columns))}) {on_conflict}")
+    statement = (
+        f"INSERT INTO {table.name} ({', '.join(columns)}) VALUES "
+        f"({', '.join([marker] * len(columns))}) {on_conflict}"
+    )
     connection.exec_driver_sql(statement, [tuple(row.values()) for row in rows])
 
 
@@ -59,10 +65,17 @@ def write_batch(connection: Connection, facts: Facts, resources: dict, now_ns: i
 def _upsert_requests(connection: Connection, rows: list[dict]) -> None:
     """The request span itself is the final word; it replaces a 'running' stub."""
     if rows:
-        updates = ", ".join(f"{column} = excluded.{column}" for column in rows[0]
-                            if column not in ("trace_id", "span_id"))
-        _insert_new(connection, Request.__table__, rows,
-                    f"ON CONFLICT (trace_id, span_id) DO UPDATE SET {updates}")
+        updates = ", ".join(
+            f"{column} = excluded.{column}"
+            for column in rows[0]
+            if column not in ("trace_id", "span_id")
+        )
+        _insert_new(
+            connection,
+            Request.__table__,
+            rows,
+            f"ON CONFLICT (trace_id, span_id) DO UPDATE SET {updates}",
+        )
 
 
 def _upsert_leases(connection: Connection, rows: list[dict]) -> None:
@@ -73,19 +86,22 @@ def _upsert_leases(connection: Connection, rows: list[dict]) -> None:
     statement = _insert(connection, table)
     new, old = statement.excluded, table.c
     first_end = (old.ended_ns.is_(None)) | (
-        new.ended_ns.is_not(None) & (new.ended_ns < old.ended_ns))
+        new.ended_ns.is_not(None) & (new.ended_ns < old.ended_ns)
+    )
     connection.execute(
         statement.on_conflict_do_update(
             index_elements=["engine_id", "lease_id"],
             set_={
                 "holder": func.coalesce(new.holder, old.holder),
-                "host_block_ids": case((new.host_block_ids != "[]", new.host_block_ids),
-                                       else_=old.host_block_ids),
+                "host_block_ids": case(
+                    (new.host_block_ids != "[]", new.host_block_ids), else_=old.host_block_ids
+                ),
                 "acquired_ns": func.coalesce(new.acquired_ns, old.acquired_ns),
                 "timeout_s": func.coalesce(new.timeout_s, old.timeout_s),
                 "ended_ns": case((first_end, new.ended_ns), else_=old.ended_ns),
-                "outcome": case((first_end & new.ended_ns.is_not(None), new.outcome),
-                                else_=old.outcome),
+                "outcome": case(
+                    (first_end & new.ended_ns.is_not(None), new.outcome), else_=old.outcome
+                ),
             },
         ),
         rows,
@@ -94,12 +110,18 @@ def _upsert_leases(connection: Connection, rows: list[dict]) -> None:
 
 def _upsert_blocks(connection: Connection, rows: list[dict]) -> None:
     """Last event wins by its own timestamp, so late or reordered batches cannot roll back."""
-    _insert_new(connection, Block.__table__, rows, (
-        "ON CONFLICT (engine_id, tier, address) DO UPDATE SET state = excluded.state, "
-        "updated_ns = excluded.updated_ns, "
-        "block_hash = COALESCE(excluded.block_hash, block.block_hash), "
-        "instance_id = excluded.instance_id, request_id = excluded.request_id "
-        "WHERE excluded.updated_ns >= block.updated_ns"))
+    _insert_new(
+        connection,
+        Block.__table__,
+        rows,
+        (
+            "ON CONFLICT (engine_id, tier, address) DO UPDATE SET state = excluded.state, "
+            "updated_ns = excluded.updated_ns, "
+            "block_hash = COALESCE(excluded.block_hash, block.block_hash), "
+            "instance_id = excluded.instance_id, request_id = excluded.request_id "
+            "WHERE excluded.updated_ns >= block.updated_ns"
+        ),
+    )
 
 
 def _upsert_processes(connection: Connection, facts: Facts, resources: dict, now_ns: int):
@@ -111,16 +133,18 @@ def _upsert_processes(connection: Connection, facts: Facts, resources: dict, now
         resource = resources.get(origin, {})
         _, emitted, dropped = facts.telemetry.get(origin, (None, None, None))
         service_name, engine_id = facts.origins.get(origin, (None, None))
-        rows.append({
-            "instance_id": origin,
-            "service_name": service_name or _str(resource.get(SERVICE_NAME)),
-            "engine_id": engine_id or _str(resource.get(names.ENGINE_ID)),
-            "first_seen_ns": now_ns,
-            "last_seen_ns": now_ns,
-            "telemetry_emitted": emitted if isinstance(emitted, int) else None,
-            "telemetry_dropped": dropped if isinstance(dropped, int) else None,
-            "resource": json.dumps(resource, default=str),
-        })
+        rows.append(
+            {
+                "instance_id": origin,
+                "service_name": service_name or _str(resource.get(SERVICE_NAME)),
+                "engine_id": engine_id or _str(resource.get(names.ENGINE_ID)),
+                "first_seen_ns": now_ns,
+                "last_seen_ns": now_ns,
+                "telemetry_emitted": emitted if isinstance(emitted, int) else None,
+                "telemetry_dropped": dropped if isinstance(dropped, int) else None,
+                "resource": json.dumps(resource, default=str),
+            }
+        )
     table = Process.__table__
     statement = _insert(connection, table)
     new, old = statement.excluded, table.c

@@ -33,11 +33,14 @@ def build(session: Session, request: Request, certainty: Certainty) -> Timeline:
     for point in points:
         if point.point in _LAST_WINS or point.point not in first:
             first[point.point] = point.time_ns
-    transfers = session.exec(select(Transfer).where(
-        Transfer.trace_id == request.trace_id, _same_engine(Transfer, request)
-    ).order_by(Transfer.start_ns)).all()
-    failures = session.exec(select(Failure).where(
-        Failure.trace_id == request.trace_id).order_by(Failure.time_ns)).all()
+    transfers = session.exec(
+        select(Transfer)
+        .where(Transfer.trace_id == request.trace_id, _same_engine(Transfer, request))
+        .order_by(Transfer.start_ns)
+    ).all()
+    failures = session.exec(
+        select(Failure).where(Failure.trace_id == request.trace_id).order_by(Failure.time_ns)
+    ).all()
     return Timeline(
         request=request_public(request),
         points=points,
@@ -58,10 +61,12 @@ def _same_engine(model, request: Request):
 
 def _points(session: Session, request: Request) -> list[TimelinePoint]:
     query = select(TimelinePoint).where(
-        TimelinePoint.trace_id == request.trace_id, _same_engine(TimelinePoint, request))
+        TimelinePoint.trace_id == request.trace_id, _same_engine(TimelinePoint, request)
+    )
     if request.request_id is not None:
-        query = query.where(or_(TimelinePoint.request_id == request.request_id,
-                                TimelinePoint.request_id.is_(None)))
+        query = query.where(
+            or_(TimelinePoint.request_id == request.request_id, TimelinePoint.request_id.is_(None))
+        )
     return list(session.exec(query.order_by(TimelinePoint.time_ns)).all())
 
 
@@ -73,8 +78,9 @@ def _llm_attributes(session: Session, request: Request) -> dict:
     head, dash, tail = request.request_id.rpartition("-")
     if dash and len(tail) == 8:
         candidates.append(head)
-    span = session.exec(select(Span).where(
-        Span.request_id.in_(candidates), Span.name == LLM_REQUEST).limit(1)).first()
+    span = session.exec(
+        select(Span).where(Span.request_id.in_(candidates), Span.name == LLM_REQUEST).limit(1)
+    ).first()
     return json.loads(span.attributes) if span else {}
 
 

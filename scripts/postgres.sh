@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Starts a throwaway PostgreSQL cluster on 127.0.0.1 (free port) for the backend's tests.
 # Installs Debian's postgresql with apt-get if missing, and psycopg into the venv.
-# stdout: DATABASE_URL=... and KVSCOPE_POSTGRES_DIR=... lines (use: eval "$(scripts/postgres.sh)");
-# progress goes to stderr. Stop and delete it with: scripts/postgres.sh stop "$KVSCOPE_POSTGRES_DIR"
+# stdout: one line, the DATABASE_URL (postgresql://postgres@127.0.0.1:PORT/postgres); progress
+# goes to stderr. `scripts/postgres.sh stop [DIR]` stops and deletes one cluster, or every
+# cluster this script started (/tmp/kvscope-postgres.*).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${KVSCOPE_VENV:-.venv}
@@ -23,11 +24,13 @@ pg_bin() {
 }
 
 if [ "${1:-}" = stop ]; then
-  dir=${2:?usage: scripts/postgres.sh stop DIR}
   BIN=$(pg_bin)
-  as_postgres "$BIN/pg_ctl" -D "$dir/data" -m immediate stop >&2 || true
-  rm -rf "$dir"
-  say "stopped and removed $dir"
+  for dir in ${2:-/tmp/kvscope-postgres.*}; do
+    [ -d "$dir/data" ] || continue
+    as_postgres "$BIN/pg_ctl" -D "$dir/data" -m immediate stop >&2 || true
+    rm -rf "$dir"
+    say "stopped and removed $dir"
+  done
   exit 0
 fi
 
@@ -60,5 +63,5 @@ as_postgres "$BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 \
   -o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off" \
   start >&2 || { cat "$dir/server.log" >&2; exit 1; }
 
-echo "DATABASE_URL=postgresql://postgres@127.0.0.1:$port/postgres"
-echo "KVSCOPE_POSTGRES_DIR=$dir"
+say "running; stop it with: scripts/postgres.sh stop $dir"
+echo "postgresql://postgres@127.0.0.1:$port/postgres"

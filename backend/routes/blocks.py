@@ -49,10 +49,13 @@ def active_leases_by_block(session: Session) -> dict[tuple[str, int], str]:
 def _public(block: Block, leases: dict, reasons: dict[str, str]) -> BlockPublic:
     lease_id = leases.get((block.engine_id, block.block_id)) if block.tier == "host" else None
     reason = reasons.get(block.instance_id or "")
-    return BlockPublic.model_validate(block, update={
-        "lease_id": lease_id,
-        # A lease pins host blocks exactly while their load to the engine is pending.
-        "loading": lease_id is not None,
-        "certain": reason is None,
-        "uncertain_reason": reason,
-    })
+    return BlockPublic.model_validate(
+        block,
+        update={
+            "lease_id": lease_id,
+            # A lease pins host blocks exactly while their load to the engine is pending.
+            "loading": lease_id is not None,
+            "certain": reason is None,
+            "uncertain_reason": reason,
+        },
+    )

@@ -17,5 +17,9 @@ def health(session: SessionDep, ingest: IngestDep, response: Response) -> dict:
     except Exception as error:  # any database failure means unhealthy, with the reason shown
         response.status_code = status.HTTP_503_SERVICE_UNAVAILABLE
         return {"status": "unhealthy", "database": f"unreachable: {error}"}
-    return {"status": "ok", "database": ingest.engine.dialect.name, "schema_version": version,
-            "spans_stored_since_start": ingest.spans_stored}
+    return {
+        "status": "ok",
+        "database": ingest.engine.dialect.name,
+        "schema_version": version,
+        "spans_stored_since_start": ingest.spans_stored,
+    }

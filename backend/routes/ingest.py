@@ -15,28 +15,39 @@ _RPC_CODES = {400: 3, 401: 16, 413: 8, 415: 3, 503: 14}
 
 
 def _error(content_type: str, status: int, message: str, headers=None) -> Response:
-    return Response(encode_status(content_type, _RPC_CODES.get(status, 2), message),
-                    status_code=status, media_type=content_type, headers=headers)
+    return Response(
+        encode_status(content_type, _RPC_CODES.get(status, 2), message),
+        status_code=status,
+        media_type=content_type,
+        headers=headers,
+    )
 
 
 @router.post(
     "/v1/traces",
     summary="Receive spans (OTLP/HTTP, ExportTraceServiceRequest)",
-    responses={400: {"description": "malformed body"}, 401: {"description": "bad token"},
-               413: {"description": "body too large"}, 415: {"description": "wrong type"},
-               503: {"description": "database busy: retry"}},
+    responses={
+        400: {"description": "malformed body"},
+        401: {"description": "bad token"},
+        413: {"description": "body too large"},
+        415: {"description": "wrong type"},
+        503: {"description": "database busy: retry"},
+    },
 )
 async def export_traces(request: Request, settings: SettingsDep, ingest: IngestDep) -> Response:
+    # Errors answer in the request's encoding; anything not protobuf gets readable JSON.
     declared = request.headers.get("content-type", "")
-    reply_type = JSON if declared.startswith(JSON) else PROTOBUF
+    reply_type = PROTOBUF if declared.startswith(PROTOBUF) else JSON
     if not token_matches(settings, request.headers.get("authorization")):
-        return _error(reply_type, 401, "missing or wrong bearer token: send "
-                                       "'Authorization: Bearer <KVSCOPE_BACKEND_TOKEN>'",
-                      {"WWW-Authenticate": "Bearer"})
+        return _error(
+            reply_type,
+            401,
+            "missing or wrong bearer token: send 'Authorization: Bearer <KVSCOPE_BACKEND_TOKEN>'",
+            {"WWW-Authenticate": "Bearer"},
+        )
     try:
         content_type = content_type_of(request)
-        body = await read_body(request, settings.max_body_bytes,
-                               settings.max_decompressed_bytes)
+        body = await read_body(request, settings.max_body_bytes, settings.max_decompressed_bytes)
         decoded = await run_in_threadpool(ingest.ingest, body, content_type)
     except BodyError as error:
         return _error(reply_type, error.status, error.message)
@@ -46,7 +57,9 @@ async def export_traces(request: Request, settings: SettingsDep, ingest: IngestD
         # 503 with Retry-After is what OTLP exporters retry on: the batch is not lost.
         return _error(reply_type, 503, str(error), {"Retry-After": "1"})
     if decoded.rejected and not decoded.spans:
-        return _error(content_type, 400,
-                      f"all {decoded.rejected} spans rejected: {decoded.message}")
-    return Response(encode_response(content_type, decoded.rejected, decoded.message),
-                    media_type=content_type)
+        return _error(
+            content_type, 400, f"all {decoded.rejected} spans rejected: {decoded.message}"
+        )
+    return Response(
+        encode_response(content_type, decoded.rejected, decoded.message), media_type=content_type
+    )

@@ -47,12 +47,15 @@ def lease_public(lease: Lease, now_ns: int, reasons: dict[str, str]) -> LeasePub
     if lease.acquired_ns is not None:
         age_s = ((lease.ended_ns or now_ns) - lease.acquired_ns) / 1e9
     reason = reasons.get(lease.instance_id or "")
-    return LeasePublic.model_validate(lease, update={
-        "active": active,
-        "age_s": age_s,
-        "expires_ns": expires_ns,
-        # Past its expiry with no end seen: the expiry event is late or was lost.
-        "overdue": active and expires_ns is not None and now_ns > expires_ns,
-        "certain": reason is None,
-        "uncertain_reason": reason,
-    })
+    return LeasePublic.model_validate(
+        lease,
+        update={
+            "active": active,
+            "age_s": age_s,
+            "expires_ns": expires_ns,
+            # Past its expiry with no end seen: the expiry event is late or was lost.
+            "overdue": active and expires_ns is not None and now_ns > expires_ns,
+            "certain": reason is None,
+            "uncertain_reason": reason,
+        },
+    )

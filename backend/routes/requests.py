@@ -29,8 +29,9 @@ def list_requests(
 ):
     query = select(Request).order_by(Request.start_ns.desc(), Request.id.desc())
     query = in_window(query, Request.start_ns, since_ns, until_ns)
-    query = equal(query, status=status, connector=connector, engine_id=engine_id,
-                  request_id=request_id)
+    query = equal(
+        query, status=status, connector=connector, engine_id=engine_id, request_id=request_id
+    )
     found = page(session, query, offset, limit)
     found["items"] = [request_public(r) for r in found["items"]]
     return found
@@ -39,8 +40,7 @@ def list_requests(
 def get_request(session: Session, request_key: int) -> Request:
     request = session.get(Request, request_key)
     if request is None:
-        raise HTTPException(404, f"no request with id {request_key}: list them at "
-                                 "/api/v1/requests")
+        raise HTTPException(404, f"no request with id {request_key}: list them at /api/v1/requests")
     return request
 
 
@@ -49,26 +49,40 @@ def read_request(session: SessionDep, request_key: int):
     return request_public(get_request(session, request_key))
 
 
-@router.get("/{request_key}/timeline", response_model=Timeline,
-            summary="KV timeline points and time-to-first-token breakdown")
+@router.get(
+    "/{request_key}/timeline",
+    response_model=Timeline,
+    summary="KV timeline points and time-to-first-token breakdown",
+)
 def read_timeline(session: SessionDep, settings: SettingsDep, request_key: int):
     request = get_request(session, request_key)
-    origins = session.exec(select(Span.instance_id).where(
-        Span.trace_id == request.trace_id).distinct()).all()
+    origins = session.exec(
+        select(Span.instance_id).where(Span.trace_id == request.trace_id).distinct()
+    ).all()
     certainty = certainty_module.certainty(
-        session, settings.gap_grace_s, [o for o in origins if o] or [request.instance_id or ""])
+        session, settings.gap_grace_s, [o for o in origins if o] or [request.instance_id or ""]
+    )
     return build(session, request, certainty)
 
 
-@router.get("/{request_key}/spans", response_model=list[SpanPublic],
-            summary="Every stored span of the request's trace, in start order")
+@router.get(
+    "/{request_key}/spans",
+    response_model=list[SpanPublic],
+    summary="Every stored span of the request's trace, in start order",
+)
 def read_spans(session: SessionDep, request_key: int, limit: Limit = 1000):
     request = get_request(session, request_key)
-    spans = session.exec(select(Span).where(Span.trace_id == request.trace_id)
-                         .order_by(Span.start_ns).limit(limit)).all()
+    spans = session.exec(
+        select(Span).where(Span.trace_id == request.trace_id).order_by(Span.start_ns).limit(limit)
+    ).all()
     return [
-        SpanPublic.model_validate(span, update={
-            "attributes": json.loads(span.attributes), "events": json.loads(span.events),
-            "links": json.loads(span.links)})
+        SpanPublic.model_validate(
+            span,
+            update={
+                "attributes": json.loads(span.attributes),
+                "events": json.loads(span.events),
+                "links": json.loads(span.links),
+            },
+        )
         for span in spans
     ]

@@ -33,16 +33,20 @@ def summary(
         requests=_count_by(session, Request.status, Request.start_ns >= since_ns),
         ttft_ms_p50=p50,
         ttft_ms_p95=p95,
-        external_hit_tokens=session.exec(select(func.coalesce(func.sum(TimelinePoint.value), 0))
-                                         .where(TimelinePoint.point == "lookup_result",
-                                                TimelinePoint.time_ns >= since_ns)).one(),
+        external_hit_tokens=session.exec(
+            select(func.coalesce(func.sum(TimelinePoint.value), 0)).where(
+                TimelinePoint.point == "lookup_result", TimelinePoint.time_ns >= since_ns
+            )
+        ).one(),
         transfers=_transfers(session, since_ns),
         failures=_count_by(session, Failure.kind, Failure.time_ns >= since_ns),
-        leases_active=session.exec(select(func.count()).select_from(Lease)
-                                   .where(Lease.ended_ns.is_(None))).one(),
+        leases_active=session.exec(
+            select(func.count()).select_from(Lease).where(Lease.ended_ns.is_(None))
+        ).one(),
         blocks=_blocks(session),
-        spans=session.exec(select(func.count()).select_from(Span)
-                           .where(Span.start_ns >= since_ns)).one(),
+        spans=session.exec(
+            select(func.count()).select_from(Span).where(Span.start_ns >= since_ns)
+        ).one(),
         streams_incomplete=len({g.origin for g in certainty.gaps(session, settings.gap_grace_s)}),
     )
 
@@ -53,12 +57,17 @@ def _count_by(session: Session, column, condition) -> dict[str, int]:
 
 
 def _ttft_percentiles(session: Session, since_ns: int) -> tuple[float | None, float | None]:
-    rows = session.exec(select(Span.attributes).where(
-        Span.name == LLM_REQUEST, Span.start_ns >= since_ns)
-        .order_by(Span.start_ns.desc()).limit(MAX_TTFT_SAMPLES)).all()
+    rows = session.exec(
+        select(Span.attributes)
+        .where(Span.name == LLM_REQUEST, Span.start_ns >= since_ns)
+        .order_by(Span.start_ns.desc())
+        .limit(MAX_TTFT_SAMPLES)
+    ).all()
     samples = sorted(
-        value * 1e3 for value in (json.loads(text).get(TTFT_S) for text in rows)
-        if isinstance(value, int | float))
+        value * 1e3
+        for value in (json.loads(text).get(TTFT_S) for text in rows)
+        if isinstance(value, int | float)
+    )
     if not samples:
         return None, None
     if len(samples) == 1:
@@ -68,20 +77,32 @@ def _ttft_percentiles(session: Session, since_ns: int) -> tuple[float | None, fl
 
 
 def _transfers(session: Session, since_ns: int) -> dict[str, dict[str, float]]:
-    rows = session.exec(select(
-        Transfer.direction, func.count(), func.coalesce(func.sum(Transfer.bytes), 0),
-        func.avg(Transfer.gbps), func.sum(case((Transfer.ok.is_(False), 1), else_=0)),
-    ).where(Transfer.start_ns >= since_ns).group_by(Transfer.direction)).all()
+    rows = session.exec(
+        select(
+            Transfer.direction,
+            func.count(),
+            func.coalesce(func.sum(Transfer.bytes), 0),
+            func.avg(Transfer.gbps),
+            func.sum(case((Transfer.ok.is_(False), 1), else_=0)),
+        )
+        .where(Transfer.start_ns >= since_ns)
+        .group_by(Transfer.direction)
+    ).all()
     return {
-        str(direction): {"count": count, "bytes": total, "mean_gbps": mean or 0.0,
-                         "failed": failed or 0}
+        str(direction): {
+            "count": count,
+            "bytes": total,
+            "mean_gbps": mean or 0.0,
+            "failed": failed or 0,
+        }
         for direction, count, total, mean, failed in rows
     }
 
 
 def _blocks(session: Session) -> dict[str, dict[str, int]]:
-    rows = session.exec(select(Block.tier, Block.state, func.count())
-                        .group_by(Block.tier, Block.state)).all()
+    rows = session.exec(
+        select(Block.tier, Block.state, func.count()).group_by(Block.tier, Block.state)
+    ).all()
     found: dict[str, dict[str, int]] = {}
     for tier, state, count in rows:
         found.setdefault(tier, {})[state] = count

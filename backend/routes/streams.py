@@ -13,8 +13,11 @@ from kvscope.backend.schemas import StreamPublic
 router = APIRouter(prefix="/api/v1/streams", tags=["streams"], dependencies=[TokenDep])
 
 
-@router.get("", response_model=list[StreamPublic],
-            summary="Completeness of each process's span stream (gap detection)")
+@router.get(
+    "",
+    response_model=list[StreamPublic],
+    summary="Completeness of each process's span stream (gap detection)",
+)
 def list_streams(session: SessionDep, settings: SettingsDep):
     counts = seqs.received_counts(session.connection())
     gaps = certainty.gaps(session, settings.gap_grace_s, now_ns=time.time_ns())
@@ -22,13 +25,19 @@ def list_streams(session: SessionDep, settings: SettingsDep):
     for process in session.exec(select(Process).order_by(Process.first_seen_ns)).all():
         received, highest = counts.get(process.instance_id, (0, -1))
         holes = [g for g in gaps if g.origin == process.instance_id]
-        streams.append(StreamPublic(
-            origin=process.instance_id, service_name=process.service_name,
-            engine_id=process.engine_id, received=received, highest_seq=highest, holes=holes,
-            telemetry_emitted=process.telemetry_emitted,
-            telemetry_dropped=process.telemetry_dropped,
-            status=stream_status(holes, process.telemetry_dropped),
-        ))
+        streams.append(
+            StreamPublic(
+                origin=process.instance_id,
+                service_name=process.service_name,
+                engine_id=process.engine_id,
+                received=received,
+                highest_seq=highest,
+                holes=holes,
+                telemetry_emitted=process.telemetry_emitted,
+                telemetry_dropped=process.telemetry_dropped,
+                status=stream_status(holes, process.telemetry_dropped),
+            )
+        )
     return streams
 
 

@@ -26,6 +26,7 @@ def list_transfers(
 ):
     query = select(Transfer).order_by(Transfer.start_ns.desc(), Transfer.id.desc())
     query = in_window(query, Transfer.start_ns, since_ns, until_ns)
-    query = equal(query, direction=direction, peer=peer, engine_id=engine_id,
-                  request_id=request_id, ok=ok)
+    query = equal(
+        query, direction=direction, peer=peer, engine_id=engine_id, request_id=request_id, ok=ok
+    )
     return page(session, query, offset, limit)

@@ -68,16 +68,20 @@ def make_publisher(app):
             return
         try:
             with Session(app.state.engine) as session:
-                sure = certainty.certainty(session, settings.gap_grace_s,
-                                           {r["instance_id"] for r in finished})
+                sure = certainty.certainty(
+                    session, settings.gap_grace_s, {r["instance_id"] for r in finished}
+                )
                 for row in finished:
-                    request = session.exec(select(Request).where(
-                        Request.trace_id == row["trace_id"],
-                        Request.span_id == row["span_id"])).first()
+                    request = session.exec(
+                        select(Request).where(
+                            Request.trace_id == row["trace_id"], Request.span_id == row["span_id"]
+                        )
+                    ).first()
                     if request is not None:
                         timeline = build(session, request, sure)
-                        hub.publish({"type": "timeline", "timeline": timeline.model_dump(
-                            mode="json")})
+                        hub.publish(
+                            {"type": "timeline", "timeline": timeline.model_dump(mode="json")}
+                        )
         except Exception:  # live updates are best effort; the stored batch is already safe
             logger.exception("could not publish timelines")
 

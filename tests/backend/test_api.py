@@ -21,8 +21,9 @@ def _stories(count: int, engine_id: str, t0: int) -> list:
     scheduler, worker = Process("s", engine_id, "scheduler"), Process("w", engine_id, "worker")
     api = Process("api", engine_id, "api")
     for index in range(count):
-        load_story(scheduler, worker, api, f"req-{index}-abcdef12", t0 + index * 10**8,
-                   lease_id=index)
+        load_story(
+            scheduler, worker, api, f"req-{index}-abcdef12", t0 + index * 10**8, lease_id=index
+        )
     failure_story(scheduler, worker, "req-failed", t0 + count * 10**8)
     return scheduler.spans() + worker.spans() + api.spans()
 
@@ -36,19 +37,33 @@ def test_requests_filter_by_engine_time_status_and_page(backend):
         assert everything["total"] == 6
         starts = [r["start_ns"] for r in everything["items"]]
         assert starts == sorted(starts, reverse=True)  # newest first
-        page = client.get("/api/v1/requests", params={
-            "engine_id": engine_id, "offset": 2, "limit": 2}).json()
+        page = client.get(
+            "/api/v1/requests", params={"engine_id": engine_id, "offset": 2, "limit": 2}
+        ).json()
         assert [r["id"] for r in page["items"]] == [r["id"] for r in everything["items"][2:4]]
-        window = client.get("/api/v1/requests", params={
-            "engine_id": engine_id, "since_ns": t0 + 10**8, "until_ns": t0 + 3 * 10**8}).json()
+        window = client.get(
+            "/api/v1/requests",
+            params={"engine_id": engine_id, "since_ns": t0 + 10**8, "until_ns": t0 + 3 * 10**8},
+        ).json()
         assert sorted(r["request_id"] for r in window["items"]) == [
-            "req-1-abcdef12", "req-2-abcdef12"]
-        by_connector = client.get("/api/v1/requests", params={
-            "engine_id": engine_id, "connector": "CPUOffloadConnector",
-            "status": "finished_stopped"}).json()
+            "req-1-abcdef12",
+            "req-2-abcdef12",
+        ]
+        by_connector = client.get(
+            "/api/v1/requests",
+            params={
+                "engine_id": engine_id,
+                "connector": "CPUOffloadConnector",
+                "status": "finished_stopped",
+            },
+        ).json()
         assert by_connector["total"] == 6
-        assert client.get("/api/v1/requests", params={
-            "engine_id": engine_id, "connector": "NixlConnector"}).json()["total"] == 0
+        assert (
+            client.get(
+                "/api/v1/requests", params={"engine_id": engine_id, "connector": "NixlConnector"}
+            ).json()["total"]
+            == 0
+        )
         assert client.get("/api/v1/requests/999999999").status_code == 404
         assert client.get("/api/v1/requests", params={"limit": 0}).status_code == 422
 
@@ -65,7 +80,10 @@ def test_summary_counts_the_window(make_backend):
     assert summary["transfers"]["load"]["bytes"] == 3 * (1 << 20)
     assert summary["transfers"]["p2p_read"]["failed"] == 1
     assert summary["failures"] == {"load_failed": 1, "lease_expired": 1, "transfer_failed": 1}
-    assert summary["blocks"]["host"] == {"stored": 2, "evicted": 1, }
+    assert summary["blocks"]["host"] == {
+        "stored": 2,
+        "evicted": 1,
+    }
     assert summary["external_hit_tokens"] == 3 * 64 + 32
     assert summary["streams_incomplete"] == 0
 
@@ -125,6 +143,7 @@ def test_schema_is_created_once_and_reopened(tmp_path):
         thread.start()
         thread.join(10)
     from sqlalchemy import create_engine, text
+
     with create_engine(url).connect() as connection:
         versions = connection.execute(text("SELECT version FROM kvscope_schema_version")).all()
     assert versions == [(1,)]
