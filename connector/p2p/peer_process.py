@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -146,6 +147,22 @@ class PeerProcess:
         with open(f"/proc/{self.pid}/stat") as stat:
             fields = stat.read().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def pause(self, timeout_s: float = 5.0) -> None:
+        """SIGSTOP the child (alive, sockets open, silent) and wait until it is really stopped."""
+        os.kill(self.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + timeout_s
+        while self._state() not in ("T", "t"):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"peer process {self.pid} did not stop")
+            time.sleep(0.005)
+
+    def resume(self) -> None:
+        os.kill(self.pid, signal.SIGCONT)
+
+    def _state(self) -> str:
+        with open(f"/proc/{self.pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0]
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Close stdin (the child exits cleanly), then kill it if it does not."""

@@ -69,6 +69,7 @@ class NixlTransport:
         kv_layout: str | None = None,
     ) -> None:
         self.layout = KVLayout.from_layer_tensors(engine_id, kv_caches, tp_rank, tp_size, kv_layout)
+        self._kv_caches = dict(kv_caches)  # registered memory must outlive the agent's use of it
         self.config = config or TransportConfig()
         # Unique per process start: loading bad metadata under a name poisons that name in peers.
         self.agent_name = f"kvscope-{engine_id}-tp{tp_rank}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
