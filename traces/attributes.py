@@ -89,6 +89,6 @@ def kv_caches_attributes(kv_caches: Mapping[str, Any]) -> dict[str, Any]:
         shape = shape or f"{list(tensor.shape)} {tensor.dtype}"
     return {
         names.LAYER_COUNT: len(kv_caches),
-        "kvscope.kv_cache.bytes": total,
-        "kvscope.kv_cache.layer_shape": shape,
+        names.KV_CACHE_BYTES: total,
+        names.KV_CACHE_LAYER_SHAPE: shape,
     }

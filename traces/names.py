@@ -45,7 +45,7 @@ SCHEMA: Final = "kvscope.schema.version"
 """SCHEMA_VERSION of the process that emitted the span."""
 
 SEQ: Final = "kvscope.seq"
-"""Per-process sequence number of each span, in start order: a hole means spans were lost."""
+"""Per-process sequence number of each span, from 0 in start order: a hole means lost spans."""
 
 SEQ_ORIGIN: Final = "kvscope.seq.origin"
 """Unique id of the process start whose SEQ counter numbered the span: gaps are per origin."""
@@ -82,6 +82,33 @@ PROMPT_TOKENS: Final = "gen_ai.usage.prompt_tokens"
 
 STEP: Final = "kvscope.step.index"
 """Index of the engine step (counted by the scheduler half, carried to workers in metadata)."""
+
+REQUEST_STATUS: Final = "kvscope.request.status"
+"""How the request ended, as vLLM's RequestStatus names it (FINISHED_STOPPED, ...)."""
+
+REQUEST_DELAY_FREE: Final = "kvscope.request.delay_free"
+"""True when the connector kept the request's blocks after it finished (async save or send)."""
+
+LOAD_THIS_STEP: Final = "kvscope.load.this_step"
+"""On SPAN_WORKER_REQUEST: the request loads external KV in this step."""
+
+STEP_QUIET_HOOKS: Final = "kvscope.step.quiet_hooks"
+"""Per-step hooks that ran without a span of their own (they returned nothing)."""
+
+KV_CACHE_BYTES: Final = "kvscope.kv_cache.bytes"
+"""Total bytes of the engine's KV cache tensors (register_kv_caches)."""
+
+KV_CACHE_LAYER_SHAPE: Final = "kvscope.kv_cache.layer_shape"
+"""Shape and dtype of one layer's KV cache tensor (register_kv_caches)."""
+
+EVENTS_COUNT: Final = "kvscope.events.count"
+"""KV cache events a connector handed to vLLM (take_events)."""
+
+LOAD_OUTCOME: Final = "kvscope.load.outcome"
+"""On a transfer_complete request event: 'ok' or 'failed'."""
+
+FAILED_RECVING: Final = "kvscope.failed.recving"
+"""Request ids whose asynchronous load failed."""
 
 HOOK: Final = "kvscope.hook"
 """Name of the KV connector method a span covers."""

@@ -98,7 +98,7 @@ class SchedulerHooks:
                 delay_free, params = self._inner.request_finished(request, first_group)
             span.set_attributes(
                 {
-                    "kvscope.request.delay_free": bool(delay_free),
+                    names.REQUEST_DELAY_FREE: bool(delay_free),
                     names.HOOK_RESULT: short_text(sorted(params) if params else None),
                 }
             )
@@ -106,14 +106,14 @@ class SchedulerHooks:
         self._sched.end_request(
             str(request.request_id),
             status=str(getattr(status, "name", status) or "finished"),
-            **{"kvscope.request.delay_free": bool(delay_free)},
+            **{names.REQUEST_DELAY_FREE: bool(delay_free)},
         )
         return delay_free, params
 
     def take_events(self):
         events = list(self._inner.take_events())
         if events or self._trace_quiet_hooks:
-            with self._spans.hook("take_events", None, **{"kvscope.events.count": len(events)}):
+            with self._spans.hook("take_events", None, **{names.EVENTS_COUNT: len(events)}):
                 pass
         return events
 

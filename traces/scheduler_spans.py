@@ -72,7 +72,7 @@ class SchedulerTracing:
         self._loaded.discard(req_id)
         if span is None:
             return
-        span.set_attributes({"kvscope.request.status": status, **attributes})
+        span.set_attributes({names.REQUEST_STATUS: status, **attributes})
         if status == "untracked":
             span.set_status(StatusCode.ERROR, "request finish never seen")
         span.end()

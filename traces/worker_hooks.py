@@ -87,7 +87,8 @@ class WorkerHooks:
     def get_transfer_results(self, finished_req_ids: set[str]):
         start = time.time_ns()
         try:
-            results = self._inner.get_transfer_results(finished_req_ids)
+            with self._work.current_step():  # facts the connector reports land on the step
+                results = self._inner.get_transfer_results(finished_req_ids)
         except Exception:
             with self._spans.hook("get_transfer_results", self._work.step_context):
                 raise  # recorded on the span, re-raised unchanged
@@ -100,7 +101,7 @@ class WorkerHooks:
                 **{names.HOOK: "get_transfer_results"},
                 **finished_attributes(results.finished_sending, results.finished_recving),
             )
-            span.set_attribute("kvscope.failed.recving", sorted(results.failed_recving))
+            span.set_attribute(names.FAILED_RECVING, sorted(results.failed_recving))
             span.end()
         else:
             self._work.quiet_hooks.append("get_transfer_results")
@@ -113,7 +114,7 @@ class WorkerHooks:
         for req_id in recving:
             outcome = "failed" if req_id in failed else "ok"
             self._work.request_event(
-                req_id, "transfer_complete", **{"kvscope.load.outcome": outcome}
+                req_id, "transfer_complete", **{names.LOAD_OUTCOME: outcome}
             )
         for req_id in sending:
             self._work.request_event(req_id, "send_complete")
@@ -134,7 +135,8 @@ class WorkerHooks:
         """A per-step query: a span only when it returns something (or quiet hooks are traced)."""
         start = time.time_ns()
         try:
-            result = getattr(self._inner, hook)()
+            with self._work.current_step():
+                result = getattr(self._inner, hook)()
         except Exception:
             with self._spans.hook(hook, self._work.step_context):
                 raise  # recorded on the span, re-raised unchanged

@@ -49,7 +49,7 @@ class WorkerTracing:
                 **{
                     names.REQUEST_ID: req_id,
                     names.STEP: metadata.step,
-                    "kvscope.load.this_step": req_id in self.loading,
+                    names.LOAD_THIS_STEP: req_id in self.loading,
                 },
             )
             self.request_spans[req_id] = span
@@ -58,6 +58,11 @@ class WorkerTracing:
             names.SPAN_STEP, None, links, **{names.STEP: metadata.step}
         )
         self.step_context = trace.set_span_in_context(self.step_span)
+
+    def current_step(self):
+        """Makes the step span current, so span events a connector adds are kept."""
+        span = self.step_span or trace.INVALID_SPAN
+        return trace.use_span(span, end_on_exit=False, record_exception=False)
 
     def timeline(self, point: str, req_ids, **attributes) -> None:
         """Adds a timeline event to the step's span of each request in req_ids."""
@@ -103,7 +108,7 @@ class WorkerTracing:
             span.end()
         self.request_spans = {}
         if self.quiet_hooks:
-            self.step_span.set_attribute("kvscope.step.quiet_hooks", self.quiet_hooks)
+            self.step_span.set_attribute(names.STEP_QUIET_HOOKS, self.quiet_hooks)
             self.quiet_hooks = []
         self.step_span.end()
         self.step_span = self.step_context = None

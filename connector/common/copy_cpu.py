@@ -40,6 +40,8 @@ class CpuCopyEngine(CopyEngine):
         self._jobs: queue.SimpleQueue[CopyJob | None] = queue.SimpleQueue()
         self._lock: threading.Condition = threading.Condition()
         self._pending_ids: set[int] = set()
+        self._cancelled: set[int] = set()
+        self._copying: int | None = None
         self._finished: list[CopyResult] = []
         self._stopping: threading.Event = threading.Event()
         self._worker: threading.Thread = threading.Thread(
@@ -61,6 +63,13 @@ class CpuCopyEngine(CopyEngine):
     def wait(self, job_id: int, timeout_s: float | None = None) -> bool:
         with self._lock:
             return self._lock.wait_for(lambda: job_id not in self._pending_ids, timeout_s)
+
+    def cancel(self, job_id: int) -> bool:
+        with self._lock:
+            if job_id not in self._pending_ids or job_id == self._copying:
+                return False
+            self._cancelled.add(job_id)
+            return True
 
     @property
     def num_pending(self) -> int:
@@ -94,13 +103,21 @@ class CpuCopyEngine(CopyEngine):
             result = self._execute(job)
             with self._lock:
                 self._pending_ids.discard(job.job_id)
+                self._copying = None
                 self._finished.append(result)
                 self._lock.notify_all()
 
     def _execute(self, job: CopyJob) -> CopyResult:
-        delay_s = job.not_before - time.monotonic()
-        if delay_s > 0:
-            self._stopping.wait(delay_s)
+        # An injected delay waits in short slices, so a cancel stops it early.
+        while (delay_s := job.not_before - time.monotonic()) > 0 and not self._stopping.is_set():
+            if job.job_id in self._cancelled:
+                break
+            self._stopping.wait(min(delay_s, 0.01))
+        with self._lock:
+            if job.job_id in self._cancelled:
+                self._cancelled.discard(job.job_id)
+                return job.result(0.0, "cancelled")
+            self._copying = job.job_id
         started = time.perf_counter()
         try:
             if job.fail_reason is not None:

@@ -119,6 +119,14 @@ class CopyEngine(ABC):
     def wait(self, job_id: int, timeout_s: float | None = None) -> bool:
         """Blocks until the job finished (True) or the timeout passed (False)."""
 
+    def cancel(self, job_id: int) -> bool:
+        """Stops a job that has not begun copying; its result reports 'cancelled'.
+
+        False when it cannot be stopped (already copying, finished, or a backend whose queued
+        work cannot be withdrawn): the caller then waits for its result as usual.
+        """
+        return False
+
     @property
     @abstractmethod
     def num_pending(self) -> int:

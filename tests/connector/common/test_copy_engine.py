@@ -210,3 +210,24 @@ def test_round_trip_whatever_the_innermost_width(last_dim):
         assert all(result.ok for result in engine.drain(timeout_s=10))
     for layer, blocks in zip(kv_layers, expected, strict=True):
         assert torch.equal(layer[[1, 5]].view(torch.int16), blocks.view(torch.int16))
+
+
+def test_cancel_stops_a_delayed_job_before_it_copies():
+    import torch
+
+    from kvscope.connector.common.copy_cpu import CpuCopyEngine
+    from kvscope.connector.common.host_buffer import BlockLayout, HostBuffer
+
+    kv = torch.zeros(8, 2, 32, 64, dtype=torch.bfloat16)
+    buffer = HostBuffer(BlockLayout.of([kv], 0), 4)
+    buffer.layers[0].fill_(1)
+    with CpuCopyEngine([kv], buffer, 0) as engine:
+        slow = engine.submit_load([0], [0], delay_s=5.0)
+        after = engine.submit_load([1], [1])
+        assert engine.cancel(slow)
+        assert engine.wait(after, timeout_s=2), "a cancelled delay must not hold later jobs"
+        results = {r.job_id: r for r in engine.drain(timeout_s=2)}
+    assert results[slow].error == "cancelled" and results[after].ok
+    assert kv[0].abs().sum() == 0, "the cancelled load never wrote its block"
+    assert kv[1].abs().sum() > 0
+    assert not engine.cancel(after), "a finished job cannot be cancelled"

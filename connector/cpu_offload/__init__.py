@@ -1,0 +1,1 @@
+"""kvscope.connector.cpu_offload: KV blocks kept in a host memory pool, served back as hits."""

@@ -1,0 +1,30 @@
+"""CpuOffloadConnector: the CPU offload connector as users load it, every hook traced.
+
+kv_transfer_config = {
+    "kv_connector": "CpuOffloadConnector",
+    "kv_connector_module_path": "kvscope.connector.cpu_offload.connector",
+    "kv_role": "kv_both",
+    "kv_load_failure_policy": "recompute",
+    "kv_connector_extra_config": {"cpu_bytes_to_use": 1 << 30, "lease_timeout_s": 30},
+}
+"""
+
+from typing import Any
+
+from kvscope.connector.cpu_offload.core import CpuOffloadCore
+from kvscope.traces.instrumented import InstrumentedConnector
+
+
+class CpuOffloadConnector(InstrumentedConnector):
+    """CpuOffloadCore inside the hook-span instrumentation."""
+
+    def build_inner(self, vllm_config: Any, role: Any, kv_cache_config: Any) -> CpuOffloadCore:
+        return CpuOffloadCore(vllm_config, role, kv_cache_config)
+
+    @classmethod
+    def inner_class(cls, extra_config: dict[str, Any]) -> type[CpuOffloadCore]:
+        return CpuOffloadCore
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None):
+        return CpuOffloadCore.build_kv_connector_stats(data)

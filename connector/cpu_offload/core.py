@@ -1,0 +1,130 @@
+"""CpuOffloadCore: the untraced connector; builds the half for its role and delegates each hook."""
+
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+
+from kvscope.connector.common.faults import FaultInjector
+from kvscope.connector.common.host_pool import KVNamespace, num_host_blocks
+from kvscope.connector.cpu_offload.config import OffloadConfig
+from kvscope.connector.cpu_offload.metadata import OffloadMetadata
+from kvscope.connector.cpu_offload.scheduler import OffloadScheduler
+from kvscope.connector.cpu_offload.stats import OffloadStats
+from kvscope.connector.cpu_offload.worker import OffloadWorker
+
+
+class CpuOffloadCore(KVConnectorBase_V1):
+    """Keeps KV blocks in a host pool keyed by content; use CpuOffloadConnector (traced)."""
+
+    def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any):
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        extra = self._kv_transfer_config.kv_connector_extra_config or {}
+        config = OffloadConfig.from_extra_config(extra)
+        faults = FaultInjector.from_extra_config(extra)
+        self.scheduler: OffloadScheduler | None = None
+        self.worker: OffloadWorker | None = None
+        self._reported: dict[str, float] = {}
+        if role == KVConnectorRole.SCHEDULER:
+            spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
+            num_layers = len(kv_cache_config.kv_cache_groups[0].layer_names)
+            host_blocks = num_host_blocks(
+                config.cpu_bytes_to_use, spec.page_size_bytes * num_layers
+            )
+            self.scheduler = OffloadScheduler(
+                config, kv_namespace(vllm_config, spec, num_layers), spec.block_size, host_blocks,
+                vllm_config.parallel_config.tensor_parallel_size, faults,
+            )  # fmt: skip
+        else:
+            self.worker = OffloadWorker(config, faults, kv_cache_config.num_blocks)
+
+    # --- scheduler side -----------------------------------------------------------------------
+
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int):
+        return self.scheduler.lookup(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int):
+        self.scheduler.bind(request, blocks.get_block_ids()[0], num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
+        return self.scheduler.build_metadata(scheduler_output, self._kv_cache_manager)
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        self.scheduler.on_worker_output(
+            connector_output.kv_connector_worker_meta, connector_output.finished_recving or set()
+        )
+
+    def request_finished(self, request: Any, block_ids: list[int]):
+        return self.scheduler.finished(request), None
+
+    # --- worker side --------------------------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
+        self.worker.register(kv_caches)
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        self.worker.start_loads(self._metadata())
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return None  # loads are asynchronous: their requests are not in this forward
+
+    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs) -> None:
+        return None  # whole blocks are stored after the forward, in wait_for_save
+
+    def wait_for_save(self) -> None:
+        self.worker.start_stores(self._metadata())
+
+    def handle_preemptions(self, kv_connector_metadata: Any) -> None:
+        self.worker.wait_for_stores()
+
+    def get_finished(self, finished_req_ids: set[str]):
+        sending, recving = self.worker.poll()
+        return sending or None, recving or None
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self.worker.take_load_errors()
+
+    def build_connector_worker_meta(self):
+        return self.worker.take_worker_meta()
+
+    def get_kv_connector_stats(self):
+        """What changed since the last call (the halves keep cumulative counters)."""
+        totals = (self.worker or self.scheduler).stats
+        interval = {k: v - self._reported.get(k, 0) for k, v in totals.items()}
+        self._reported = dict(totals)
+        interval = {k: v for k, v in interval.items() if v}
+        return OffloadStats(data=interval) if interval else None
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None):
+        return OffloadStats(data=dict(data or {}))
+
+    def shutdown(self) -> None:
+        if self.worker is not None:
+            self.worker.shutdown()
+
+    def _metadata(self) -> OffloadMetadata:
+        metadata = self._get_connector_metadata()
+        assert isinstance(metadata, OffloadMetadata), type(metadata)
+        return metadata
+
+
+def kv_namespace(vllm_config: Any, spec: Any, num_layers: int) -> KVNamespace:
+    """What makes KV incompatible; every worker holds its own tensor-parallel shard of a block."""
+    from vllm.platforms import current_platform
+
+    parallel = vllm_config.parallel_config
+    return KVNamespace(
+        model=str(vllm_config.model_config.model),
+        dtype=str(spec.dtype),
+        kv_layout=current_platform.device_type,
+        block_size=spec.block_size,
+        tp_rank=0,
+        tp_size=parallel.tensor_parallel_size,
+        num_layers=num_layers,
+        num_kv_heads=spec.num_kv_heads,
+        head_dim=spec.head_size,
+    )

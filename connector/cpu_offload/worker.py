@@ -1,0 +1,150 @@
+"""Worker half of the CPU offload connector: copies whole blocks between KV cache and host pool.
+
+Never touches scheduler state: it runs the copies OffloadMetadata names and reports outcomes
+(finished loads and stores, failed blocks) back through vLLM's worker output.
+"""
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from kvscope.connector.common.copy_engine import CopyResult, Direction, make_copy_engine
+from kvscope.connector.common.faults import FaultInjector
+from kvscope.connector.common.host_buffer import BlockLayout, HostBuffer, find_block_dim
+from kvscope.connector.cpu_offload.config import OffloadConfig
+from kvscope.connector.cpu_offload.metadata import BlockTransfer, OffloadMetadata, OffloadWorkerMeta
+from kvscope.traces import names
+from kvscope.traces.events import add_event, record_transfer
+
+
+@dataclass
+class PendingCopy:
+    transfer: BlockTransfer
+    direction: Direction
+    deadline: float
+
+
+class OffloadWorker:
+    """Owns the host buffer and the copy engine of one worker."""
+
+    def __init__(self, config: OffloadConfig, faults: FaultInjector, num_device_blocks: int):
+        self.config = config
+        self.faults = faults
+        self.num_device_blocks = num_device_blocks
+        self.buffer: HostBuffer | None = None
+        self.copies = None
+        self._pending: dict[int, PendingCopy] = {}
+        self._to_flush: set[str] = set()
+        self._load_errors: set[int] = set()
+        self._meta = OffloadWorkerMeta()
+        self.stats: dict[str, float] = {"load_bytes": 0, "store_bytes": 0, "load_s": 0.0,
+                                        "store_s": 0.0, "failed_loads": 0}  # fmt: skip
+
+    def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        layers = list(kv_caches.values())
+        block_dim = find_block_dim(layers[0].shape, self.num_device_blocks)
+        layout = BlockLayout.of(layers, block_dim)
+        pin = layers[0].device.type == "cuda"
+        self.buffer = HostBuffer.with_capacity(layout, self.config.cpu_bytes_to_use, pin)
+        self.copies = make_copy_engine(layers, self.buffer, block_dim)
+
+    def start_loads(self, metadata: OffloadMetadata) -> None:
+        self._check_pool_size(metadata)
+        for transfer in metadata.reqs_to_load:
+            fault = self.faults.on_load(transfer.req_id)
+            job_id = self.copies.submit_load(
+                transfer.device_block_ids, transfer.host_block_ids,
+                delay_s=fault.delay_s, fail_reason=fault.fail_reason,
+            )  # fmt: skip
+            deadline = time.monotonic() + self.config.load_timeout_s
+            self._pending[job_id] = PendingCopy(transfer, Direction.LOAD, deadline)
+
+    def start_stores(self, metadata: OffloadMetadata) -> None:
+        """After the forward: the blocks' data is final (on CUDA the copy stream waits for it)."""
+        for transfer in metadata.reqs_to_store:
+            job_id = self.copies.submit_store(transfer.device_block_ids, transfer.host_block_ids)
+            self._pending[job_id] = PendingCopy(transfer, Direction.STORE, float("inf"))
+        self._to_flush |= metadata.reqs_to_flush
+
+    def wait_for_stores(self) -> None:
+        """Before vLLM reuses preempted requests' blocks, every store reading them must end."""
+        for job_id, pending in list(self._pending.items()):
+            if pending.direction is Direction.STORE:
+                self.copies.wait(job_id)
+
+    def poll(self) -> tuple[set[str], set[str]]:
+        """(finished_sending, finished_recving) since the last poll."""
+        recving: set[str] = set()
+        for result in self.copies.poll() if self.copies else ():
+            pending = self._pending.pop(result.job_id, None)
+            if pending is not None:
+                self._finish(pending, result, recving)
+        recving |= self._time_out_loads()
+        sending = {r for r in self._to_flush if not self._has_pending_stores(r)}
+        self._to_flush -= sending
+        return sending, recving
+
+    def _finish(self, pending: PendingCopy, result: CopyResult, recving: set[str]) -> None:
+        transfer = pending.transfer
+        direction = pending.direction.value
+        record_transfer(transfer.req_id, direction, result.num_bytes,
+                        result.finished_at - result.duration_s, result.finished_at,
+                        error=result.error, **{names.TRANSFER_PEER: "host",
+                        names.BLOCK_COUNT: result.num_blocks})  # fmt: skip
+        self.stats[f"{direction}_bytes"] += result.num_bytes if result.ok else 0
+        self.stats[f"{direction}_s"] += result.duration_s
+        if pending.direction is Direction.STORE:
+            if result.ok:
+                self._meta.stores_done[transfer.transfer_id] = 1
+            else:
+                self._meta.stores_failed.add(transfer.transfer_id)
+            return
+        recving.add(transfer.req_id)
+        if not result.ok:
+            self._fail_load(transfer, result.error or "load failed")
+
+    def _fail_load(self, transfer: BlockTransfer, cause: str) -> None:
+        self._load_errors.update(transfer.device_block_ids)
+        self._meta.loads_failed.add(transfer.req_id)
+        self.stats["failed_loads"] += 1
+        add_event(names.EVENT_LOAD_FAILED, **{names.REQUEST_ID: transfer.req_id,
+                  names.FAILURE_CAUSE: cause, names.BLOCK_COUNT: len(transfer.device_block_ids),
+                  names.BLOCK_IDS: list(transfer.device_block_ids)})  # fmt: skip
+
+    def _time_out_loads(self) -> set[str]:
+        """Loads past their deadline that had not started copying: cancelled, reported failed."""
+        now = time.monotonic()
+        timed_out = set()
+        for job_id, pending in list(self._pending.items()):
+            if pending.deadline <= now and self.copies.cancel(job_id):
+                del self._pending[job_id]
+                self._fail_load(pending.transfer, "timeout")
+                timed_out.add(pending.transfer.req_id)
+        return timed_out
+
+    def _has_pending_stores(self, req_id: str) -> bool:
+        return any(p.transfer.req_id == req_id and p.direction is Direction.STORE
+                   for p in self._pending.values())  # fmt: skip
+
+    def take_load_errors(self) -> set[int]:
+        errors, self._load_errors = self._load_errors, set()
+        return errors
+
+    def take_worker_meta(self) -> OffloadWorkerMeta | None:
+        meta = self._meta
+        if not (meta.stores_done or meta.stores_failed or meta.loads_failed):
+            return None
+        self._meta = OffloadWorkerMeta()
+        return meta
+
+    def _check_pool_size(self, metadata: OffloadMetadata) -> None:
+        if self.buffer is not None and metadata.num_host_blocks != self.buffer.num_blocks:
+            raise RuntimeError(
+                f"scheduler planned {metadata.num_host_blocks} host blocks, the worker has "
+                f"{self.buffer.num_blocks}: both must derive them from cpu_bytes_to_use"
+            )
+
+    def shutdown(self) -> None:
+        if self.copies is not None:
+            self.copies.shutdown(timeout_s=10)

@@ -1,0 +1,133 @@
+"""CPU offload connector in a real CPU engine: greedy tokens equal no connector, whatever happened."""
+
+import pytest
+
+from kvscope.demo.engine import in_process_llm
+from kvscope.demo.inspect import leaked_device_blocks, scheduler_connector, worker_connector
+from kvscope.demo.oracle import greedy_params, greedy_tokens, token_mismatches
+from kvscope.demo.prompts import DISTINCT, long_prompt
+from kvscope.traces import names
+
+pytestmark = pytest.mark.engine
+SHARED = [long_prompt(0, 3) + f" Then question {i} asks something else entirely." for i in range(6)]
+
+
+def offload_config(policy: str = "recompute", **extra) -> dict:
+    return {
+        "kv_connector": "CpuOffloadConnector",
+        "kv_connector_module_path": "kvscope.connector.cpu_offload.connector",
+        "kv_role": "kv_both",
+        "kv_load_failure_policy": policy,
+        "kv_connector_extra_config": {"cpu_bytes_to_use": 8 << 20, **extra},
+    }
+
+
+@pytest.fixture(scope="module")
+def expected(tiny_model):
+    """Greedy tokens of every prompt set without any connector."""
+    with in_process_llm(tiny_model) as llm:
+        return {"distinct": greedy_tokens(llm, DISTINCT), "shared": greedy_tokens(llm, SHARED)}
+
+
+def assert_no_leaks(llm) -> None:
+    offload = scheduler_connector(llm).scheduler
+    assert offload.leases.active() == []
+    assert offload.requests == {}
+    assert offload._stores == {}
+    assert leaked_device_blocks(llm) == 0
+    assert worker_connector(llm).worker._pending == {}
+
+
+def wait_for_stores(llm) -> None:
+    """Stores commit a step or two after the forward: step the idle engine until they have."""
+    offload = scheduler_connector(llm).scheduler
+    for _ in range(50):
+        if not offload._stores:
+            return
+        llm.llm_engine.step()
+    raise AssertionError(f"stores never committed: {offload._stores}")
+
+
+def test_hits_after_prefix_cache_reset_give_the_same_tokens(tiny_model, expected, spans):
+    with in_process_llm(tiny_model, offload_config()) as llm:
+        first = greedy_tokens(llm, DISTINCT)
+        wait_for_stores(llm)
+        llm.reset_prefix_cache()
+        second = greedy_tokens(llm, DISTINCT)
+        stats = scheduler_connector(llm).scheduler.stats
+        assert_no_leaks(llm)
+    assert token_mismatches(expected["distinct"], first) == []
+    assert token_mismatches(expected["distinct"], second) == []
+    assert stats["hit_tokens"] >= 64 * len(DISTINCT)
+    assert stats["loaded_blocks"] >= 2 * len(DISTINCT)
+    loads = [s for s in spans() if s.name == names.SPAN_TRANSFER
+             and s.attributes[names.TRANSFER_DIRECTION] == "load"]  # fmt: skip
+    assert len(loads) == len(DISTINCT) and all(s.attributes[names.TRANSFER_OK] for s in loads)
+
+
+def test_a_pool_too_small_evicts_and_stays_correct(tiny_model, expected):
+    # 2 layers x 32 tokens x 2 KV heads x 64 values x 2 bytes = 16 KiB a block: room for 5.
+    with in_process_llm(tiny_model, offload_config(cpu_bytes_to_use=5 * 16384)) as llm:
+        greedy_tokens(llm, DISTINCT)
+        wait_for_stores(llm)
+        llm.reset_prefix_cache()
+        again = greedy_tokens(llm, DISTINCT)
+        pool = scheduler_connector(llm).scheduler.pool
+        assert pool.num_blocks == 5
+        assert pool._counters.evicted_blocks > 0
+        assert_no_leaks(llm)
+    assert token_mismatches(expected["distinct"], again) == []
+
+
+def test_concurrent_requests_sharing_a_prefix(tiny_model, expected):
+    with in_process_llm(tiny_model, offload_config()) as llm:
+        greedy_tokens(llm, SHARED[:1])
+        wait_for_stores(llm)
+        llm.reset_prefix_cache()
+        together = greedy_tokens(llm, SHARED)
+        assert scheduler_connector(llm).scheduler.stats["hit_tokens"] > 0
+        assert_no_leaks(llm)
+    assert token_mismatches(expected["shared"], together) == []
+
+
+def test_failed_loads_are_recomputed(tiny_model, expected, spans):
+    config = offload_config(faults={"fail_load_every": 2})
+    with in_process_llm(tiny_model, config) as llm:
+        greedy_tokens(llm, DISTINCT)
+        wait_for_stores(llm)
+        llm.reset_prefix_cache()
+        again = greedy_tokens(llm, DISTINCT)
+        assert scheduler_connector(llm).scheduler.stats["failed_loads"] >= 1
+        assert_no_leaks(llm)
+    assert token_mismatches(expected["distinct"], again) == []
+    failures = [
+        e.attributes for s in spans() for e in s.events if e.name == names.EVENT_LOAD_FAILED
+    ]
+    assert any(f[names.FAILURE_CAUSE].startswith("InjectedFault") for f in failures)
+    assert any(f.get(names.FAILURE_POLICY) == "recompute" for f in failures)
+
+
+def test_failed_loads_fail_the_request_under_fail_policy(tiny_model):
+    config = offload_config("fail", faults={"fail_load_every": 1})
+    with in_process_llm(tiny_model, config) as llm:
+        greedy_tokens(llm, DISTINCT[:1])
+        wait_for_stores(llm)
+        llm.reset_prefix_cache()
+        outputs = llm.generate(DISTINCT[:1], greedy_params(8), use_tqdm=False)
+        assert outputs[0].outputs[0].finish_reason == "error"
+        assert_no_leaks(llm)
+
+
+def test_eviction_of_a_leased_block_is_refused_and_the_hit_served(tiny_model, expected, spans):
+    with in_process_llm(tiny_model, offload_config(faults={"evict_leased": True})) as llm:
+        greedy_tokens(llm, DISTINCT)
+        wait_for_stores(llm)
+        llm.reset_prefix_cache()
+        again = greedy_tokens(llm, DISTINCT)
+        offload = scheduler_connector(llm).scheduler
+        assert offload.pool.eviction_refused >= 2 * len(DISTINCT)
+        assert offload.stats["loaded_blocks"] >= 2 * len(DISTINCT)
+        assert_no_leaks(llm)
+    assert token_mismatches(expected["distinct"], again) == []
+    refused = [e for s in spans() for e in s.events if e.name == names.EVENT_EVICTION_REFUSED]
+    assert refused
