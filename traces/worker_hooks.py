@@ -113,9 +113,7 @@ class WorkerHooks:
     def _report_finished(self, sending, recving, failed) -> None:
         for req_id in recving:
             outcome = "failed" if req_id in failed else "ok"
-            self._work.request_event(
-                req_id, "transfer_complete", **{names.LOAD_OUTCOME: outcome}
-            )
+            self._work.request_event(req_id, "transfer_complete", **{names.LOAD_OUTCOME: outcome})
         for req_id in sending:
             self._work.request_event(req_id, "send_complete")
 

@@ -32,7 +32,7 @@ class TransportConfig:
     """Timeouts and polling pace."""
 
     transfer_timeout_s: float = 30.0  # a hung peer leaves a READ in PROC forever without this
-    busy_interval_s: float = 0.001
+    busy_interval_s: float = 0.0005
     idle_interval_s: float = 0.02
     hot_after_activity_s: float = 1.0  # more reads usually follow a handshake, read or notif
 

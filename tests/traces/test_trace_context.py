@@ -10,10 +10,10 @@ import pytest
 
 from kvscope.demo.engine import engine_env, in_process_llm
 from kvscope.demo.oracle import greedy_params
+from kvscope.demo.prompts import DISTINCT
 from kvscope.demo.quickstart import traced_example_config
 from kvscope.traces import names
 from kvscope.traces.sdk.otlp_json import read_spans_file
-from kvscope.demo.prompts import DISTINCT
 
 pytestmark = pytest.mark.engine
 

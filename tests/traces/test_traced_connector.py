@@ -6,9 +6,9 @@ import pytest
 
 from kvscope.demo.engine import in_process_llm
 from kvscope.demo.oracle import greedy_tokens, token_mismatches
+from kvscope.demo.prompts import DISTINCT
 from kvscope.demo.quickstart import traced_example_config
 from kvscope.traces import names
-from kvscope.demo.prompts import DISTINCT
 
 pytestmark = pytest.mark.engine
 HOOK = names.SPAN_HOOK_PREFIX

@@ -1,4 +1,4 @@
-"""CPU offload connector in a real CPU engine: greedy tokens equal no connector, whatever happened."""
+"""CPU offload connector in a real CPU engine: greedy tokens equal no connector, come what may."""
 
 import pytest
 
