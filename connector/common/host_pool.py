@@ -59,6 +59,7 @@ class Reservation:
     host_block_ids: list[int] = field(default_factory=list)
     already_present: list[bytes] = field(default_factory=list)
     evicted_keys: list[bytes] = field(default_factory=list)
+    evicted_host_block_ids: list[int] = field(default_factory=list)  # parallel to evicted_keys
     refused: int = 0  # keys that got no host block because none was free or evictable
 
 
@@ -141,7 +142,7 @@ class HostBlockPool:
             if block_key in self._host_block_of:
                 reservation.already_present.append(block_key)
                 continue
-            host_block_id = self._take_block(reservation.evicted_keys)
+            host_block_id = self._take_block(reservation)
             if host_block_id is None:
                 missing = [k for k in block_keys[index:] if k not in self._host_block_of]
                 reservation.refused = len(missing)
@@ -214,13 +215,14 @@ class HostBlockPool:
 
     # Helpers
 
-    def _take_block(self, evicted_keys: list[bytes]) -> int | None:
+    def _take_block(self, reservation: Reservation) -> int | None:
         if self._free_ids:
             return heapq.heappop(self._free_ids)
         if not self._lru:
             return None
         host_block_id, _ = self._lru.popitem(last=False)
-        evicted_keys.append(self._keys[host_block_id])
+        reservation.evicted_keys.append(self._keys[host_block_id])
+        reservation.evicted_host_block_ids.append(host_block_id)
         self._forget(host_block_id)
         self._counters.evicted_blocks += 1
         return host_block_id

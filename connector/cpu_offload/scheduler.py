@@ -147,16 +147,17 @@ class OffloadScheduler:
         state.next_block_to_store = full
         keys = self.namespace.block_keys(request.block_hashes[first:full])
         reservation = self.pool.reserve(keys)
-        for key in reservation.evicted_keys:
-            add_event(names.EVENT_BLOCK_EVICTED, **{names.BLOCK_HASHES: [compact_hash(key)],
-                                                    names.BLOCK_TIER: "host"})  # fmt: skip
+        if reservation.evicted_keys:
+            add_event(names.EVENT_BLOCK_EVICTED, **self._blocks_attributes(
+                reservation.evicted_host_block_ids, reservation.evicted_keys))  # fmt: skip
         if not reservation.host_block_ids:
             return None
         device_ids = kv_cache_manager.get_block_ids(req_id)[0]
         position = {key: first + i for i, key in enumerate(keys)}
         device = tuple(device_ids[position[key]] for key in reservation.block_keys)
         store_id = next(self._store_ids)
-        self._stores[store_id] = (req_id, list(reservation.host_block_ids))
+        self._stores[store_id] = (req_id, list(reservation.host_block_ids),
+                                  list(reservation.block_keys))  # fmt: skip
         state.stores_in_flight.add(store_id)
         return BlockTransfer(req_id, device, tuple(reservation.host_block_ids), store_id)
 
@@ -189,14 +190,14 @@ class OffloadScheduler:
             self._end_load(req_id, failed=req_id in failed_loads)
 
     def _end_store(self, store_id: int, committed: bool) -> None:
-        req_id, host_block_ids = self._stores.pop(store_id, (None, []))
+        req_id, host_block_ids, keys = self._stores.pop(store_id, (None, [], []))
         if req_id is None:
             return
         (self.pool.commit if committed else self.pool.abort)(host_block_ids)
         if committed:
             self.stats["stored_blocks"] += len(host_block_ids)
-            add_event(names.EVENT_BLOCK_STORED, **{names.REQUEST_ID: req_id,
-                      names.HOST_BLOCK_IDS: host_block_ids, names.BLOCK_TIER: "host"})  # fmt: skip
+            add_event(names.EVENT_BLOCK_STORED, **{names.REQUEST_ID: req_id},
+                      **self._blocks_attributes(host_block_ids, keys))  # fmt: skip
         state = self.requests.get(req_id)
         if state is not None:
             state.stores_in_flight.discard(store_id)
@@ -248,8 +249,17 @@ class OffloadScheduler:
                       **{names.LEASE_OUTCOME: outcome})  # fmt: skip
 
     @staticmethod
-    def _lease_attributes(lease: Lease) -> dict[str, Any]:
+    def _blocks_attributes(host_block_ids: list[int], keys: list[bytes]) -> dict[str, Any]:
         return {
+            names.HOST_BLOCK_IDS: list(host_block_ids),
+            names.BLOCK_HASHES: [compact_hash(key) for key in keys],
+            names.BLOCK_COUNT: len(host_block_ids),
+            names.BLOCK_TIER: "host",
+        }
+
+    def _lease_attributes(self, lease: Lease) -> dict[str, Any]:
+        return {
+            names.LEASE_TIMEOUT_S: self.leases.timeout_s,
             names.LEASE_ID: lease.lease_id,
             names.LEASE_HOLDER: lease.req_id,
             names.HOST_BLOCK_IDS: list(lease.host_block_ids),
