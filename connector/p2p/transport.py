@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from nixl._api import nixl_agent, nixl_agent_config
 
 from kvscope.connector.p2p.layout import BlockMapping, KVLayout, check_compatible
+from kvscope.connector.p2p.nixl_agent import as_str, new_agent, register_layout, try_cleanup
+from kvscope.connector.p2p.notif_inbox import NotifInbox
 from kvscope.connector.p2p.poller import ProgressPoller
 from kvscope.connector.p2p.results import (
     PeerNotif,
@@ -32,7 +31,7 @@ class TransportConfig:
     """Timeouts and polling pace."""
 
     transfer_timeout_s: float = 30.0  # a hung peer leaves a READ in PROC forever without this
-    busy_interval_s: float = 0.0005
+    busy_interval_s: float = 0.001
     idle_interval_s: float = 0.02
     hot_after_activity_s: float = 1.0  # more reads usually follow a handshake, read or notif
 
@@ -71,23 +70,13 @@ class NixlTransport:
         self.layout = KVLayout.from_layer_tensors(engine_id, kv_caches, tp_rank, tp_size, kv_layout)
         self._kv_caches = dict(kv_caches)  # registered memory must outlive the agent's use of it
         self.config = config or TransportConfig()
-        # Unique per process start: loading bad metadata under a name poisons that name in peers.
-        self.agent_name = f"kvscope-{engine_id}-tp{tp_rank}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._lock = threading.Condition()  # NIXL calls and our state; agent sync mode is NONE
-        agent_config = nixl_agent_config(enable_prog_thread=False, backends=["UCX"])
-        self._agent = nixl_agent(self.agent_name, agent_config)
-        mem = self.layout.memory_kind
-        regions = [(a, n, self.layout.device_id, "") for a, n in self.layout.registration_regions()]
-        self._registered = self._agent.register_memory(regions, mem)
-        self._local_dlist = self._agent.prep_xfer_dlist(
-            "NIXL_INIT_AGENT", self.layout.descriptor_array(), mem
-        )
+        self._agent, self.agent_name = new_agent(engine_id, tp_rank)
+        self._registered, self._local_dlist = register_layout(self._agent, self.layout)
         self._peers: dict[str, _Peer] = {}
         self._inflight: dict[int, _Inflight] = {}
         self._results: dict[int, TransferResult] = {}
-        self._notifs: list[PeerNotif] = []
-        self._expected_reads: dict[bytes, float] = {}  # notif message -> monotonic deadline
-        self._expired_reads: list[bytes] = []
+        self._inbox = NotifInbox()
         self._unreleased: list[Any] = []  # xfer handles NIXL could not cancel yet
         self._next_xfer_id = 0
         self._closed = False
@@ -110,7 +99,7 @@ class NixlTransport:
         with self._lock:
             self._check_open()
             try:
-                name = _as_str(self._agent.add_remote_agent(agent_metadata))
+                name = as_str(self._agent.add_remote_agent(agent_metadata))
                 if name == self.agent_name:
                     raise PeerRejectedError("the peer's metadata is our own agent's")
                 if name in self._peers:
@@ -135,8 +124,8 @@ class NixlTransport:
         with self._lock:
             removed = self._peers.pop(peer, None)
             if removed is not None:
-                _try(self._agent.release_dlist_handle, removed.remote_dlist)
-                _try(self._agent.remove_remote_agent, peer)
+                try_cleanup(self._agent.release_dlist_handle, removed.remote_dlist)
+                try_cleanup(self._agent.remove_remote_agent, peer)
 
     def expect_activity(self, seconds: float) -> None:
         """Poll fast for a while: a peer handshook and will connect or read soon."""
@@ -221,20 +210,18 @@ class NixlTransport:
     def expect_remote_read(self, notif_msg: bytes, timeout_s: float) -> None:
         """A peer should read our blocks and notify `notif_msg` within timeout_s: poll fast."""
         with self._lock:
-            self._expected_reads[notif_msg] = time.monotonic() + timeout_s
+            self._inbox.expect(notif_msg, time.monotonic() + timeout_s)
         self._poller.wake()
 
     def get_notifs(self) -> list[PeerNotif]:
         """Notifications received since the last call (peers' completed reads)."""
         with self._lock:
-            notifs, self._notifs = self._notifs, []
-            return notifs
+            return self._inbox.take_received()
 
     def expired_remote_reads(self) -> list[bytes]:
         """Expected reads whose notification did not come in time (free their blocks)."""
         with self._lock:
-            expired, self._expired_reads = self._expired_reads, []
-            return expired
+            return self._inbox.take_expired()
 
     def send_notif(self, peer: str, message: bytes) -> None:
         """Send a standalone notification, e.g. 'abort: free the blocks of request X'."""
@@ -256,12 +243,9 @@ class NixlTransport:
             now = time.monotonic()
             for xfer in list(self._inflight.values()):
                 self._check(xfer, now)
-            for message, deadline in list(self._expected_reads.items()):
-                if now > deadline:
-                    del self._expected_reads[message]
-                    self._expired_reads.append(message)
-            self._unreleased = [h for h in self._unreleased if not _try(h.release)]
-            return bool(self._inflight or self._expected_reads)
+            self._inbox.expire(now)
+            self._unreleased = [h for h in self._unreleased if not try_cleanup(h.release)]
+            return bool(self._inflight) or self._inbox.waiting
 
     def _collect_notifs(self) -> None:
         try:
@@ -271,8 +255,7 @@ class NixlTransport:
             return
         for peer, messages in notifs.items():
             for message in messages:
-                self._notifs.append(PeerNotif(_as_str(peer), message))
-                self._expected_reads.pop(message, None)
+                self._inbox.receive(as_str(peer), message)
         if notifs:
             self._poller.keep_hot(self.config.hot_after_activity_s)
 
@@ -296,7 +279,7 @@ class NixlTransport:
     def _finish(self, xfer: _Inflight, cause: str) -> None:
         """Record the result and release the NIXL handle (cancelling the read if still running)."""
         self._inflight.pop(xfer.xfer_id, None)
-        if xfer.handle is not None and not _try(xfer.handle.release):
+        if xfer.handle is not None and not try_cleanup(xfer.handle.release):
             self._unreleased.append(xfer.handle)
         duration_s = time.monotonic() - xfer.started if xfer.started else 0.0
         self._results[xfer.xfer_id] = TransferResult(
@@ -322,26 +305,11 @@ class NixlTransport:
             self._closed = True
             for peer in list(self._peers):
                 self.remove_peer(peer)
-            _try(self._agent.release_dlist_handle, self._local_dlist)
-            _try(self._agent.deregister_memory, self._registered)
+            try_cleanup(self._agent.release_dlist_handle, self._local_dlist)
+            try_cleanup(self._agent.deregister_memory, self._registered)
 
     def __enter__(self) -> NixlTransport:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-def _as_str(name: str | bytes) -> str:
-    """NIXL returns agent names as bytes from some calls and str from others."""
-    return name.decode() if isinstance(name, bytes) else name
-
-
-def _try(call: Any, *args: Any) -> bool:
-    """Run a NIXL clean-up call; False (logged) if it failed, so clean-up goes on."""
-    try:
-        call(*args)
-        return True
-    except Exception as exc:
-        logger.warning("p2p: NIXL clean-up %s failed: %s", getattr(call, "__name__", call), exc)
-        return False
