@@ -27,6 +27,29 @@ def _demo(args: argparse.Namespace) -> int:
     return run_quickstart(Path(args.model) if args.model else None, args.prompts)
 
 
+def _backend(args: argparse.Namespace) -> int:
+    import os
+
+    if args.database_url:
+        os.environ["DATABASE_URL"] = args.database_url
+    from kvscope.backend.server import run
+
+    run(host=args.host, port=args.port)
+    return 0
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from kvscope.demo.replay import RECORDINGS, replay
+
+    path = Path(args.recording) if args.recording else RECORDINGS / "demo.jsonl.gz"
+    if not path.is_file():
+        print(f"no recording at {path}: record one with KVSCOPE_TRACES_FILE=...", file=sys.stderr)
+        return 2
+    sent = replay(path, args.backend, args.token, args.speed)
+    print(f"replayed {sent} batches from {path} into {args.backend}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from kvscope.model.shapes import SHAPES
 
@@ -51,6 +74,18 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--model", help="model folder (default: the tiny model)")
     demo.add_argument("--prompts", type=int, default=4, help="number of prompts")
     demo.set_defaults(handler=_demo)
+    backend = commands.add_parser("backend", help="serve the OTLP backend (REST, WebSocket)")
+    backend.add_argument("--host", help="bind address (default KVSCOPE_BACKEND_HOST, 127.0.0.1)")
+    backend.add_argument("--port", type=int, help="port (default KVSCOPE_BACKEND_PORT, 4318)")
+    backend.add_argument("--database-url", help="SQLAlchemy URL (default DATABASE_URL, SQLite)")
+    backend.set_defaults(handler=_backend)
+
+    replay = commands.add_parser("replay", help="feed recorded spans into a running backend")
+    replay.add_argument("recording", nargs="?", help="OTLP/JSON lines (default: the demo's)")
+    replay.add_argument("--backend", default="http://127.0.0.1:4318", help="backend URL")
+    replay.add_argument("--token", help="bearer token, if the backend wants one")
+    replay.add_argument("--speed", type=float, default=0.0, help="batches per second (0: fast)")
+    replay.set_defaults(handler=_replay)
     return parser
 
 

@@ -27,3 +27,19 @@ def leaked_device_blocks(llm: Any) -> int:
     block_pool = engine_scheduler(llm).kv_cache_manager.block_pool
     # One block is vLLM's permanent null block.
     return block_pool.num_gpu_blocks - 1 - block_pool.get_num_free_blocks()
+
+
+def offload_state(llm: Any) -> dict:
+    """The CPU offload connector's own view: committed host blocks and active leases."""
+    from kvscope.connector.common.host_pool import BlockState
+    from kvscope.traces.attributes import compact_hash
+
+    offload = scheduler_connector(llm).scheduler
+    pool = offload.pool
+    stored = {
+        host_block_id: compact_hash(pool.key_of(host_block_id))
+        for host_block_id in range(pool.num_blocks)
+        if pool.key_of(host_block_id) is not None
+        and pool.state_of(pool.key_of(host_block_id)) is BlockState.COMMITTED
+    }
+    return {"stored": stored, "leases": [lease.lease_id for lease in offload.leases.active()]}

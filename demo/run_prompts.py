@@ -21,6 +21,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--passes", type=int, default=1, help="runs, prefix cache reset between")
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--executor", default=None, help="vLLM distributed_executor_backend")
+    parser.add_argument(
+        "--dump-offload-state",
+        action="store_true",
+        help="print the offload pool's state (in-process)",
+    )
     args = parser.parse_args(argv)
 
     from kvscope.demo.engine import ENGINE_ENV, in_process_llm
@@ -30,10 +35,17 @@ def main(argv: list[str] | None = None) -> int:
     overrides = {"distributed_executor_backend": args.executor} if args.executor else {}
     config = json.loads(args.kv_transfer_config)
     results = []
+    state = None
     with in_process_llm(args.model, config, **overrides) as llm:
         for _ in range(args.passes):
             results.append(greedy_tokens(llm, args.prompts, args.max_tokens))
             llm.reset_prefix_cache()
+        if args.dump_offload_state:
+            from kvscope.demo.inspect import offload_state
+
+            for _ in range(5):  # let the last stores commit
+                llm.llm_engine.step()
+            state = offload_state(llm)
     from dataclasses import asdict
 
     from kvscope.traces.sdk.configure import export_counters, flush
@@ -41,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     flush(timeout_s=5)
     print(json.dumps(results), flush=True)
     print(json.dumps({"telemetry": asdict(export_counters())}), flush=True)
+    if state is not None:
+        print(json.dumps({"offload_state": state}), flush=True)
     return 0
 
 

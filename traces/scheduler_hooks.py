@@ -72,7 +72,8 @@ class SchedulerHooks:
         sending = connector_output.finished_sending or set()
         recving = connector_output.finished_recving or set()
         invalid = connector_output.invalid_block_ids or set()
-        if not (sending or recving or invalid) and not self._trace_quiet_hooks:
+        worker_meta = connector_output.kv_connector_worker_meta
+        if not (sending or recving or invalid or worker_meta) and not self._trace_quiet_hooks:
             return self._inner.update_connector_output(connector_output)
         self._sched.note_loaded(set(recving))
         with self._spans.hook(

@@ -3,6 +3,7 @@
 import logging
 import os
 import threading
+import time
 import uuid
 
 from opentelemetry import trace
@@ -18,7 +19,10 @@ from kvscope.traces.sdk.settings import Destination, TracingSettings
 logger = logging.getLogger(__name__)
 _lock = threading.Lock()
 _processors: list[BoundedBatchProcessor] = []
+_sequence: SequenceProcessor | None = None
 _configured = False
+TELEMETRY_INTERVAL_S = float(os.environ.get("KVSCOPE_TELEMETRY_INTERVAL_S", 10))
+"""How often a process reports its span counts in a kvscope.telemetry span."""
 
 
 def make_exporter(destination: Destination) -> SpanExporter:
@@ -59,7 +63,7 @@ def configure_tracing(
     when tracing is disabled, nothing would receive spans, or it already ran: set-up twice is
     harmless.
     """
-    global _configured
+    global _configured, _sequence
     settings = settings or TracingSettings.from_env()
     with _lock:
         if _configured or not settings.enabled:
@@ -74,12 +78,23 @@ def configure_tracing(
                 resource=_resource(settings, service_name, origin, attributes)
             )
             trace.set_tracer_provider(provider)
-        provider.add_span_processor(SequenceProcessor(origin))
+        _sequence = SequenceProcessor(origin)
+        provider.add_span_processor(_sequence)
         for exporter in exporters:
             provider.add_span_processor(_batch(exporter, settings))
         _configured = True
+        threading.Thread(target=_report_telemetry, name="kvscope-telemetry", daemon=True).start()
         logger.info("kvscope tracing to %s", [type(e).__name__ for e in exporters])
         return True
+
+
+def add_exporter(exporter: SpanExporter, settings: TracingSettings | None = None) -> bool:
+    """Sends this process's spans to one more destination too (after configure_tracing)."""
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        return False
+    provider.add_span_processor(_batch(exporter, settings or TracingSettings.from_env()))
+    return True
 
 
 def _resource(
@@ -112,7 +127,25 @@ def export_counters() -> ExportCounters:
     return total
 
 
+def emit_telemetry() -> None:
+    """A kvscope.telemetry span: spans ended so far here, and spans lost on any destination."""
+    if _sequence is None:
+        return
+    tracer = trace.get_tracer(names.INSTRUMENTATION_NAME)
+    # Counted before this span ends, so a receiver compares like with like.
+    emitted, dropped = _sequence.ended + 1, export_counters().dropped
+    attributes = {names.SPANS_EMITTED: emitted, names.SPANS_DROPPED: dropped}
+    tracer.start_span(names.SPAN_TELEMETRY, attributes=attributes).end()
+
+
+def _report_telemetry() -> None:
+    while True:
+        time.sleep(TELEMETRY_INTERVAL_S)
+        emit_telemetry()
+
+
 def flush(timeout_s: float = 10) -> bool:
-    """Exports what is queued; for tests and clean shutdown."""
+    """Reports telemetry, then exports what is queued; for tests and clean shutdown."""
+    emit_telemetry()
     provider = trace.get_tracer_provider()
     return isinstance(provider, TracerProvider) and provider.force_flush(int(timeout_s * 1000))

@@ -22,9 +22,13 @@ class SequenceProcessor(SpanProcessor):
     def __init__(self, origin: str) -> None:
         self._next = itertools.count()
         self._origin = origin
+        self.ended = 0
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         span.set_attributes({names.SEQ: next(self._next), names.SEQ_ORIGIN: self._origin})
+
+    def on_end(self, span: ReadableSpan) -> None:
+        self.ended += 1
 
 
 @dataclass
