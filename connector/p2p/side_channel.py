@@ -168,6 +168,8 @@ class SideChannelServer:
             with conn:
                 conn.settimeout(self._io_timeout_s)
                 conn.sendall(encode_frame(self._answer(conn)))
+                conn.shutdown(socket.SHUT_WR)
+                _drain(conn)
         except Exception as exc:  # a client that vanished or stalled must not stop the server
             logger.debug("side channel: dropped a connection: %s", exc)
         finally:
@@ -186,6 +188,14 @@ class SideChannelServer:
             self._on_request()
         self.requests_served += 1
         return info.to_frame()
+
+
+def _drain(conn: socket.socket, limit: int = 64 * 1024) -> None:
+    """Read what the client still sends: closing with unread input resets the connection,
+    which can destroy our answer (e.g. the error for a garbage request) before it is read."""
+    drained = 0
+    while drained < limit and (chunk := conn.recv(16 * 1024)):
+        drained += len(chunk)
 
 
 def _tp_rank_of(header: dict[str, Any]) -> int:
