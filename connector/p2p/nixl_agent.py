@@ -45,3 +45,12 @@ def try_cleanup(call: Any, *args: Any) -> bool:
     except Exception as exc:
         logger.warning("p2p: NIXL clean-up %s failed: %s", getattr(call, "__name__", call), exc)
         return False
+
+
+def release_quietly(handle: Any) -> bool:
+    """Retry releasing a transfer NIXL could not cancel before; silent, as it runs every step."""
+    try:
+        handle.release()
+        return True
+    except Exception:
+        return False

@@ -11,7 +11,13 @@ from typing import Any
 import torch
 
 from kvscope.connector.p2p.layout import BlockMapping, KVLayout, check_compatible
-from kvscope.connector.p2p.nixl_agent import as_str, new_agent, register_layout, try_cleanup
+from kvscope.connector.p2p.nixl_agent import (
+    as_str,
+    new_agent,
+    register_layout,
+    release_quietly,
+    try_cleanup,
+)
 from kvscope.connector.p2p.notif_inbox import NotifInbox
 from kvscope.connector.p2p.poller import ProgressPoller
 from kvscope.connector.p2p.results import (
@@ -244,7 +250,7 @@ class NixlTransport:
             for xfer in list(self._inflight.values()):
                 self._check(xfer, now)
             self._inbox.expire(now)
-            self._unreleased = [h for h in self._unreleased if not try_cleanup(h.release)]
+            self._unreleased = [h for h in self._unreleased if not release_quietly(h)]
             return bool(self._inflight) or self._inbox.waiting
 
     def _collect_notifs(self) -> None:
