@@ -17,6 +17,8 @@ from typing import Any, Final
 
 import torch
 
+from kvscope.connector.p2p.layout import KV_LAYOUT_CPU
+
 READY: Final = "KVSCOPE_PEER_READY"
 """Prefix of the line the child prints once it serves; stdout also carries NIXL's own logs."""
 REPLY: Final = "KVSCOPE_PEER_REPLY"
@@ -25,22 +27,26 @@ REPLY: Final = "KVSCOPE_PEER_REPLY"
 
 @dataclass(frozen=True)
 class FakeKVShape:
-    """A small model's KV cache on vLLM's CPU platform."""
+    """A small model's KV cache, in vLLM's CPU layout unless told the CUDA one (kept in DRAM)."""
 
     num_layers: int = 4
     num_blocks: int = 64
     num_kv_heads: int = 2
     block_size: int = 32
     head_dim: int = 32
+    kv_layout: str = KV_LAYOUT_CPU
 
     def to_args(self) -> list[str]:
         return [f"--{k.replace('_', '-')}={v}" for k, v in self.__dict__.items()]
 
 
 def make_fake_kv_caches(shape: FakeKVShape, seed: int | None) -> dict[str, torch.Tensor]:
-    """Per-layer bf16 views of one storage, like vLLM's CPU KV cache; random bits if seeded."""
-    block = (shape.num_kv_heads, shape.block_size, 2 * shape.head_dim)
-    full = (shape.num_layers, shape.num_blocks, *block)
+    """Per-layer bf16 views of one storage, like vLLM's KV cache; random bits if seeded."""
+    if shape.kv_layout == KV_LAYOUT_CPU:
+        layer = (shape.num_blocks, shape.num_kv_heads, shape.block_size, 2 * shape.head_dim)
+    else:
+        layer = (2, shape.num_blocks, shape.block_size, shape.num_kv_heads, shape.head_dim)
+    full = (shape.num_layers, *layer)
     if seed is None:
         storage = torch.zeros(full, dtype=torch.bfloat16)
     else:
@@ -55,13 +61,13 @@ def _serve(args: argparse.Namespace) -> None:
     from kvscope.connector.p2p.side_channel import SideChannelServer
     from kvscope.connector.p2p.transport import NixlTransport
 
-    shape = FakeKVShape(args.num_layers, args.num_blocks, args.num_kv_heads, args.block_size,
-                        args.head_dim)  # fmt: skip
+    shape = FakeKVShape(**{name: getattr(args, name) for name in FakeKVShape().__dict__})
     kv_caches = make_fake_kv_caches(shape, args.seed)
     if args.raw:
-        agent_name, server = _serve_raw(args.engine_id, kv_caches, args.port)
+        # raw_agent is unused but referenced: the agent must live while we serve.
+        raw_agent, agent_name, server = _serve_raw(args.engine_id, kv_caches, shape, args.port)
     else:
-        transport = NixlTransport(args.engine_id, kv_caches)
+        transport = NixlTransport(args.engine_id, kv_caches, kv_layout=shape.kv_layout)
         server = SideChannelServer(
             port=args.port, on_request=lambda: transport.expect_activity(1.0)
         )
@@ -87,22 +93,23 @@ def _run_command(transport: Any, command: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
-def _serve_raw(engine_id: str, kv_caches: dict[str, torch.Tensor], port: int) -> tuple[str, Any]:
+def _serve_raw(
+    engine_id: str, kv_caches: dict[str, torch.Tensor], shape: FakeKVShape, port: int
+) -> tuple[Any, str, Any]:
     """Plain NIXL as shipped (its own progress thread): the baseline for bench/nixl_bandwidth."""
     from nixl._api import nixl_agent
 
     from kvscope.connector.p2p.layout import KVLayout
     from kvscope.connector.p2p.side_channel import PeerInfo, SideChannelServer
 
-    layout = KVLayout.from_layer_tensors(engine_id, kv_caches)
+    layout = KVLayout.from_layer_tensors(engine_id, kv_caches, kv_layout=shape.kv_layout)
     agent_name = f"raw-{engine_id}-{os.getpid()}"
     agent = nixl_agent(agent_name)
     regions = [(a, n, 0, "") for a, n in layout.registration_regions()]
     agent.register_memory(regions, "DRAM")
     server = SideChannelServer(port=port)
     server.publish(PeerInfo(agent_name, agent.get_agent_metadata(), layout))
-    _serve_raw.keepalive = (agent, kv_caches)  # type: ignore[attr-defined]
-    return agent_name, server
+    return agent, agent_name, server
 
 
 class PeerProcess:
@@ -208,7 +215,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--raw", action="store_true", help="plain NIXL agent, no kvscope transport")
     for name, default in FakeKVShape().__dict__.items():
-        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=default)
+        parser.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
     os.environ.setdefault("UCX_NET_DEVICES", "lo")
     _serve(parser.parse_args())
 

@@ -8,6 +8,7 @@ import torch
 
 os.environ.setdefault("UCX_NET_DEVICES", "lo")
 
+from kvscope.connector.p2p.layout import KV_LAYOUT_CUDA  # noqa: E402
 from kvscope.connector.p2p.peer_process import (  # noqa: E402
     FakeKVShape,
     PeerProcess,
@@ -105,6 +106,26 @@ def test_incompatible_layout_is_refused_at_add_peer(owner):
             mismatched.add_peer(info.agent_metadata, info.layout)
         with pytest.raises(PeerRejectedError, match="NIXL refused the metadata"):
             mismatched.add_peer(b"garbage" * 10, mismatched.layout)
+
+
+def test_cuda_layout_moves_keys_and_values_of_every_layer():
+    """vLLM's CUDA layout (keys and values in separate planes), here in DRAM."""
+    shape = FakeKVShape(num_layers=2, num_blocks=16, kv_layout=KV_LAYOUT_CUDA)
+    owner = PeerProcess("prefill-cuda-layout", shape, seed=OWNER_SEED)
+    try:
+        local = make_fake_kv_caches(shape, seed=None)
+        with NixlTransport("decode-cuda-layout", local) as transport:
+            info = fetch_peer_info("127.0.0.1", owner.port, timeout_s=5)
+            peer = transport.add_peer(info.agent_metadata, info.layout)
+            (result,) = transport.wait([transport.read_blocks(peer, [15, 2], [0, 9])], 10)
+            assert result.ok, result.cause
+    finally:
+        owner.stop()
+    owners_kv = make_fake_kv_caches(shape, seed=OWNER_SEED)
+    for name, layer in local.items():
+        got = layer[:, [0, 9]].view(torch.int16)  # [keys/values, blocks, ...]
+        assert torch.equal(got, owners_kv[name][:, [15, 2]].view(torch.int16)), name
+        assert not layer[:, 1:9].view(torch.int16).any()
 
 
 def test_idle_agents_use_almost_no_cpu(owner, reader, owner_peer):
