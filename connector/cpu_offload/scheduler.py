@@ -26,6 +26,7 @@ class RequestState:
     lease: Lease | None = None  # a hit waiting for its load, or loading
     load_start_block: int = 0
     loading: bool = False  # the load was sent to the workers
+    load_failed: bool = False  # then vLLM recomputes: offering the hit again would loop
     next_block_to_store: int = 0
     stores_in_flight: set[int] = field(default_factory=set)
     finished: bool = False
@@ -65,7 +66,7 @@ class OffloadScheduler:
         """Longest run of the prompt's blocks in the pool after the local hit, leased."""
         req_id = str(request.request_id)
         state = self.requests.setdefault(req_id, RequestState(request))
-        if state.loading:  # vLLM asks again only after our load: nothing new to offer
+        if state.loading or state.load_failed:  # asked again after our load: nothing to offer
             return 0, False
         self._release_lease(state, outcome="superseded")  # repeated asks keep one lease
         start = num_computed_tokens // self.block_size
@@ -209,6 +210,7 @@ class OffloadScheduler:
             return
         lease = state.lease
         state.loading = False
+        state.load_failed = failed
         if lease is not None:
             self.stats["loaded_blocks"] += len(lease.host_block_ids)
             self.stats["failed_loads"] += failed

@@ -131,3 +131,34 @@ def test_eviction_of_a_leased_block_is_refused_and_the_hit_served(tiny_model, ex
     assert token_mismatches(expected["distinct"], again) == []
     refused = [e for s in spans() for e in s.events if e.name == names.EVENT_EVICTION_REFUSED]
     assert refused
+
+
+def test_a_load_past_its_timeout_is_cancelled_and_recomputed(tiny_model, expected, spans):
+    faults = {"load_delay_ms": 3000.0}
+    with in_process_llm(tiny_model, offload_config(load_timeout_s=0.3, faults=faults)) as llm:
+        greedy_tokens(llm, DISTINCT[:1])
+        wait_for_stores(llm)
+        llm.reset_prefix_cache()
+        again = greedy_tokens(llm, DISTINCT[:1])
+        assert scheduler_connector(llm).scheduler.stats["failed_loads"] == 1
+        assert_no_leaks(llm)
+    assert token_mismatches(expected["distinct"][:1], again) == []
+    causes = [e.attributes.get(names.FAILURE_CAUSE) for s in spans() for e in s.events]
+    assert "timeout" in causes
+
+
+def test_a_lease_expiring_mid_load_is_reported_and_the_load_stays_safe(tiny_model, expected, spans):
+    faults = {"load_delay_ms": 300.0}
+    config = offload_config(lease_timeout_s=0.05, faults=faults)
+    with in_process_llm(tiny_model, config) as llm:
+        greedy_tokens(llm, DISTINCT)
+        wait_for_stores(llm)
+        llm.reset_prefix_cache()
+        again = greedy_tokens(llm, DISTINCT)
+        offload = scheduler_connector(llm).scheduler
+        assert offload.leases.counters().expired >= 1
+        assert offload.pool.stats().pinned == 0
+        assert_no_leaks(llm)
+    assert token_mismatches(expected["distinct"], again) == []
+    expired = [e for s in spans() for e in s.events if e.name == names.EVENT_LEASE_EXPIRED]
+    assert expired and expired[0].attributes[names.LEASE_OUTCOME] == "expired"
