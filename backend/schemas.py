@@ -100,3 +100,14 @@ class Summary(BaseModel):
     blocks: dict[str, dict[str, int]]
     spans: int
     streams_incomplete: int
+
+
+class HitRate(BaseModel):
+    """External cache hits of one connector (and MultiConnector child) over a window."""
+
+    connector: str | None
+    child: str | None
+    requests: int
+    hit_requests: int
+    external_hit_tokens: int
+    prompt_tokens: int

@@ -11,12 +11,14 @@ from sqlmodel import Session, func, select
 from kvscope.backend import certainty
 from kvscope.backend.deps import SessionDep, SettingsDep, TokenDep
 from kvscope.backend.models import Block, Failure, Lease, Request, Span, TimelinePoint, Transfer
-from kvscope.backend.schemas import Summary
+from kvscope.backend.schemas import HitRate, Summary
 from kvscope.backend.timeline import LLM_REQUEST, TTFT_S
+from kvscope.traces import names
 
 router = APIRouter(prefix="/api/v1/stats", tags=["stats"], dependencies=[TokenDep])
 
 MAX_TTFT_SAMPLES = 10_000
+LOOKUP_HOOK = names.SPAN_HOOK_PREFIX + "get_num_new_matched_tokens"
 
 
 @router.get("/summary", response_model=Summary, summary="Counts and rates over a window")
@@ -49,6 +51,58 @@ def summary(
         ).one(),
         streams_incomplete=len({g.origin for g in certainty.gaps(session, settings.gap_grace_s)}),
     )
+
+
+@router.get(
+    "/hits", response_model=list[HitRate], summary="External hit rate per connector and child"
+)
+def hits(
+    session: SessionDep,
+    window_s: float = Query(300.0, gt=0, description="seconds back from now"),
+):
+    """Each request's last decided lookup in the window, grouped by connector and child."""
+    since_ns = time.time_ns() - int(window_s * 1e9)
+    rows = session.exec(
+        select(Span.engine_id, Span.request_id, Span.attributes)
+        .where(Span.name == LOOKUP_HOOK, Span.start_ns >= since_ns)
+        .order_by(Span.start_ns)
+        .limit(MAX_TTFT_SAMPLES)
+    ).all()
+    decided: dict[tuple, tuple] = {}
+    for engine_id, request_id, text in rows:
+        attributes = json.loads(text)
+        hit = attributes.get(names.TOKENS_EXTERNAL_HIT)
+        if isinstance(hit, int):  # None while the connector is still deciding
+            group = (attributes.get(names.CONNECTOR_NAME), attributes.get(names.CONNECTOR_CHILD))
+            decided[(engine_id, request_id, *group)] = (group, hit)
+    prompts = _prompt_tokens(session, {key[1] for key in decided})
+    totals: dict[tuple, list[int]] = {}
+    for (engine_id, request_id, *_), (group, hit) in decided.items():
+        total = totals.setdefault(group, [0, 0, 0, 0])
+        total[0] += 1
+        total[1] += hit > 0
+        total[2] += hit
+        total[3] += prompts.get((engine_id, request_id), 0)
+    return [
+        HitRate(
+            connector=connector,
+            child=child,
+            requests=n,
+            hit_requests=hit_n,
+            external_hit_tokens=tokens,
+            prompt_tokens=prompt,
+        )
+        for (connector, child), (n, hit_n, tokens, prompt) in sorted(totals.items(), key=str)
+    ]
+
+
+def _prompt_tokens(session: Session, request_ids: set) -> dict[tuple, int]:
+    rows = session.exec(
+        select(Request.engine_id, Request.request_id, Request.prompt_tokens).where(
+            Request.request_id.in_([r for r in request_ids if r is not None])
+        )
+    ).all()
+    return {(engine, req): tokens or 0 for engine, req, tokens in rows}
 
 
 def _count_by(session: Session, column, condition) -> dict[str, int]:

@@ -1,0 +1,1 @@
+"""The dashboard's pages, one file per screen, listed in kvscope.dashboard.app."""

@@ -1,0 +1,121 @@
+"""The block map: every block slot per engine and tier, colored by state, thousands at once."""
+
+import json
+
+import altair as alt
+import pandas as pd
+
+from kvscope.dashboard.charts.format import short_id
+
+# The backend counts a host block as loading exactly while a lease pins it, so one state.
+STATE_COLORS = {
+    "stored": "#4c78a8",
+    "loaded": "#54a24b",
+    "leased/loading": "#f58518",
+    "evicted": "#bab0ac",
+    "failed": "#e45756",
+}
+COLUMNS = 64
+CELL_PX = 9
+COLUMNS_OUT = [
+    "engine_id",
+    "tier",
+    "block_id",
+    "address",
+    "block_hash",
+    "state",
+    "lease_id",
+    "request_id",
+    "updated_ns",
+    "certain",
+]
+
+
+def block_frame(blocks: list[dict], failures: list[dict] = ()) -> pd.DataFrame:
+    """Blocks with the state to show: leased while a lease pins them, failed when a load
+    failure named the engine block after its last update (or it never arrived)."""
+    rows = [{name: block.get(name) for name in COLUMNS_OUT} for block in blocks]
+    for row in rows:
+        if row["lease_id"] is not None:
+            row["state"] = "leased/loading"
+    by_slot = {(r["engine_id"], r["tier"], r["block_id"]): r for r in rows}
+    for failure in failures:
+        for block_id in json.loads(failure.get("block_ids") or "[]"):
+            key = (failure["engine_id"], "device", block_id)
+            row = by_slot.get(key)
+            if row is None:
+                row = by_slot[key] = _failed_row(failure, block_id)
+                rows.append(row)
+            elif row["updated_ns"] <= failure["time_ns"]:
+                row["state"] = "failed"
+    frame = pd.DataFrame(rows, columns=COLUMNS_OUT)
+    return _place(frame)
+
+
+def _failed_row(failure: dict, block_id: int) -> dict:
+    return {
+        **dict.fromkeys(COLUMNS_OUT),
+        "engine_id": failure["engine_id"],
+        "tier": "device",
+        "block_id": block_id,
+        "address": f"id:{block_id}",
+        "state": "failed",
+        "request_id": failure.get("request_id"),
+        "updated_ns": failure["time_ns"],
+        "certain": True,
+    }
+
+
+def _place(frame: pd.DataFrame) -> pd.DataFrame:
+    """A slot keeps its cell as its state changes: cell = block id; slots known only by
+    hash go after the highest id."""
+    frame = frame.sort_values(["engine_id", "tier", "block_id", "address"], na_position="last")
+    frame = frame.reset_index(drop=True)
+    cells = []
+    for _, group in frame.groupby(["engine_id", "tier"], sort=False):
+        next_cell = int(group["block_id"].max()) + 1 if group["block_id"].notna().any() else 0
+        for block_id in group["block_id"]:
+            if pd.isna(block_id):
+                cells.append(next_cell)
+                next_cell += 1
+            else:
+                cells.append(int(block_id))
+    frame["cell"] = cells
+    frame["col"] = frame["cell"] % COLUMNS
+    frame["row"] = frame["cell"] // COLUMNS
+    frame["panel"] = [
+        f"{short_id(e)} · {t}" for e, t in zip(frame["engine_id"], frame["tier"], strict=True)
+    ]
+    return frame
+
+
+def state_counts(frame: pd.DataFrame) -> pd.DataFrame:
+    """Blocks per panel and state, every state a column, for a compact table."""
+    if frame.empty:
+        return pd.DataFrame(columns=["panel", *STATE_COLORS])
+    counts = frame.pivot_table(index="panel", columns="state", values="cell", aggfunc="count")
+    return counts.reindex(columns=list(STATE_COLORS)).fillna(0).astype(int).reset_index()
+
+
+def block_map(panel: pd.DataFrame) -> alt.Chart:
+    """One engine and tier as a grid of cells; a click selects a block ('block' selection)."""
+    rows = int(panel["row"].max()) + 1 if not panel.empty else 1
+    pick = alt.selection_point(name="block", fields=["address"], on="click", empty=False)
+    data = panel.drop(columns=["updated_ns"]).astype({"block_id": "Int64"})
+    return (
+        alt.Chart(data)
+        .mark_rect(stroke="white", strokeWidth=0.5)
+        .encode(
+            x=alt.X("col:O", axis=None),
+            y=alt.Y("row:O", axis=None),
+            color=alt.Color(
+                "state:N",
+                scale=alt.Scale(domain=list(STATE_COLORS), range=list(STATE_COLORS.values())),
+                legend=alt.Legend(orient="top", title=None),
+            ),
+            opacity=alt.condition(pick, alt.value(1.0), alt.value(0.85)),
+            tooltip=["block_id:Q", "state:N", "block_hash:N", "lease_id:N", "request_id:N"],
+        )
+        .add_params(pick)
+        .properties(width=COLUMNS * CELL_PX, height=max(rows * CELL_PX, 2 * CELL_PX))
+    )
