@@ -23,6 +23,10 @@ READY: Final = "KVSCOPE_PEER_READY"
 """Prefix of the line the child prints once it serves; stdout also carries NIXL's own logs."""
 REPLY: Final = "KVSCOPE_PEER_REPLY"
 """Prefix of the child's answers to commands."""
+RAW_PROGRESS_THREAD: Final = "progress-thread"
+"""Raw NIXL owner as shipped: NIXL's progress thread progresses it (and spins a core)."""
+RAW_POLL_1MS: Final = "poll-1ms"
+"""Raw NIXL owner without the progress thread, its agent polled by hand every millisecond."""
 
 
 @dataclass(frozen=True)
@@ -65,7 +69,7 @@ def _serve(args: argparse.Namespace) -> None:
     kv_caches = make_fake_kv_caches(shape, args.seed)
     if args.raw:
         # raw_agent is unused but referenced: the agent must live while we serve.
-        raw_agent, agent_name, server = _serve_raw(args.engine_id, kv_caches, shape, args.port)
+        raw_agent, agent_name, server = _serve_raw(args, kv_caches, shape)
     else:
         transport = NixlTransport(args.engine_id, kv_caches, kv_layout=shape.kv_layout)
         server = SideChannelServer(
@@ -94,22 +98,31 @@ def _run_command(transport: Any, command: dict[str, Any]) -> dict[str, Any]:
 
 
 def _serve_raw(
-    engine_id: str, kv_caches: dict[str, torch.Tensor], shape: FakeKVShape, port: int
+    args: argparse.Namespace, kv_caches: dict[str, torch.Tensor], shape: FakeKVShape
 ) -> tuple[Any, str, Any]:
-    """Plain NIXL as shipped (its own progress thread): the baseline for bench/nixl_bandwidth."""
-    from nixl._api import nixl_agent
+    """Plain nixl_agent calls, no kvscope transport: the baselines of bench/nixl_bandwidth."""
+    from nixl._api import nixl_agent, nixl_agent_config
 
     from kvscope.connector.p2p.layout import KVLayout
     from kvscope.connector.p2p.side_channel import PeerInfo, SideChannelServer
 
-    layout = KVLayout.from_layer_tensors(engine_id, kv_caches, kv_layout=shape.kv_layout)
-    agent_name = f"raw-{engine_id}-{os.getpid()}"
-    agent = nixl_agent(agent_name)
+    layout = KVLayout.from_layer_tensors(args.engine_id, kv_caches, kv_layout=shape.kv_layout)
+    agent_name = f"raw-{args.engine_id}-{os.getpid()}"
+    progress_thread = args.raw == RAW_PROGRESS_THREAD
+    agent = nixl_agent(agent_name, nixl_agent_config(enable_prog_thread=progress_thread))
     regions = [(a, n, 0, "") for a, n in layout.registration_regions()]
     agent.register_memory(regions, "DRAM")
-    server = SideChannelServer(port=port)
+    server = SideChannelServer(port=args.port)
     server.publish(PeerInfo(agent_name, agent.get_agent_metadata(), layout))
+    if not progress_thread:  # started last: from here on only this thread calls the agent
+        threading.Thread(target=_poll_every_ms, args=(agent,), daemon=True).start()
     return agent, agent_name, server
+
+
+def _poll_every_ms(agent: Any) -> None:
+    while True:
+        agent.get_new_notifs()
+        time.sleep(0.001)
 
 
 class PeerProcess:
@@ -120,13 +133,13 @@ class PeerProcess:
         engine_id: str = "prefill",
         shape: FakeKVShape | None = None,
         seed: int | None = 1,
-        raw: bool = False,
+        raw: str | None = None,
         start_timeout_s: float = 30.0,
     ) -> None:
         self.shape = shape or FakeKVShape()
         argv = [sys.executable, "-m", __name__, f"--engine-id={engine_id}", *self.shape.to_args()]
         argv += [f"--seed={seed}"] if seed is not None else []
-        argv += ["--raw"] if raw else []
+        argv += [f"--raw={raw}"] if raw else []
         env = {**os.environ, "UCX_NET_DEVICES": os.environ.get("UCX_NET_DEVICES", "lo")}
         self._proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -213,7 +226,9 @@ def main() -> None:
     parser.add_argument("--engine-id", default="prefill")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--raw", action="store_true", help="plain NIXL agent, no kvscope transport")
+    parser.add_argument(
+        "--raw", choices=(RAW_PROGRESS_THREAD, RAW_POLL_1MS), help="plain NIXL, no kvscope"
+    )
     for name, default in FakeKVShape().__dict__.items():
         parser.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
     os.environ.setdefault("UCX_NET_DEVICES", "lo")
