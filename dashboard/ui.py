@@ -72,8 +72,8 @@ def backend_caption() -> None:
     st.caption(f"Backend: {settings.backend_url} · refresh every {settings.refresh_s:g} s")
 
 
-def chart(figure, stretch: bool = True, **options):
+def chart(figure, stretch: bool = True, height: int | None = None, **options):
     """st.altair_chart at the height the builder chose (Streamlit ignores the spec's own)."""
-    height = figure.height if isinstance(figure.height, int) else "content"
+    height = height or (figure.height if isinstance(figure.height, int) else "content")
     width = "stretch" if stretch else "content"
     return st.altair_chart(figure, width=width, height=height, **options)

@@ -2,6 +2,7 @@
 
 import time
 
+import pandas as pd
 import streamlit as st
 
 from kvscope.dashboard import client, ui
@@ -23,6 +24,7 @@ def block_maps(frame) -> None:
         event = ui.chart(
             charts.block_map(cells),
             stretch=False,
+            height=charts.map_height(cells),
             on_select="rerun",
             selection_mode="block",
             key=panel,
@@ -52,13 +54,17 @@ def _keep_if_in(key: str, options: list) -> None:
         del st.session_state[key]
 
 
+def _text(value, empty: str = "–") -> str:
+    return empty if value is None or pd.isna(value) else str(value)
+
+
 def block_details(version: int, block) -> None:
     st.subheader(f"Block {block['address']} · {block['state']}")
     st.write(
-        f"Hash `{block['block_hash'] or '–'}` · last change {clock(block['updated_ns'])} "
-        f"by request `{block['request_id'] or '–'}` · lease `{block['lease_id'] or 'none'}`"
+        f"Hash `{_text(block['block_hash'])}` · last change {clock(int(block['updated_ns']))} "
+        f"by request `{_text(block['request_id'])}` · lease `{_text(block['lease_id'], 'none')}`"
     )
-    if block["block_id"] is None:
+    if pd.isna(block["block_id"]):
         return
     history = client.block_history(
         version, block["engine_id"], block["tier"], int(block["block_id"])

@@ -17,6 +17,8 @@ STATE_COLORS = {
 }
 COLUMNS = 64
 CELL_PX = 9
+LEGEND_PX = 100  # Streamlit counts the legend and padding in the height it is given
+MIN_ROWS = 4
 COLUMNS_OUT = [
     "engine_id",
     "tier",
@@ -97,25 +99,49 @@ def state_counts(frame: pd.DataFrame) -> pd.DataFrame:
     return counts.reindex(columns=list(STATE_COLORS)).fillna(0).astype(int).reset_index()
 
 
+def _chart_data(panel: pd.DataFrame) -> pd.DataFrame:
+    """Only what the map draws, as text: an all-empty column would reach the browser as an
+    Arrow null column, which makes Vega draw nothing at all."""
+    data = panel[["col", "row", "state", "address"]].copy()
+    for name in ("block_id", "block_hash", "lease_id", "request_id"):
+        data[name] = [("–" if pd.isna(value) else str(value)) for value in panel[name]]
+    data["block_id"] = [value.removesuffix(".0") for value in data["block_id"]]
+    return data
+
+
+def map_height(panel: pd.DataFrame) -> int:
+    """Pixels for a panel's map: its rows of cells plus the legend above them."""
+    rows = int(panel["row"].max()) + 1 if not panel.empty else 1
+    return max(rows, MIN_ROWS) * CELL_PX + LEGEND_PX
+
+
 def block_map(panel: pd.DataFrame) -> alt.Chart:
     """One engine and tier as a grid of cells; a click selects a block ('block' selection)."""
     rows = int(panel["row"].max()) + 1 if not panel.empty else 1
     pick = alt.selection_point(name="block", fields=["address"], on="click", empty=False)
-    data = panel.drop(columns=["updated_ns"]).astype({"block_id": "Int64"})
+    data = _chart_data(panel)
+    # Quantitative axes with fixed domains: every panel has the same cell size whatever
+    # slots it has (ordinal axes gave a lone block of a small panel zero height).
+    hidden = alt.Axis(labels=False, ticks=False, grid=False, domain=False, title=None)
     return (
         alt.Chart(data)
+        .transform_calculate(col_end="datum.col + 1", row_end="datum.row + 1")
         .mark_rect(stroke="white", strokeWidth=0.5)
         .encode(
-            x=alt.X("col:O", axis=None),
-            y=alt.Y("row:O", axis=None),
+            x=alt.X("col:Q", axis=hidden, scale=alt.Scale(domain=[0, COLUMNS], nice=False)),
+            x2="col_end:Q",
+            y=alt.Y(
+                "row:Q", axis=hidden, scale=alt.Scale(domain=[max(rows, MIN_ROWS), 0], nice=False)
+            ),
+            y2="row_end:Q",
             color=alt.Color(
                 "state:N",
                 scale=alt.Scale(domain=list(STATE_COLORS), range=list(STATE_COLORS.values())),
                 legend=alt.Legend(orient="top", title=None),
             ),
             opacity=alt.condition(pick, alt.value(1.0), alt.value(0.85)),
-            tooltip=["block_id:Q", "state:N", "block_hash:N", "lease_id:N", "request_id:N"],
+            tooltip=["block_id:N", "state:N", "block_hash:N", "lease_id:N", "request_id:N"],
         )
         .add_params(pick)
-        .properties(width=COLUMNS * CELL_PX, height=max(rows * CELL_PX, 2 * CELL_PX))
+        .properties(width=COLUMNS * CELL_PX, height=max(rows, MIN_ROWS) * CELL_PX)
     )

@@ -126,7 +126,7 @@ def gantt_chart(bars: pd.DataFrame, points: pd.DataFrame) -> alt.LayerChart:
         .mark_rule(strokeDash=[3, 3], color="#555")
         .encode(x="at_ms:Q", tooltip=["point:N", "at_ms:Q", "value:Q"])
     )
-    return alt.layer(marks, spans).properties(height=40 + 30 * len(lanes))
+    return alt.layer(marks, spans).properties(height=110 + 36 * len(lanes))
 
 
 def _lane_order(lane: str) -> tuple:
@@ -165,5 +165,5 @@ def ttft_chart(parts: pd.DataFrame) -> alt.Chart:
             tooltip=["part:N", "ms:Q", "from:N"],
         )
         .transform_calculate(order=f"indexof({order}, datum.part)", bar="'TTFT'")
-        .properties(height=60)
+        .properties(height=120)
     )

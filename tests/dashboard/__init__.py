@@ -1,0 +1,1 @@
+"""Tests of kvscope.dashboard: chart builders, the backend client, pages in a real browser."""
