@@ -1,0 +1,28 @@
+"""P2PConnector: the NIXL prefill/decode connector as users load it, every hook traced.
+
+kv_transfer_config = {
+    "kv_connector": "P2PConnector",
+    "kv_connector_module_path": "kvscope.connector.p2p.connector",
+    "kv_role": "kv_both",
+    "kv_load_failure_policy": "recompute",
+    "kv_connector_extra_config": {"side_channel_port": 5700, "lease_timeout_s": 30},
+}
+Other keys: side_channel_host (default 127.0.0.1), lease_margin_s, read_timeout_s,
+handshake_timeout_s (see config.P2PConfig).
+"""
+
+from typing import Any
+
+from kvscope.connector.p2p.core import P2PCore
+from kvscope.traces.instrumented import InstrumentedConnector
+
+
+class P2PConnector(InstrumentedConnector):
+    """P2PCore inside the hook-span instrumentation."""
+
+    def build_inner(self, vllm_config: Any, role: Any, kv_cache_config: Any) -> P2PCore:
+        return P2PCore(vllm_config, role, kv_cache_config)
+
+    @classmethod
+    def inner_class(cls, extra_config: dict[str, Any]) -> type[P2PCore]:
+        return P2PCore

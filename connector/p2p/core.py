@@ -1,0 +1,90 @@
+"""P2PCore: the untraced P2P connector; builds the half for its role and delegates each hook."""
+
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+
+from kvscope.connector.p2p.config import P2PConfig
+from kvscope.connector.p2p.metadata import P2PMetadata
+from kvscope.connector.p2p.scheduler import P2PScheduler
+from kvscope.connector.p2p.worker import P2PWorker
+
+
+class P2PCore(KVConnectorBase_V1):
+    """Prefill/decode over NIXL READs; use P2PConnector (traced)."""
+
+    def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any):
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        ktc = self._kv_transfer_config
+        config = P2PConfig.from_extra_config(ktc.kv_connector_extra_config)
+        if vllm_config.parallel_config.tensor_parallel_size != 1:
+            raise ValueError(
+                "the kvscope P2P connector supports tensor_parallel_size 1 only: start each"
+                " engine with --tensor-parallel-size 1"
+            )
+        engine_id = str(ktc.engine_id)
+        self.scheduler: P2PScheduler | None = None
+        self.worker: P2PWorker | None = None
+        if role == KVConnectorRole.SCHEDULER:
+            self.scheduler = P2PScheduler(config, engine_id, vllm_config.cache_config.block_size)
+        else:
+            serves = ktc.kv_role in ("kv_producer", "kv_both")
+            self.worker = P2PWorker(config, engine_id, serves)
+
+    # --- scheduler side -----------------------------------------------------------------------
+
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int):
+        return self.scheduler.lookup(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int):
+        self.scheduler.bind(request, blocks.get_block_ids()[0], num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
+        return self.scheduler.build_metadata()
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        self.scheduler.on_worker_output(
+            connector_output.kv_connector_worker_meta,
+            connector_output.finished_sending or set(),
+            connector_output.finished_recving or set(),
+        )
+
+    def request_finished(self, request: Any, block_ids: list[int]):
+        return self.scheduler.finished(request, block_ids)
+
+    # --- worker side --------------------------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
+        self.worker.register(kv_caches)
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        metadata = self._get_connector_metadata()
+        assert isinstance(metadata, P2PMetadata), type(metadata)
+        self.worker.start(metadata)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return None  # pulls are asynchronous: their requests are not in this forward
+
+    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs) -> None:
+        return None  # the decode side reads the blocks in place: nothing to save
+
+    def wait_for_save(self) -> None:
+        return None
+
+    def get_finished(self, finished_req_ids: set[str]):
+        sending, recving = self.worker.poll()
+        return sending or None, recving or None
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self.worker.take_load_errors()
+
+    def build_connector_worker_meta(self):
+        return self.worker.take_worker_meta()
+
+    def shutdown(self) -> None:
+        if self.worker is not None:
+            self.worker.shutdown()

@@ -1,0 +1,85 @@
+"""Prefill side of the worker half: blocks held for remote readers, until read or leased out."""
+
+import logging
+import time
+
+from kvscope.connector.p2p.metadata import HeldBlocks, done_notif, req_id_of_notif
+from kvscope.connector.p2p.results import PeerNotif
+from kvscope.connector.p2p.transport import NixlTransport
+from kvscope.traces import names
+from kvscope.traces.events import add_event
+
+logger = logging.getLogger(__name__)
+
+_EARLY_NOTIF_TTL_S = 600.0
+
+
+class BlockLender:
+    """Turns 'read done' notifications and expired leases into finished_sending.
+
+    The transport's poller keeps NIXL progressing (reads of our memory complete only while it
+    polls) and expires the expected reads at their lease deadline: from then on the scheduler
+    frees the blocks, and the decode side refuses any read it could not finish before.
+    """
+
+    def __init__(self, transport: NixlTransport) -> None:
+        self.transport = transport
+        self.held: dict[str, HeldBlocks] = {}
+        self._early: dict[str, float] = {}  # notified before the worker heard of the request
+        self._finished: set[str] = set()
+        self.leases_expired: set[str] = set()  # since the last take
+        self.stats = {"reads_notified": 0, "leases_expired": 0, "late_notifs": 0}
+
+    def hold(self, specs: list[HeldBlocks]) -> None:
+        for spec in specs:
+            if self._early.pop(spec.req_id, None) is not None:
+                self._finished.add(spec.req_id)  # the reader was faster than our metadata
+                continue
+            self.held[spec.req_id] = spec
+            remaining_s = max(spec.lease_deadline_unix_s - time.time(), 0.0)
+            self.transport.expect_remote_read(done_notif(spec.req_id), remaining_s)
+
+    def collect(self, notifs: list[PeerNotif], expired: list[bytes]) -> set[str]:
+        """finished_sending: requests read (or released) by their reader, or whose lease ended."""
+        for notif in notifs:
+            req_id = req_id_of_notif(notif.message)
+            if req_id is None:
+                logger.warning("p2p: ignored a notification that is not ours: %r", notif.message)
+            elif self.held.pop(req_id, None) is not None:
+                self.stats["reads_notified"] += 1
+                self._finished.add(req_id)
+            else:
+                self._early[req_id] = time.monotonic()
+        for message in expired:
+            req_id = req_id_of_notif(message)
+            if req_id is not None and (held := self.held.pop(req_id, None)) is not None:
+                self._expire(held)
+        self._forget_old_early()
+        finished, self._finished = self._finished, set()
+        return finished
+
+    def _expire(self, held: HeldBlocks) -> None:
+        self.stats["leases_expired"] += 1
+        self.leases_expired.add(held.req_id)
+        self._finished.add(held.req_id)
+        add_event(
+            names.EVENT_LEASE_EXPIRED,
+            **{
+                names.LEASE_HOLDER: held.req_id,
+                names.REQUEST_ID: held.req_id,
+                names.BLOCK_COUNT: len(held.block_ids),
+                names.FAILURE_CAUSE: "lease_expired: no reader came before the deadline",
+            },
+        )
+
+    def _forget_old_early(self) -> None:
+        """Notifications for requests we never held (a late reader after expiry) age out."""
+        now = time.monotonic()
+        for req_id, seen in list(self._early.items()):
+            if now - seen > _EARLY_NOTIF_TTL_S:
+                del self._early[req_id]
+                self.stats["late_notifs"] += 1
+
+    def take_leases_expired(self) -> set[str]:
+        expired, self.leases_expired = self.leases_expired, set()
+        return expired

@@ -1,0 +1,77 @@
+"""What the P2P scheduler half tells its workers each step, and what workers report back."""
+
+from dataclasses import dataclass, field
+from typing import Final
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorMetadata,
+    KVConnectorWorkerMetadata,
+)
+
+from kvscope.connector.p2p.params import RemotePrefill
+
+P2P_METADATA_VERSION: Final = 1
+NOTIF_PREFIX: Final = b"kvscope.p2p/1 done "
+"""A decode side's 'I read (or no longer need) your blocks of request X' notification."""
+
+
+def done_notif(remote_request_id: str) -> bytes:
+    return NOTIF_PREFIX + remote_request_id.encode()
+
+
+def req_id_of_notif(message: bytes) -> str | None:
+    """The prefill request id a notification names, or None if it is not ours."""
+    if not message.startswith(NOTIF_PREFIX):
+        return None
+    return message[len(NOTIF_PREFIX) :].decode(errors="replace")
+
+
+@dataclass(frozen=True)
+class BlockPull:
+    """Decode side: read these remote blocks into these local blocks, pairwise."""
+
+    req_id: str
+    local_block_ids: tuple[int, ...]
+    remote_block_ids: tuple[int, ...]
+    remote: RemotePrefill
+
+
+@dataclass(frozen=True)
+class BlockRelease:
+    """Decode side: tell the prefill side to free a request's blocks without reading them."""
+
+    req_id: str
+    remote: RemotePrefill
+
+
+@dataclass(frozen=True)
+class HeldBlocks:
+    """Prefill side: blocks kept for a remote reader until it notifies or the lease ends."""
+
+    req_id: str
+    block_ids: tuple[int, ...]
+    lease_deadline_unix_s: float
+
+
+@dataclass
+class P2PMetadata(KVConnectorMetadata):
+    """One step's plan for the worker."""
+
+    reqs_to_recv: list[BlockPull] = field(default_factory=list)
+    reqs_to_release: list[BlockRelease] = field(default_factory=list)
+    reqs_to_send: list[HeldBlocks] = field(default_factory=list)
+    version: int = P2P_METADATA_VERSION
+
+
+@dataclass
+class P2PWorkerMeta(KVConnectorWorkerMetadata):
+    """Why requests ended: finished_sending alone does not say whether the lease expired."""
+
+    leases_expired: set[str] = field(default_factory=set)  # prefill request ids
+    loads_failed: dict[str, str] = field(default_factory=dict)  # decode request id -> cause
+
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
+        assert isinstance(other, P2PWorkerMeta)
+        return P2PWorkerMeta(
+            self.leases_expired | other.leases_expired, {**self.loads_failed, **other.loads_failed}
+        )

@@ -1,0 +1,168 @@
+"""Decode side of the worker half: handshakes with prefill peers and READs their blocks.
+
+A read is started only before the lease deadline (less a margin) and accepted only if it was
+seen complete before that point: the prefill side frees the blocks at the deadline, so a read
+that could have overlapped the free is reported as a load error, never used.
+"""
+
+import logging
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+from kvscope.connector.p2p.config import P2PConfig
+from kvscope.connector.p2p.metadata import BlockPull, BlockRelease, done_notif
+from kvscope.connector.p2p.results import TransferResult, TransportError
+from kvscope.connector.p2p.side_channel import PeerInfo, fetch_peer_info
+from kvscope.connector.p2p.trace_spans import record_handshake
+from kvscope.connector.p2p.transport import NixlTransport
+from kvscope.traces import names
+from kvscope.traces.events import add_event, record_transfer
+
+logger = logging.getLogger(__name__)
+
+PeerKey = tuple[str, int, str]  # side-channel host, port, engine id
+
+
+@dataclass
+class _Handshake:
+    future: Future
+    started: float  # monotonic
+    waiting: list  # BlockPull | BlockRelease
+
+
+class BlockPuller:
+    """Owns the decode side's peers, handshakes and reads; reports them per poll."""
+
+    def __init__(self, transport: NixlTransport, config: P2PConfig) -> None:
+        self.transport = transport
+        self.config = config
+        self._peers: dict[PeerKey, str] = {}  # -> NIXL agent name
+        self._handshakes: dict[PeerKey, _Handshake] = {}
+        self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvscope-p2p-hs")
+        self._reads: dict[int, BlockPull] = {}  # transfer id -> pull
+        self._recving: set[str] = set()
+        self.load_errors: set[int] = set()
+        self.loads_failed: dict[str, str] = {}  # since the last take
+        self.stats = {"read_bytes": 0, "read_s": 0.0, "reads": 0, "failed_reads": 0,
+                      "handshakes": 0}  # fmt: skip
+
+    def start(self, pulls: list[BlockPull], releases: list[BlockRelease]) -> None:
+        for item in [*pulls, *releases]:
+            key = (item.remote.host, item.remote.port, item.remote.engine_id)
+            if key in self._peers:
+                self._issue(item, self._peers[key])
+            elif key in self._handshakes:
+                self._handshakes[key].waiting.append(item)
+            else:
+                self._begin_handshake(key, item)
+
+    def _begin_handshake(self, key: PeerKey, item: BlockPull | BlockRelease) -> None:
+        host, port, _ = key
+        timeout_s = min(self.config.handshake_timeout_s, max(self._time_left(item), 0.1))
+        future = self._executor.submit(fetch_peer_info, host, port, 0, timeout_s)
+        self._handshakes[key] = _Handshake(future, time.monotonic(), [item])
+
+    def poll(self) -> set[str]:
+        """finished_recving: pulls that ended (failed ones also name their blocks as errors)."""
+        for key, handshake in list(self._handshakes.items()):
+            if handshake.future.done():
+                del self._handshakes[key]
+                self._end_handshake(key, handshake)
+        for result in self.transport.poll():
+            if (pull := self._reads.pop(result.xfer_id, None)) is not None:
+                self._end_read(pull, result)
+        recving, self._recving = self._recving, set()
+        return recving
+
+    def _end_handshake(self, key: PeerKey, handshake: _Handshake) -> None:
+        first = handshake.waiting[0]
+        try:
+            info: PeerInfo = handshake.future.result()
+            if info.layout.engine_id != key[2]:
+                raise TransportError(
+                    f"side channel {key[0]}:{key[1]} serves engine {info.layout.engine_id!r},"
+                    f" not {key[2]!r}: the prefill server restarted or the port is reused"
+                )
+            agent = self.transport.add_peer(info.agent_metadata, info.layout)
+        except Exception as exc:  # SideChannelError, PeerRejectedError (layout), TransportError
+            cause = f"handshake failed: {exc}"
+            record_handshake(first.req_id, key, handshake.started, time.monotonic(), cause)
+            for item in handshake.waiting:
+                self._fail(item, cause, "peer_unreachable")
+            return
+        self.stats["handshakes"] += 1
+        record_handshake(first.req_id, key, handshake.started, time.monotonic(), None)
+        self._peers[key] = agent
+        for item in handshake.waiting:
+            self._issue(item, agent)
+
+    def _issue(self, item: BlockPull | BlockRelease, agent: str) -> None:
+        notif = done_notif(item.remote.request_id)
+        if isinstance(item, BlockRelease):
+            self.transport.read_blocks(agent, [], [], notif)  # a notification only
+            return
+        time_left_s = self._time_left(item)
+        if time_left_s <= 0:
+            self._fail(item, "lease expired before the read could start", "lease_expired")
+            return
+        timeout_s = min(self.config.read_timeout_s, time_left_s)
+        xfer_id = self.transport.read_blocks(
+            agent, list(item.remote_block_ids), list(item.local_block_ids), notif, timeout_s
+        )
+        self._reads[xfer_id] = item
+
+    def _end_read(self, pull: BlockPull, result: TransferResult) -> None:
+        cause = result.cause or None
+        if cause is None and self._time_left(pull) < 0:
+            cause = "lease expired during the read: the prefill side may have freed the blocks"
+        end = time.monotonic()
+        descriptors = len(pull.local_block_ids) * self.transport.layout.num_planes
+        record_transfer(pull.req_id, "p2p_read", result.nbytes, end - result.duration_s, end,
+                        error=cause, **{names.TRANSFER_PEER: pull.remote.engine_id,
+                        names.TRANSFER_DESCRIPTORS: descriptors,
+                        names.BLOCK_COUNT: len(pull.local_block_ids)})  # fmt: skip
+        if cause is not None:
+            kind = "lease_expired" if "lease expired" in cause else "read_failed"
+            self._forget_peer(pull)
+            self._fail(pull, cause, kind)
+            return
+        self.stats["reads"] += 1
+        self.stats["read_bytes"] += result.nbytes
+        self.stats["read_s"] += result.duration_s
+        self._recving.add(pull.req_id)
+
+    def _fail(self, item: BlockPull | BlockRelease, cause: str, kind: str) -> None:
+        logger.warning("p2p: request %s: %s", item.req_id, cause)
+        if isinstance(item, BlockRelease):
+            return  # nothing was loaded; the prefill side's lease frees its blocks
+        self.stats["failed_reads"] += 1
+        self.load_errors.update(item.local_block_ids)
+        self.loads_failed[item.req_id] = f"{kind}: {cause}"
+        self._recving.add(item.req_id)
+        add_event(names.EVENT_LOAD_FAILED, **{names.REQUEST_ID: item.req_id,
+                  names.FAILURE_CAUSE: f"{kind}: {cause}",
+                  names.BLOCK_IDS: list(item.local_block_ids),
+                  names.BLOCK_COUNT: len(item.local_block_ids)})  # fmt: skip
+
+    def _forget_peer(self, pull: BlockPull) -> None:
+        """After a failed read, the next request handshakes again (the peer may have restarted)."""
+        key = (pull.remote.host, pull.remote.port, pull.remote.engine_id)
+        if (agent := self._peers.pop(key, None)) is not None:
+            self.transport.remove_peer(agent)
+
+    def _time_left(self, item: BlockPull | BlockRelease) -> float:
+        """Seconds until the last moment a read of these blocks may end and still be trusted."""
+        deadline = item.remote.lease_deadline_unix_s - self.config.lease_margin_s
+        return deadline - time.time()
+
+    def take_load_errors(self) -> set[int]:
+        errors, self.load_errors = self.load_errors, set()
+        return errors
+
+    def take_loads_failed(self) -> dict[str, str]:
+        failed, self.loads_failed = self.loads_failed, {}
+        return failed
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)

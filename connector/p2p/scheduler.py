@@ -1,0 +1,168 @@
+"""Scheduler half of the P2P connector: which blocks to keep for a reader, which to pull.
+
+Never touches tensors. Prefill side: a finished request with do_remote_decode keeps its blocks
+under a lease and returns the kv_transfer_params the decode side needs. Decode side: a request
+with do_remote_prefill reports its prompt (less local hits, never the last token) as an
+asynchronous external hit, and the worker pulls the blocks once vLLM has bound them.
+"""
+
+import itertools
+import logging
+import time
+from typing import Any
+
+from kvscope.connector.p2p.config import P2PConfig
+from kvscope.connector.p2p.metadata import (
+    BlockPull,
+    BlockRelease,
+    HeldBlocks,
+    P2PMetadata,
+    P2PWorkerMeta,
+)
+from kvscope.connector.p2p.params import RemotePrefill
+from kvscope.traces import names
+from kvscope.traces.events import add_event
+
+logger = logging.getLogger(__name__)
+
+_FINISHED_OK = ("FINISHED_LENGTH_CAPPED", "FINISHED_STOPPED")
+
+
+class P2PScheduler:
+    """Both halves of the protocol: an engine may prefill for some requests, decode for others."""
+
+    def __init__(self, config: P2PConfig, engine_id: str, block_size: int) -> None:
+        self.config = config
+        self.engine_id = engine_id
+        self.block_size = block_size
+        self.held: dict[str, HeldBlocks] = {}  # prefill: req_id -> blocks kept for a reader
+        self._lease_ids: dict[str, int] = {}
+        self._next_lease_id = itertools.count(1)
+        self.lookups: dict[str, tuple[RemotePrefill, int]] = {}  # decode: (remote, computed)
+        self.pulling: set[str] = set()  # decode: pulls handed to the worker, not finished
+        self._to_send: list[HeldBlocks] = []
+        self._to_recv: list[BlockPull] = []
+        self._to_release: list[BlockRelease] = []
+        self.stats: dict[str, int] = {"held": 0, "leases_expired": 0, "pulls": 0,
+                                      "pull_tokens": 0, "failed_pulls": 0}  # fmt: skip
+
+    # --- decode side ----------------------------------------------------------------------
+
+    def lookup(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
+        """The prompt tokens to pull, less local hits and the last token; asynchronous."""
+        params = request.kv_transfer_params
+        req_id = str(request.request_id)
+        if not params or not params.get("do_remote_prefill") or req_id in self.pulling:
+            return 0, False
+        try:
+            remote = RemotePrefill.from_params(params)
+        except ValueError as exc:
+            return self._refuse(request, f"bad kv_transfer_params: {exc}", None)
+        if remote.block_size != self.block_size:
+            cause = (
+                f"layout mismatch: prefill block_size {remote.block_size}, decode"
+                f" {self.block_size}; start both engines with the same --block-size"
+            )
+            return self._refuse(request, cause, remote)
+        pullable = min(request.num_prompt_tokens - 1, remote.num_tokens,
+                       len(remote.block_ids) * self.block_size)  # fmt: skip
+        self.lookups[req_id] = (remote, num_computed_tokens)
+        count = pullable - num_computed_tokens
+        return (count, True) if count > 0 else (0, False)
+
+    def _refuse(self, request: Any, cause: str, remote: RemotePrefill | None) -> tuple[int, bool]:
+        """No external hit (vLLM computes the prompt); the prefill side frees its blocks."""
+        logger.error("p2p: request %s: %s", request.request_id, cause)
+        add_event(names.EVENT_LOAD_FAILED, **{names.REQUEST_ID: str(request.request_id),
+                                              names.FAILURE_CAUSE: cause})  # fmt: skip
+        request.kv_transfer_params["do_remote_prefill"] = False
+        if remote is not None:
+            self._to_release.append(BlockRelease(str(request.request_id), remote))
+        return 0, False
+
+    def bind(self, request: Any, block_ids: list[int], num_external_tokens: int) -> None:
+        """update_state_after_alloc: pair the local blocks with the remote ones, once."""
+        req_id = str(request.request_id)
+        looked_up = self.lookups.pop(req_id, None)
+        if looked_up is None:
+            return
+        remote, num_computed = looked_up
+        request.kv_transfer_params["do_remote_prefill"] = False  # one transfer per request
+        if num_external_tokens <= 0:  # all local hits: the prefill side may free its blocks
+            self._to_release.append(BlockRelease(req_id, remote))
+            return
+        first = num_computed // self.block_size
+        end = -(-(num_computed + num_external_tokens) // self.block_size)
+        self._to_recv.append(BlockPull(
+            req_id, tuple(block_ids[first:end]), remote.block_ids[first:end], remote))  # fmt: skip
+        self.pulling.add(req_id)
+        self.stats["pulls"] += 1
+        self.stats["pull_tokens"] += num_external_tokens
+
+    # --- prefill side ---------------------------------------------------------------------
+
+    def finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict | None]:
+        """request_finished: keep a prefilled request's blocks for the decode side."""
+        req_id = str(request.request_id)
+        params = request.kv_transfer_params or {}
+        if (looked_up := self.lookups.pop(req_id, None)) is not None:
+            self._to_release.append(BlockRelease(req_id, looked_up[0]))  # aborted before alloc
+        if req_id in self.pulling:
+            return True, None  # the read still writes into them: freed on finished_recving
+        if not params.get("do_remote_decode") or not block_ids:
+            return False, None
+        if getattr(request.status, "name", "") not in _FINISHED_OK:
+            return False, None  # aborted: nobody will read them
+        return True, self._hold(request, block_ids).to_params()
+
+    def _hold(self, request: Any, block_ids: list[int]) -> RemotePrefill:
+        req_id = str(request.request_id)
+        deadline = time.time() + self.config.lease_timeout_s
+        held = HeldBlocks(req_id, tuple(block_ids), deadline)
+        self.held[req_id] = held
+        self._lease_ids[req_id] = next(self._next_lease_id)
+        self._to_send.append(held)
+        self.stats["held"] += 1
+        add_event(names.EVENT_LEASE_ACQUIRED, **self._lease_attributes(held))
+        return RemotePrefill(
+            self.engine_id, req_id, self.config.side_channel_host, self.config.side_channel_port,
+            tuple(block_ids), request.num_computed_tokens, self.block_size, deadline,
+        )  # fmt: skip
+
+    # --- per step -------------------------------------------------------------------------
+
+    def build_metadata(self) -> P2PMetadata:
+        metadata = P2PMetadata(self._to_recv, self._to_release, self._to_send)
+        self._to_recv, self._to_release, self._to_send = [], [], []
+        return metadata
+
+    def on_worker_output(
+        self, worker_meta: Any, finished_sending: set[str], finished_recving: set[str]
+    ) -> None:
+        meta = worker_meta if isinstance(worker_meta, P2PWorkerMeta) else P2PWorkerMeta()
+        for req_id in finished_sending:
+            self._end_lease(req_id, expired=req_id in meta.leases_expired)
+        for req_id in finished_recving:
+            self.pulling.discard(req_id)
+        self.stats["failed_pulls"] += len(meta.loads_failed)
+
+    def _end_lease(self, req_id: str, expired: bool) -> None:
+        held = self.held.pop(req_id, None)
+        if held is None:
+            return
+        attributes = self._lease_attributes(held)
+        self._lease_ids.pop(req_id, None)
+        if expired:
+            self.stats["leases_expired"] += 1
+            add_event(names.EVENT_LEASE_EXPIRED, **attributes)
+        outcome = "expired" if expired else "released"
+        add_event(names.EVENT_LEASE_RELEASED, **attributes, **{names.LEASE_OUTCOME: outcome})
+
+    def _lease_attributes(self, held: HeldBlocks) -> dict[str, Any]:
+        return {
+            names.LEASE_ID: self._lease_ids.get(held.req_id, 0),
+            names.LEASE_HOLDER: held.req_id,
+            names.LEASE_TIMEOUT_S: self.config.lease_timeout_s,
+            names.BLOCK_IDS: list(held.block_ids),
+            names.BLOCK_COUNT: len(held.block_ids),
+        }

@@ -1,0 +1,98 @@
+"""Worker half of the P2P connector: the NIXL transport, the side channel, lender and puller.
+
+Never touches scheduler state: it runs what P2PMetadata names and reports finished_sending,
+finished_recving, failed blocks and why requests ended.
+"""
+
+import logging
+
+import torch
+
+from kvscope.connector.p2p.config import P2PConfig
+from kvscope.connector.p2p.lender import BlockLender
+from kvscope.connector.p2p.metadata import P2P_METADATA_VERSION, P2PMetadata, P2PWorkerMeta
+from kvscope.connector.p2p.puller import BlockPuller
+from kvscope.connector.p2p.side_channel import SideChannelServer
+from kvscope.connector.p2p.transport import NixlTransport, TransportConfig
+
+logger = logging.getLogger(__name__)
+
+_HOT_AFTER_HANDSHAKE_S = 2.0  # the peer usually connects and reads right after it
+
+
+class P2PWorker:
+    """One worker's P2P state; `serves` when this engine may prefill for others."""
+
+    def __init__(self, config: P2PConfig, engine_id: str, serves: bool) -> None:
+        self.config = config
+        self.engine_id = engine_id
+        self.serves = serves
+        self.transport: NixlTransport | None = None
+        self.side_channel: SideChannelServer | None = None
+        self.lender: BlockLender | None = None
+        self.puller: BlockPuller | None = None
+
+    def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        transport_config = TransportConfig(transfer_timeout_s=self.config.read_timeout_s)
+        self.transport = NixlTransport(self.engine_id, kv_caches, config=transport_config)
+        self.lender = BlockLender(self.transport)
+        self.puller = BlockPuller(self.transport, self.config)
+        if self.serves:
+            self._serve_side_channel()
+
+    def _serve_side_channel(self) -> None:
+        host, port = self.config.side_channel_host, self.config.side_channel_port
+        try:
+            self.side_channel = SideChannelServer(host, port, on_request=self._on_handshake)
+        except OSError as exc:
+            raise RuntimeError(
+                f"p2p: cannot serve the side channel on {host}:{port} ({exc}): give each engine"
+                " its own kv_connector_extra_config side_channel_port"
+            ) from None
+        self.side_channel.publish(self.transport.peer_info())
+        logger.info("p2p: engine %s serves its KV layout on %s:%s", self.engine_id, host, port)
+
+    def _on_handshake(self) -> None:
+        self.transport.expect_activity(_HOT_AFTER_HANDSHAKE_S)
+
+    def start(self, metadata: P2PMetadata) -> None:
+        if metadata.version != P2P_METADATA_VERSION:
+            raise RuntimeError(
+                f"P2P metadata version {metadata.version}, this worker speaks"
+                f" {P2P_METADATA_VERSION}: scheduler and worker run different kvscope versions"
+            )
+        if self.transport is None:
+            return
+        self.lender.hold(metadata.reqs_to_send)
+        self.puller.start(metadata.reqs_to_recv, metadata.reqs_to_release)
+
+    def poll(self) -> tuple[set[str], set[str]]:
+        """(finished_sending, finished_recving) since the last poll."""
+        if self.transport is None:
+            return set(), set()
+        notifs = self.transport.get_notifs()
+        sending = self.lender.collect(notifs, self.transport.expired_remote_reads())
+        return sending, self.puller.poll()
+
+    def take_load_errors(self) -> set[int]:
+        return self.puller.take_load_errors() if self.puller else set()
+
+    def take_worker_meta(self) -> P2PWorkerMeta | None:
+        if self.transport is None:
+            return None
+        meta = P2PWorkerMeta(self.lender.take_leases_expired(), self.puller.take_loads_failed())
+        return meta if meta.leases_expired or meta.loads_failed else None
+
+    @property
+    def stats(self) -> dict[str, float]:
+        if self.transport is None:
+            return {}
+        return {**self.lender.stats, **self.puller.stats}
+
+    def shutdown(self) -> None:
+        if self.side_channel is not None:
+            self.side_channel.close()
+        if self.puller is not None:
+            self.puller.close()
+        if self.transport is not None:
+            self.transport.close()
