@@ -119,7 +119,8 @@ def block_map(panel: pd.DataFrame) -> alt.Chart:
     """One engine and tier as a grid of cells; a click selects a block ('block' selection)."""
     rows = int(panel["row"].max()) + 1 if not panel.empty else 1
     pick = alt.selection_point(name="block", fields=["address"], on="click", empty=False)
-    data = _chart_data(panel)
+    # Inline values, not a DataFrame: Altair refuses frames over 5000 rows, a pool has more.
+    data = alt.Data(values=_chart_data(panel).to_dict("records"))
     # Quantitative axes with fixed domains: every panel has the same cell size whatever
     # slots it has (ordinal axes gave a lone block of a small panel zero height).
     hidden = alt.Axis(labels=False, ticks=False, grid=False, domain=False, title=None)
