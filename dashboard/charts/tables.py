@@ -69,7 +69,7 @@ def highlight_expired(table: pd.DataFrame):
         bad = row["state"] in ("expired", "overdue")
         return [EXPIRED_STYLE if bad else ""] * len(row)
 
-    return table.style.apply(row_style, axis=1)
+    return table.style.apply(row_style, axis=1).format(precision=3, na_rep="–")
 
 
 def failures_table(items: list[dict]) -> pd.DataFrame:
