@@ -112,7 +112,7 @@ def test_prefill_server_freed_the_blocks_once_read(pd, happy):
     pair, _ = pd
     events = [e for s in spans_of(pair, "prefill") for e in s["events"]]
     released = [e for e in events if e["name"] == names.EVENT_LEASE_RELEASED]
-    assert [e["attributes"][names.LEASE_OUTCOME] for e in released][:3] == ["released"] * 3
+    assert [e[names.LEASE_OUTCOME] for e in released][:3] == ["released"] * 3
     wait_until_no_blocks_held([pair.prefill.url, pair.decode.url], timeout_s=20)
 
 
@@ -132,7 +132,7 @@ def test_lease_expired_before_the_pull_is_recomputed_not_read(pd, tiny_model, ex
     tokens = greedy_via(pair.decode.url, {**body, "kv_transfer_params": params})
     assert tokens == expected["expired"]
     assert time.monotonic() - start < 10
-    failures = [e["attributes"][names.FAILURE_CAUSE] for s in spans_of(pair, "decode")
+    failures = [e[names.FAILURE_CAUSE] for s in spans_of(pair, "decode")
                 for e in s["events"] if e["name"] == names.EVENT_LOAD_FAILED]  # fmt: skip
     assert any(cause.startswith("lease_expired") for cause in failures)
     expired = [e for s in spans_of(pair, "prefill") for e in s["events"]
