@@ -48,6 +48,7 @@ class PDPair:
     cores: tuple[int, int] | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # our connector's extra config
     env: dict[str, str] = field(default_factory=dict)
+    spans_to_files: bool = False  # each server writes its spans to <workdir>/<role>_spans.jsonl
     servers: list[ServerProcess] = field(default_factory=list)
 
     def start(self, timeout_s: float = 300) -> "PDPair":
@@ -71,8 +72,8 @@ class PDPair:
                        VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1")  # fmt: skip
         else:
             config = p2p_transfer_config(side_port, **self.extra)
-            if "KVSCOPE_TRACES_FILE" in self.env:
-                env["KVSCOPE_TRACES_FILE"] = str(self.workdir / f"{role}_spans.jsonl")
+            if self.spans_to_files:
+                env["KVSCOPE_TRACES_FILE"] = str(self.spans_file(role))
         cmd = serve_command(self.model, port, config)
         if self.cores is not None:
             cmd = ["taskset", "-c", str(self.cores[len(self.servers)]), *cmd]

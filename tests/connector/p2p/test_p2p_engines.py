@@ -47,8 +47,9 @@ def expected(tiny_model):
 @pytest.fixture(scope="module")
 def pd(tiny_model, tmp_path_factory, expected):
     """One prefill+decode pair and the proxy for the whole module; always stopped."""
-    env = {"KVSCOPE_TRACES_FILE": "per-role", "OTEL_BSP_SCHEDULE_DELAY": "100"}
-    pair = PDPair(tiny_model, tmp_path_factory.mktemp("pd"), extra=CONNECTOR, env=env).start(400)
+    workdir = tmp_path_factory.mktemp("pd")
+    env = {"OTEL_BSP_SCHEDULE_DELAY": "100"}
+    pair = PDPair(tiny_model, workdir, extra=CONNECTOR, env=env, spans_to_files=True).start(400)
     proxy = None
     try:
         proxy = ProxyThread(pair.prefill.url, pair.decode.url)
