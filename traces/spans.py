@@ -78,3 +78,16 @@ class HookSpans:
             start_time=start_time,
             attributes={**self.base, **attributes},
         )
+
+
+def child_hook_span(child_name: str, child_class: str, hook: str, **attributes: Any):
+    """A hook span for one child of a composite connector, child of the current hook span."""
+    return get_tracer().start_as_current_span(
+        names.SPAN_HOOK_PREFIX + hook,
+        attributes={
+            names.CONNECTOR_CHILD: child_name,
+            names.CONNECTOR_NAME: child_class,
+            names.HOOK: hook,
+            **attributes,
+        },
+    )

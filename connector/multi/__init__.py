@@ -1,0 +1,1 @@
+"""kvscope.connector.multi: a MultiConnector that composes connectors and says who served what."""

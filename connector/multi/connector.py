@@ -1,0 +1,36 @@
+"""KvscopeMultiConnector: composes KV connectors (kvscope's, vLLM's or any module's), traced;
+each child's spans nested under the Multi span of that hook.
+
+    "kv_connector": "KvscopeMultiConnector",
+    "kv_connector_module_path": "kvscope.connector.multi.connector",
+    "kv_connector_extra_config": {
+        "connectors": [
+            {"kv_connector": "CpuOffloadConnector",
+             "kv_connector_module_path": "kvscope.connector.cpu_offload.connector",
+             "kv_connector_extra_config": {"cpu_bytes_to_use": 1073741824}},
+            {"kv_connector": "ExampleConnector",
+             "kv_connector_extra_config": {"shared_storage_path": "/tmp/kv"}},
+        ],
+        "fallback": true,
+    }
+"""
+
+from typing import Any
+
+from kvscope.connector.multi.core import MultiCore
+from kvscope.traces.instrumented import InstrumentedConnector
+
+
+class KvscopeMultiConnector(InstrumentedConnector):
+    """MultiCore inside the hook-span instrumentation.
+
+    Not named MultiConnector: vLLM's connector factory special-cases that name and would read
+    our children's configs as its own.
+    """
+
+    def build_inner(self, vllm_config: Any, role: Any, kv_cache_config: Any) -> MultiCore:
+        return MultiCore(vllm_config, role, kv_cache_config)
+
+    @classmethod
+    def inner_class(cls, extra_config: dict[str, Any]) -> type[MultiCore]:
+        return MultiCore

@@ -1,0 +1,151 @@
+"""MultiCore: the untraced MultiConnector; the halves do the work, each hook is one line here."""
+
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorRole,
+)
+
+from kvscope.connector.multi.children import build_children, child_class, child_configs
+from kvscope.connector.multi.metadata import MultiMetadata
+from kvscope.connector.multi.scheduler import MultiScheduler
+from kvscope.connector.multi.worker import MultiWorker
+
+
+class MultiCore(KVConnectorBase_V1):
+    """Composes the connectors listed in extra config; use KvscopeMultiConnector (traced)."""
+
+    def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any):
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        extra = self._kv_transfer_config.kv_connector_extra_config or {}
+        fallback = bool(extra.get("fallback", True))
+        self.children = build_children(vllm_config, role, kv_cache_config)
+        self.scheduler = MultiScheduler(
+            self.children, vllm_config.cache_config.block_size, fallback
+        )
+        self.worker = MultiWorker(self.children, fallback)
+
+    def _each(self, method: str, *args: Any) -> list[Any]:
+        return [getattr(child.connector, method)(*args) for child in self.children]
+
+    # --- scheduler side -----------------------------------------------------------------------
+
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int):
+        tokens, is_async, _ = self.scheduler.lookup(request, num_computed_tokens)
+        return tokens, is_async
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int):
+        self.scheduler.bind(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: Any) -> MultiMetadata:
+        return self.scheduler.build_metadata(scheduler_output)
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        self.scheduler.on_worker_output(connector_output)
+
+    def request_finished(self, request: Any, block_ids: list[int]):
+        return self.scheduler.finished(request, block_ids)
+
+    def on_new_request(self, request: Any) -> None:
+        self._each("on_new_request", request)
+
+    def get_external_cache_hit_sources(self, request: Any, num_external_tokens: int):
+        serving = self.scheduler.serving.get(str(request.request_id))
+        if serving is None:
+            return super().get_external_cache_hit_sources(request, num_external_tokens)
+        child = self.children[serving].connector
+        return child.get_external_cache_hit_sources(request, num_external_tokens)
+
+    def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
+        self._kv_cache_manager = kv_cache_manager
+        self._each("bind_kv_cache_manager", kv_cache_manager)
+
+    def take_events(self):
+        return [event for events in self._each("take_events") for event in events]
+
+    def has_pending_block_frees(self) -> bool:
+        return any(self._each("has_pending_block_frees"))
+
+    def has_pending_push_work(self) -> bool:
+        return any(self._each("has_pending_push_work"))
+
+    def reset_cache(self) -> bool | None:
+        results = self._each("reset_cache")
+        return None if all(r is None for r in results) else all(r is not False for r in results)
+
+    # --- worker side --------------------------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
+        self._each("register_kv_caches", kv_caches)
+
+    def bind_connector_metadata(self, connector_metadata: Any) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        self.worker.bind(connector_metadata)
+
+    def clear_connector_metadata(self) -> None:
+        super().clear_connector_metadata()
+        self._each("clear_connector_metadata")
+
+    def handle_preemptions(self, kv_connector_metadata: MultiMetadata) -> None:
+        for child, metadata in zip(self.children, kv_connector_metadata.children, strict=True):
+            child.connector.handle_preemptions(metadata)
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        for index, child in enumerate(self.children):
+            with self.scheduler.span(index, "start_load_kv"):
+                child.connector.start_load_kv(forward_context, **kwargs)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        self._each("wait_for_layer_load", layer_name)
+
+    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs) -> None:
+        for child in self.children:
+            child.connector.save_kv_layer(layer_name, kv_layer, attn_metadata, **kwargs)
+
+    def wait_for_save(self) -> None:
+        for index, child in enumerate(self.children):
+            with self.scheduler.span(index, "wait_for_save"):
+                child.connector.wait_for_save()
+
+    def get_transfer_results(self, finished_req_ids: set[str]):
+        return self.worker.transfer_results(finished_req_ids)
+
+    def get_finished(self, finished_req_ids: set[str]):
+        results = self.get_transfer_results(finished_req_ids)
+        return results.finished_sending or None, results.finished_recving or None
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self.worker.take_load_errors()
+
+    def build_connector_worker_meta(self):
+        return self.worker.worker_meta()
+
+    def get_kv_connector_stats(self):
+        return None  # each child's stats travel in its own transfer spans
+
+    def shutdown(self) -> None:
+        self._each("shutdown")
+
+    # --- class-level questions ----------------------------------------------------------------
+
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config: Any) -> str | None:
+        extra = vllm_config.kv_transfer_config.kv_connector_extra_config or {}
+        layouts = set()
+        for config in child_configs(extra):
+            child = child_class(config, vllm_config.kv_transfer_config)
+            if (layout := child.get_required_kvcache_layout(vllm_config)) is not None:
+                layouts.add(layout)
+        if len(layouts) > 1:
+            raise ValueError(f"children need different KV cache layouts {sorted(layouts)}")
+        return next(iter(layouts), None)
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
+        return any(
+            child_class(config).requires_piecewise_for_cudagraph(
+                config.get("kv_connector_extra_config") or {}
+            )
+            for config in child_configs(extra_config)
+        )

@@ -1,0 +1,164 @@
+"""Scheduler side of the MultiConnector: which child serves each load, and fallback on failure."""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvscope.connector.multi.children import Child
+from kvscope.connector.multi.metadata import LoadRoute, MultiMetadata, MultiWorkerMeta
+from kvscope.traces import names
+from kvscope.traces.events import add_event
+from kvscope.traces.spans import child_hook_span
+
+
+@dataclass
+class LoadPlan:
+    """A request's external hit: who serves it, where it goes, what to retry with."""
+
+    request: Any
+    blocks: Any  # vLLM's KVCacheBlocks from the allocation, reused for a fallback
+    num_computed_tokens: int
+    num_tokens: int
+    child: int
+    device_block_ids: tuple[int, ...]  # what this child loads
+    hit_block_ids: tuple[int, ...] = ()  # the whole original hit (a fallback may load less)
+    failed_children: set[int] = field(default_factory=set)
+
+
+class MultiScheduler:
+    """Asks children in order; the first with a hit serves it; a failed load falls back."""
+
+    def __init__(self, children: list[Child], block_size: int, fallback: bool) -> None:
+        self.children = children
+        self.block_size = block_size
+        self.fallback = fallback
+        self.serving: dict[str, int] = {}  # req -> child chosen at lookup
+        self.computed: dict[str, int] = {}  # req -> local hit at lookup
+        self.loads: dict[str, LoadPlan] = {}
+        self._routes: dict[str, LoadRoute] = {}
+        self._to_fail: dict[str, tuple[int, ...]] = {}
+        self._extra_saves: dict[str, int] = {}
+
+    def span(self, index: int, hook: str, **attributes: Any):
+        child = self.children[index]
+        return child_hook_span(child.name, type(child.connector).__name__, hook, **attributes)
+
+    def lookup(
+        self,
+        request: Any,
+        num_computed_tokens: int,
+        skip: set[int] = frozenset(),
+        async_only: bool = False,
+    ):
+        """(tokens, async, child) of the first child with a hit; every child is asked."""
+        req_id = str(request.request_id)
+        found: tuple[int, bool, int] | None = None
+        for index, child in enumerate(self.children):
+            with self.span(index, "get_num_new_matched_tokens") as span:
+                tokens, is_async = child.connector.get_num_new_matched_tokens(
+                    request, num_computed_tokens
+                )
+                span.set_attribute(names.TOKENS_EXTERNAL_HIT, -1 if tokens is None else tokens)
+            if tokens is None:  # a child still deciding: ask again next step
+                return None, False, None
+            usable = index not in skip and (is_async or not async_only)
+            if found is None and tokens > 0 and usable:
+                found = (tokens, is_async, index)
+        self.computed[req_id] = num_computed_tokens
+        if found is None:
+            self.serving.pop(req_id, None)
+            return 0, False, None
+        self.serving[req_id] = found[2]
+        return found
+
+    def bind(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        """The serving child gets the blocks to fill; the others see 0 external tokens."""
+        req_id = str(request.request_id)
+        chosen = self.serving.get(req_id) if num_external_tokens > 0 else None
+        for index, child in enumerate(self.children):
+            tokens = num_external_tokens if index == chosen else 0
+            with self.span(index, "update_state_after_alloc", **{names.TOKENS_TO_LOAD: tokens}):
+                child.connector.update_state_after_alloc(request, blocks, tokens)
+        if chosen is None:
+            return
+        start = self.computed.get(req_id, 0) // self.block_size
+        count = num_external_tokens // self.block_size
+        device = tuple(blocks.get_block_ids()[0][start : start + count])
+        self.loads[req_id] = LoadPlan(request, blocks, self.computed.get(req_id, 0),
+                                      num_external_tokens, chosen, device, device)  # fmt: skip
+        self._routes[req_id] = LoadRoute(chosen, device)
+        add_event("kvscope.multi.load_routed", **{names.REQUEST_ID: req_id,
+                  names.CONNECTOR_CHILD: self.children[chosen].name})  # fmt: skip
+
+    def build_metadata(self, scheduler_output: Any) -> MultiMetadata:
+        metas = []
+        for index, child in enumerate(self.children):
+            with self.span(index, "build_connector_meta"):
+                metas.append(child.connector.build_connector_meta(scheduler_output))
+        metadata = MultiMetadata(tuple(metas), self._routes, self._to_fail, self._extra_saves)
+        self._routes, self._to_fail, self._extra_saves = {}, {}, {}
+        return metadata
+
+    def on_worker_output(self, connector_output: Any) -> None:
+        """Hands each child its own worker metadata; handles loads that failed on a child."""
+        multi_meta = connector_output.kv_connector_worker_meta
+        recving = connector_output.finished_recving
+        try:
+            for index, child in enumerate(self.children):
+                if isinstance(multi_meta, MultiWorkerMeta):
+                    connector_output.kv_connector_worker_meta = multi_meta.children[index]
+                    connector_output.finished_recving = set(multi_meta.children_recving[index])
+                child.connector.update_connector_output(connector_output)
+        finally:
+            connector_output.kv_connector_worker_meta = multi_meta
+            connector_output.finished_recving = recving
+        for req_id in connector_output.finished_recving or ():
+            self.loads.pop(req_id, None)
+        if isinstance(multi_meta, MultiWorkerMeta):
+            for req_id, (child, failed) in multi_meta.loads_failed.items():
+                self._fall_back(req_id, child, failed)
+
+    def _fall_back(self, req_id: str, failed_child: int, failed_blocks: tuple[int, ...]) -> None:
+        """Asks the other children for the same blocks; else the failure goes to the policy."""
+        plan = self.loads.get(req_id)
+        if plan is None:
+            return
+        plan.failed_children.add(failed_child)
+        # Only an asynchronous child can load out of band, while the request waits.
+        tokens, _, child = self.lookup(
+            plan.request, plan.num_computed_tokens, plan.failed_children, async_only=True
+        )
+        failure = {names.REQUEST_ID: req_id, names.FAILURE_CAUSE: "load_error",
+                   names.CONNECTOR_CHILD: self.children[failed_child].name}  # fmt: skip
+        if not tokens:
+            add_event(names.EVENT_LOAD_FAILED, **failure, **{names.FAILURE_OUTCOME: "policy"})
+            self.bind(plan.request, plan.blocks, 0)  # releases what the lookup took
+            self.loads.pop(req_id, None)
+            self._to_fail[req_id] = failed_blocks
+            return
+        self.bind(plan.request, plan.blocks, min(tokens, plan.num_tokens))
+        fallback = self.loads[req_id]
+        fallback.failed_children = plan.failed_children
+        fallback.hit_block_ids = plan.hit_block_ids
+        missing = plan.hit_block_ids[len(fallback.device_block_ids) :]
+        self._routes[req_id] = LoadRoute(child, fallback.device_block_ids, missing)
+        add_event(names.EVENT_LOAD_FAILED, **failure, **{
+            names.FAILURE_OUTCOME: "served_by_fallback",
+            "kvscope.multi.fallback_child": self.children[child].name})  # fmt: skip
+
+    def finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict | None]:
+        req_id = str(request.request_id)
+        delayed, params = 0, None
+        for index, child in enumerate(self.children):
+            with self.span(index, "request_finished"):
+                delay, child_params = child.connector.request_finished(request, block_ids)
+            delayed += bool(delay)
+            if child_params:
+                clash = set(params or {}) & set(child_params)
+                if clash:
+                    raise RuntimeError(f"children returned the same kv_transfer_params {clash}")
+                params = {**(params or {}), **child_params}
+        if delayed > 1:
+            self._extra_saves[req_id] = delayed - 1
+        self.serving.pop(req_id, None)
+        self.computed.pop(req_id, None)
+        return delayed > 0, params

@@ -1,0 +1,94 @@
+"""Worker side of the MultiConnector: merges children's reports, attributes failed blocks to
+the child whose load they belong to, and holds back a failed load the scheduler can retry."""
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
+
+from kvscope.connector.multi.children import Child
+from kvscope.connector.multi.metadata import LoadRoute, MultiMetadata, MultiWorkerMeta
+
+
+class MultiWorker:
+    """Per-step bookkeeping between vLLM's model runner and the children's worker halves."""
+
+    def __init__(self, children: list[Child], fallback: bool) -> None:
+        self.children = children
+        self.fallback = fallback
+        self.routes: dict[str, LoadRoute] = {}
+        self.failed_blocks: dict[str, set[int]] = {}  # per routed request, until it finishes
+        self.extra_saves: dict[str, int] = {}
+        self._to_fail: dict[str, tuple[int, ...]] = {}
+        self._errors_to_report: set[int] = set()
+        self._loads_failed: dict[str, tuple[int, tuple[int, ...]]] = {}
+        self._children_recving: list[frozenset[str]] = [frozenset()] * len(children)
+
+    def bind(self, metadata: MultiMetadata) -> None:
+        self.routes.update(metadata.reqs_to_route)
+        self._to_fail.update(metadata.reqs_to_fail)
+        self.extra_saves.update(metadata.extra_async_saves)
+        for child, child_metadata in zip(self.children, metadata.children, strict=True):
+            child.connector.bind_connector_metadata(child_metadata)
+
+    def transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        merged = KVConnectorTransferResults()
+        for index, child in enumerate(self.children):
+            results = child.connector.get_transfer_results(finished_req_ids)
+            self._attribute_errors(index, child.connector.get_block_ids_with_load_errors())
+            self._children_recving[index] |= results.finished_recving
+            for req_id in results.finished_recving:
+                self._finish_load(index, req_id, req_id in results.failed_recving, merged)
+            for req_id in results.finished_sending:
+                self._finish_send(req_id, merged)
+        for req_id, block_ids in self._to_fail.items():  # no child had the blocks
+            merged.finished_recving.add(req_id)
+            merged.failed_recving.add(req_id)
+            self._errors_to_report.update(block_ids)
+        self._to_fail = {}
+        return merged
+
+    def _attribute_errors(self, index: int, block_ids: set[int]) -> None:
+        for req_id, route in self.routes.items():
+            if route.child == index and (mine := block_ids & set(route.device_block_ids)):
+                self.failed_blocks.setdefault(req_id, set()).update(mine)
+                block_ids = block_ids - mine
+        self._errors_to_report |= block_ids  # not from a routed load: vLLM's policy decides
+
+    def _finish_load(self, index: int, req_id: str, failed: bool, merged) -> None:
+        route = self.routes.get(req_id)
+        if route is None or route.child != index:
+            merged.finished_recving.add(req_id)
+            return
+        failed_blocks = self.failed_blocks.pop(req_id, set())
+        if failed and not failed_blocks:
+            failed_blocks = set(route.device_block_ids)
+        del self.routes[req_id]
+        if failed_blocks and self.fallback:  # held back: the scheduler may retry elsewhere
+            self._loads_failed[req_id] = (index, tuple(sorted(failed_blocks)))
+            return
+        merged.finished_recving.add(req_id)
+        failed_blocks |= set(route.missing_block_ids)
+        if failed_blocks:
+            merged.failed_recving.add(req_id)
+            self._errors_to_report |= failed_blocks
+
+    def _finish_send(self, req_id: str, merged) -> None:
+        """A request saved by several children is done when the last one says so."""
+        pending = self.extra_saves.get(req_id, 0)
+        if pending:
+            self.extra_saves[req_id] = pending - 1
+            if pending == 1:
+                del self.extra_saves[req_id]
+            return
+        merged.finished_sending.add(req_id)
+
+    def take_load_errors(self) -> set[int]:
+        errors, self._errors_to_report = self._errors_to_report, set()
+        return errors
+
+    def worker_meta(self) -> MultiWorkerMeta | None:
+        metas = tuple(child.connector.build_connector_worker_meta() for child in self.children)
+        failed, self._loads_failed = self._loads_failed, {}
+        recving = tuple(self._children_recving)
+        self._children_recving = [frozenset()] * len(self.children)
+        if failed or any(recving) or any(meta is not None for meta in metas):
+            return MultiWorkerMeta(metas, failed, recving)
+        return None

@@ -1,0 +1,107 @@
+"""MultiConnector in a real CPU engine: composition, fallback on a failed load, who served what."""
+
+import pytest
+
+from kvscope.demo.engine import in_process_llm
+from kvscope.demo.inspect import leaked_device_blocks, scheduler_connector
+from kvscope.demo.oracle import greedy_tokens, token_mismatches
+from kvscope.demo.prompts import DISTINCT
+from kvscope.traces import names
+
+pytestmark = pytest.mark.engine
+OFFLOAD = "kvscope.connector.cpu_offload.connector"
+
+
+def offload_child(name: str, **extra) -> dict:
+    return {"name": name, "kv_connector": "CpuOffloadConnector", "kv_connector_module_path": OFFLOAD,
+            "kv_connector_extra_config": {"cpu_bytes_to_use": 8 << 20, **extra}}  # fmt: skip
+
+
+def multi_config(*children: dict, **extra) -> dict:
+    return {
+        "kv_connector": "KvscopeMultiConnector",
+        "kv_connector_module_path": "kvscope.connector.multi.connector",
+        "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": {"connectors": list(children), **extra},
+    }
+
+
+@pytest.fixture(scope="module")
+def expected(tiny_model):
+    with in_process_llm(tiny_model) as llm:
+        return greedy_tokens(llm, DISTINCT)
+
+
+def two_passes(llm) -> list[list[int]]:
+    """Store on the first pass; the second, after a prefix cache reset, loads."""
+    greedy_tokens(llm, DISTINCT)
+    for _ in range(10):
+        llm.llm_engine.step()  # let asynchronous stores commit
+    llm.reset_prefix_cache()
+    return greedy_tokens(llm, DISTINCT)
+
+
+def assert_children_clean(llm) -> None:
+    for child in scheduler_connector(llm).children:
+        offload = getattr(child.connector, "scheduler", None)
+        if offload is not None:
+            assert offload.leases.active() == [] and offload.requests == {}, child.name
+    assert leaked_device_blocks(llm) == 0
+
+
+def events_named(spans, name: str) -> list[dict]:
+    return [dict(e.attributes) for s in spans for e in s.events if e.name == name]
+
+
+def test_vllm_example_connector_beside_ours(tiny_model, tmp_path, expected, spans):
+    example = {"name": "example", "kv_connector": "ExampleConnector",
+               "kv_connector_extra_config": {"shared_storage_path": str(tmp_path)}}  # fmt: skip
+    with in_process_llm(tiny_model, multi_config(offload_child("offload"), example)) as llm:
+        again = two_passes(llm)
+        assert_children_clean(llm)
+    assert token_mismatches(expected, again) == []
+    routed = events_named(spans(), "kvscope.multi.load_routed")
+    assert {e[names.CONNECTOR_CHILD] for e in routed} == {"offload"}
+    children = {s.attributes.get(names.CONNECTOR_CHILD) for s in spans()}
+    assert {"offload", "example"} <= children, "each child's hooks have spans of their own"
+
+
+def test_a_failed_load_falls_back_to_the_next_child(tiny_model, expected, spans):
+    failing = offload_child("first", faults={"fail_load_every": 1})
+    config = multi_config(failing, offload_child("second"))
+    with in_process_llm(tiny_model, config) as llm:
+        again = two_passes(llm)
+        second = scheduler_connector(llm).children[1].connector.scheduler
+        assert second.stats["loaded_blocks"] >= 2 * len(DISTINCT)
+        assert_children_clean(llm)
+    assert token_mismatches(expected, again) == []
+    failures = events_named(spans(), names.EVENT_LOAD_FAILED)
+    fallbacks = [f for f in failures if f.get(names.FAILURE_OUTCOME) == "served_by_fallback"]
+    assert len(fallbacks) == len(DISTINCT)
+    assert all(f["kvscope.multi.fallback_child"] == "second" for f in fallbacks)
+
+
+def test_with_no_child_to_fall_back_to_the_policy_recomputes(tiny_model, expected, spans):
+    failing = offload_child("only", faults={"fail_load_every": 1})
+    with in_process_llm(tiny_model, multi_config(failing)) as llm:
+        again = two_passes(llm)
+        assert_children_clean(llm)
+    assert token_mismatches(expected, again) == []
+    outcomes = {
+        f.get(names.FAILURE_OUTCOME) for f in events_named(spans(), names.EVENT_LOAD_FAILED)
+    }
+    assert "policy" in outcomes
+
+
+def test_child_spans_nest_under_the_multi_hook_span(tiny_model, spans):
+    with in_process_llm(tiny_model, multi_config(offload_child("a"), offload_child("b"))) as llm:
+        greedy_tokens(llm, DISTINCT[:1])
+    collected = spans()
+    by_id = {s.context.span_id: s for s in collected}
+    child_lookups = [s for s in collected if s.attributes.get(names.CONNECTOR_CHILD)
+                     and s.name == names.SPAN_HOOK_PREFIX + "get_num_new_matched_tokens"]  # fmt: skip
+    assert {s.attributes[names.CONNECTOR_CHILD] for s in child_lookups} == {"a", "b"}
+    for span in child_lookups:
+        parent = by_id[span.parent.span_id]
+        assert parent.name == span.name and parent.attributes[names.CONNECTOR_NAME] == "MultiCore"
