@@ -38,6 +38,12 @@ def _backend(args: argparse.Namespace) -> int:
     return 0
 
 
+def _dashboard(args: argparse.Namespace) -> int:
+    from kvscope.dashboard.launch import run
+
+    return run(host=args.host, port=args.port, backend_url=args.backend)
+
+
 def _replay(args: argparse.Namespace) -> int:
     from kvscope.demo.replay import RECORDINGS, replay
 
@@ -79,6 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
     backend.add_argument("--port", type=int, help="port (default KVSCOPE_BACKEND_PORT, 4318)")
     backend.add_argument("--database-url", help="SQLAlchemy URL (default DATABASE_URL, SQLite)")
     backend.set_defaults(handler=_backend)
+
+    dashboard = commands.add_parser("dashboard", help="serve the live Streamlit dashboard")
+    dashboard.add_argument("--host", default="127.0.0.1", help="bind address")
+    dashboard.add_argument("--port", type=int, default=8501, help="port")
+    dashboard.add_argument("--backend", help="backend URL (default KVSCOPE_BACKEND_URL)")
+    dashboard.set_defaults(handler=_dashboard)
 
     replay = commands.add_parser("replay", help="feed recorded spans into a running backend")
     replay.add_argument("recording", nargs="?", help="OTLP/JSON lines (default: the demo's)")

@@ -15,5 +15,10 @@ if [ "${KVSCOPE_TEST_POSTGRES:-0}" = 1 ] && [ -z "${KVSCOPE_TEST_POSTGRES_URL:-}
   export KVSCOPE_TEST_POSTGRES_URL
 fi
 
+# Chromium for the dashboard's browser tests: installed when asked (CI asks), else skipped.
+if [ "${KVSCOPE_TEST_BROWSER:-0}" = 1 ]; then
+  scripts/browser.sh
+fi
+
 echo "==> tests (pytest)"
 exec "$VENV/bin/pytest" "$@"
