@@ -124,6 +124,7 @@ class BlockPuller:
                         names.BLOCK_COUNT: len(pull.local_block_ids)})  # fmt: skip
         if cause is not None:
             kind = "lease_expired" if "lease expired" in cause else "read_failed"
+            self._release_quietly(pull, result.peer)
             self._forget_peer(pull)
             self._fail(pull, cause, kind)
             return
@@ -144,6 +145,14 @@ class BlockPuller:
                   names.FAILURE_CAUSE: f"{kind}: {cause}",
                   names.BLOCK_IDS: list(item.local_block_ids),
                   names.BLOCK_COUNT: len(item.local_block_ids)})  # fmt: skip
+
+    def _release_quietly(self, pull: BlockPull, agent: str) -> None:
+        """The read was cancelled and its blocks will be recomputed: the prefill side may free
+        its blocks now rather than at the lease deadline (a dead peer just misses this)."""
+        try:
+            self.transport.send_notif(agent, done_notif(pull.remote.request_id))
+        except TransportError as exc:
+            logger.debug("p2p: could not release %s early: %s", pull.req_id, exc)
 
     def _forget_peer(self, pull: BlockPull) -> None:
         """After a failed read, the next request handshakes again (the peer may have restarted)."""

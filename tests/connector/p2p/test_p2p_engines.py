@@ -5,10 +5,11 @@ import signal
 import socket
 import time
 
+import httpx
 import pytest
 
-from kvscope.bench.pd_pair import PDPair, ProxyThread, metric
-from kvscope.demo.engine import in_process_llm
+from kvscope.bench.pd_pair import PDPair, ProxyThread, free_port, metric, p2p_transfer_config
+from kvscope.demo.engine import ServerProcess, engine_env, in_process_llm, serve_command
 from kvscope.demo.oracle import greedy_tokens
 from kvscope.demo.prompts import long_prompt
 from kvscope.traces import names
@@ -75,8 +76,6 @@ def happy(pd, tiny_model, expected):
 
 
 def greedy_prompt_ids(url: str, model, prompt: str) -> list[int]:
-    import httpx
-
     answer = httpx.post(url + "/tokenize", json={"model": str(model), "prompt": prompt}, timeout=30)
     return answer.json()["tokens"]
 
@@ -172,6 +171,33 @@ def test_stopped_prefill_server_ends_in_bounded_time(pd, tiny_model, expected):
     assert tokens == expected["stopped"]
     assert elapsed < CONNECTOR["read_timeout_s"] + 6
     wait_until_no_blocks_held([pair.prefill.url, pair.decode.url], timeout_s=LEASE_S + 10)
+
+
+def test_fail_policy_fails_the_request_promptly(pd, tiny_model, tmp_path):
+    """A second decode server, with kv_load_failure_policy 'fail', given a silent peer."""
+    pair, _ = pd
+    port = free_port()
+    config = p2p_transfer_config(free_port(), policy="fail", **CONNECTOR)
+    server = ServerProcess(serve_command(tiny_model, port, config), port,
+                           engine_env(), tmp_path / "decode-fail.log")  # fmt: skip
+    try:
+        server.wait_ready(400)
+        body = completion_body(tiny_model, FAULTS["silent"], MAX_TOKENS)
+        params = prefill_only(pair.prefill.url, body)
+        with socket.create_server(("127.0.0.1", 0)) as silent:
+            params["remote_port"] = silent.getsockname()[1]
+            start = time.monotonic()
+            answer = httpx.post(server.url + "/v1/completions", timeout=60,
+                                json={**body, "kv_transfer_params": params})  # fmt: skip
+        elapsed = time.monotonic() - start
+        failed = answer.status_code >= 400 or (
+            answer.json()["choices"][0]["finish_reason"] not in ("length", "stop")
+        )
+        assert failed, answer.text[:300]
+        assert elapsed < CONNECTOR["handshake_timeout_s"] + 6
+        wait_until_no_blocks_held([server.url], timeout_s=20)
+    finally:
+        server.stop()
 
 
 def test_prefill_server_killed_mid_stream(pd, tiny_model, expected):
