@@ -21,10 +21,34 @@ def _doctor(args: argparse.Namespace) -> int:
     return run_doctor(Path(args.model) if args.model else None)
 
 
-def _demo(args: argparse.Namespace) -> int:
+def _quickstart(args: argparse.Namespace) -> int:
     from kvscope.demo.quickstart import run_quickstart
 
     return run_quickstart(Path(args.model) if args.model else None, args.prompts)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from kvscope.demo.run import DemoOptions, run_demo
+    from kvscope.model.build import build_model, default_model_dir
+
+    if args.gpu:
+        import torch
+
+        if not torch.cuda.is_available():
+            print("--gpu: no CUDA device here; run without --gpu to use the CPU", file=sys.stderr)
+            return 2
+    model = Path(args.model) if args.model else default_model_dir()
+    if not (model / "config.json").is_file():
+        build_model(model)
+    options = DemoOptions(
+        model=model, duration_s=args.duration, rate_per_s=args.rate,
+        concurrency=args.concurrency, faults=not args.no_faults,
+        dashboard=not args.no_dashboard, otlp_endpoint=args.otlp_endpoint,
+        workdir=Path(args.workdir) if args.workdir else None,
+        backend_port=args.backend_port, dashboard_port=args.dashboard_port,
+        proxy_port=args.proxy_port,
+    )  # fmt: skip
+    return run_demo(options)
 
 
 def _backend(args: argparse.Namespace) -> int:
@@ -74,12 +98,25 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--model", help="model folder to check (default: the tiny model)")
     doctor.set_defaults(handler=_doctor)
 
-    demo = commands.add_parser(
-        "demo", help="run the tiny model through vLLM with a kvscope connector"
-    )
-    demo.add_argument("--model", help="model folder (default: the tiny model)")
-    demo.add_argument("--prompts", type=int, default=4, help="number of prompts")
+    demo = commands.add_parser("demo", help="run the whole system here (Ctrl-C stops it)")
+    demo.add_argument("--model", help="model folder (default: the tiny model, built if missing)")
+    demo.add_argument("--duration", type=float, default=0, help="seconds; 0 runs until Ctrl-C")
+    demo.add_argument("--rate", type=float, default=2.0, help="requests per second")
+    demo.add_argument("--concurrency", type=int, default=4, help="requests in flight at most")
+    demo.add_argument("--no-faults", action="store_true", help="inject no faults")
+    demo.add_argument("--no-dashboard", action="store_true", help="do not start the dashboard")
+    demo.add_argument("--gpu", action="store_true", help="require a CUDA GPU (vllm CUDA build)")
+    demo.add_argument("--otlp-endpoint", help="extra span destination, e.g. grpc://jaeger:4317")
+    demo.add_argument("--workdir", help="logs and database (default: a new temporary folder)")
+    demo.add_argument("--backend-port", type=int, default=4318)
+    demo.add_argument("--dashboard-port", type=int, default=8501)
+    demo.add_argument("--proxy-port", type=int, default=8000)
     demo.set_defaults(handler=_demo)
+
+    quick = commands.add_parser("quickstart", help="one engine, TracedConnector, two passes")
+    quick.add_argument("--model", help="model folder (default: the tiny model)")
+    quick.add_argument("--prompts", type=int, default=4, help="number of prompts")
+    quick.set_defaults(handler=_quickstart)
     backend = commands.add_parser("backend", help="serve the OTLP backend (REST, WebSocket)")
     backend.add_argument("--host", help="bind address (default KVSCOPE_BACKEND_HOST, 127.0.0.1)")
     backend.add_argument("--port", type=int, help="port (default KVSCOPE_BACKEND_PORT, 4318)")

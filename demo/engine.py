@@ -20,6 +20,10 @@ ENGINE_ENV: dict[str, str] = {
     "TRANSFORMERS_OFFLINE": "1",
     "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache on the CPU platform
     "OMP_NUM_THREADS": "1",  # without it generation on 2 cores is ~10x slower
+    # vLLM's CPU platform otherwise binds an OpenMP team to every core in each server, and
+    # two servers' spinning teams on one machine starve each other (seconds per request).
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "OMP_WAIT_POLICY": "PASSIVE",
     "UCX_NET_DEVICES": "lo",
 }
 """Environment every kvscope-started engine gets (PLATFORM.md explains each)."""
