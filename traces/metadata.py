@@ -21,4 +21,5 @@ class TracedMetadata(KVConnectorMetadata):
     reqs_trace_context: dict[str, str] = field(default_factory=dict)
     reqs_to_load: frozenset[str] = frozenset()
     reqs_preempted: frozenset[str] = frozenset()
+    quiet: bool = False  # an empty step (vLLM keeps stepping while blocks are held): no spans
     version: int = TRACED_METADATA_VERSION

@@ -54,6 +54,11 @@ class SchedulerHooks:
         contexts, loads, links = self._sched.begin_step(
             scheduler_output.num_scheduled_tokens, new_ids
         )
+        preempted = frozenset(scheduler_output.preempted_req_ids or ())
+        busy = scheduler_output.total_num_scheduled_tokens or contexts or loads or preempted
+        if not busy and not self._trace_quiet_hooks:  # an idle step: counted, not traced
+            inner = self._inner.build_connector_meta(scheduler_output)
+            return TracedMetadata(inner, self._sched.step, quiet=True)
         with self._spans.hook(
             "build_connector_meta",
             None,
@@ -65,7 +70,6 @@ class SchedulerHooks:
             },
         ):
             inner = self._inner.build_connector_meta(scheduler_output)
-            preempted = frozenset(scheduler_output.preempted_req_ids or ())
             return TracedMetadata(inner, self._sched.step, contexts, loads, preempted)
 
     def update_connector_output(self, connector_output: Any) -> None:

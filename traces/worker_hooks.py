@@ -43,6 +43,8 @@ class WorkerHooks:
             return self._inner.handle_preemptions(inner)
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        if self._work.step_span is None and not self._trace_quiet_hooks:
+            return self._inner.start_load_kv(forward_context, **kwargs)  # an idle step
         loading = sorted(self._work.loading)
         with self._spans.hook(
             "start_load_kv", self._work.step_context, **{names.REQUEST_IDS: loading}
@@ -73,6 +75,8 @@ class WorkerHooks:
         self._work.layer_call("save_kv_layer", layer_name, start, time.time_ns())
 
     def wait_for_save(self) -> None:
+        if self._work.step_span is None and not self._trace_quiet_hooks:
+            return self._inner.wait_for_save()  # an idle step
         self._work.flush_layer_calls()
         with self._spans.hook("wait_for_save", self._work.step_context):
             return self._inner.wait_for_save()

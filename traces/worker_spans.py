@@ -38,6 +38,8 @@ class WorkerTracing:
         self.end_step()
         self.step_index = metadata.step
         self.loading = metadata.reqs_to_load
+        if metadata.quiet:
+            return
         for req_id, traceparent in metadata.reqs_trace_context.items():
             context.remember(req_id, traceparent)
         links = []
