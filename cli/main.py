@@ -68,6 +68,13 @@ def _dashboard(args: argparse.Namespace) -> int:
     return run(host=args.host, port=args.port, backend_url=args.backend)
 
 
+def _proxy(args: argparse.Namespace) -> int:
+    from kvscope.demo.proxy import run
+
+    run(args.host, args.port, args.prefill_url, args.decode_url)
+    return 0
+
+
 def _replay(args: argparse.Namespace) -> int:
     from kvscope.demo.replay import RECORDINGS, replay
 
@@ -128,6 +135,13 @@ def build_parser() -> argparse.ArgumentParser:
     dashboard.add_argument("--port", type=int, default=8501, help="port")
     dashboard.add_argument("--backend", help="backend URL (default KVSCOPE_BACKEND_URL)")
     dashboard.set_defaults(handler=_dashboard)
+
+    proxy = commands.add_parser("proxy", help="serve the P/D proxy (prefill, then decode)")
+    proxy.add_argument("--host", default="127.0.0.1", help="bind address")
+    proxy.add_argument("--port", type=int, default=8000, help="port")
+    proxy.add_argument("--prefill-url", required=True, help="prefill server base URL")
+    proxy.add_argument("--decode-url", required=True, help="decode server base URL")
+    proxy.set_defaults(handler=_proxy)
 
     replay = commands.add_parser("replay", help="feed recorded spans into a running backend")
     replay.add_argument("recording", nargs="?", help="OTLP/JSON lines (default: the demo's)")

@@ -122,6 +122,9 @@ def run(host: str, port: int, prefill_url: str, decode_url: str) -> None:
     """Serve the proxy until interrupted."""
     import uvicorn
 
+    from kvscope.traces.sdk.configure import configure_tracing
+
+    configure_tracing(service_name="kvscope-proxy")  # from OTEL_* and KVSCOPE_* variables
     uvicorn.run(create_app(prefill_url, decode_url), host=host, port=port, log_level="warning")
 
 

@@ -43,7 +43,9 @@ class OffloadWorker:
 
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
         layers = list(kv_caches.values())
-        block_dim = find_block_dim(layers[0].shape, self.num_device_blocks)
+        # vLLM's KV layouts put blocks first or second ([N, ...] or [2, N, ...]); looking only
+        # there keeps a head size that equals the block count from being taken for it.
+        block_dim = find_block_dim(layers[0].shape[:2], self.num_device_blocks)
         layout = BlockLayout.of(layers, block_dim)
         pin = layers[0].device.type == "cuda"
         self.buffer = HostBuffer.with_capacity(layout, self.config.cpu_bytes_to_use, pin)

@@ -6,6 +6,7 @@ from typing import Any
 from kvscope.connector.multi.children import Child
 from kvscope.connector.multi.metadata import LoadRoute, MultiMetadata, MultiWorkerMeta
 from kvscope.traces import names
+from kvscope.traces.attributes import lookup_attributes
 from kvscope.traces.events import add_event
 from kvscope.traces.spans import child_hook_span
 
@@ -53,11 +54,13 @@ class MultiScheduler:
         req_id = str(request.request_id)
         found: tuple[int, bool, int] | None = None
         for index, child in enumerate(self.children):
-            with self.span(index, "get_num_new_matched_tokens") as span:
+            with self.span(
+                index, "get_num_new_matched_tokens", **{names.REQUEST_ID: req_id}
+            ) as span:
                 tokens, is_async = child.connector.get_num_new_matched_tokens(
                     request, num_computed_tokens
                 )
-                span.set_attribute(names.TOKENS_EXTERNAL_HIT, -1 if tokens is None else tokens)
+                span.set_attributes(lookup_attributes(num_computed_tokens, (tokens, is_async)))
             if tokens is None:  # a child still deciding: ask again next step
                 return None, False, None
             usable = index not in skip and (is_async or not async_only)
@@ -76,7 +79,8 @@ class MultiScheduler:
         chosen = self.serving.get(req_id) if num_external_tokens > 0 else None
         for index, child in enumerate(self.children):
             tokens = num_external_tokens if index == chosen else 0
-            with self.span(index, "update_state_after_alloc", **{names.TOKENS_TO_LOAD: tokens}):
+            attributes = {names.TOKENS_TO_LOAD: tokens, names.REQUEST_ID: req_id}
+            with self.span(index, "update_state_after_alloc", **attributes):
                 child.connector.update_state_after_alloc(request, blocks, tokens)
         if chosen is None:
             return
@@ -149,7 +153,7 @@ class MultiScheduler:
         req_id = str(request.request_id)
         delayed, params = 0, None
         for index, child in enumerate(self.children):
-            with self.span(index, "request_finished"):
+            with self.span(index, "request_finished", **{names.REQUEST_ID: req_id}):
                 delay, child_params = child.connector.request_finished(request, block_ids)
             delayed += bool(delay)
             if child_params:
