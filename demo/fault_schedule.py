@@ -6,7 +6,7 @@ from pathlib import Path
 
 SCHEDULE: tuple[tuple[float, str, dict], ...] = (
     (0.00, "no faults", {}),
-    (0.25, "failing every 3rd load", {"fail_load_every": 3}),
+    (0.25, "failing half the loads", {"fail_load_probability": 0.5, "seed": 7}),
     (0.45, "no faults", {}),
     (0.60, "loads slower than the load timeout", {"load_delay_ms": 1500.0}),
     (0.75, "evicting leased blocks", {"evict_leased": True}),

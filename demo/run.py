@@ -65,8 +65,9 @@ def start_stack(options: DemoOptions, workdir: Path, stack: Stack) -> dict[str, 
         port = free_port()
         config = engine_config(free_port(), workdir / "faults.json")
         cmd = serve_command(options.model, port, config)
+        # A small KV cache, so vLLM's own prefix cache evicts and the offload pool gets hits.
         cmd += ["--otlp-traces-endpoint", backend + "/v1/traces", "--served-model-name",
-                "kvscope-tiny"]  # fmt: skip
+                "kvscope-tiny", "--num-gpu-blocks-override", "64"]  # fmt: skip
         server_env = engine_env(KVSCOPE_OTLP_ENDPOINTS=endpoints, OTEL_SERVICE_NAME=f"vllm-{role}",
                                 OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="http/protobuf",
                                 OTEL_BSP_SCHEDULE_DELAY="200")  # fmt: skip
@@ -127,7 +128,7 @@ def drive(options: DemoOptions, urls: dict[str, str], workdir: Path, stack: Stac
     faults = FaultSchedule(workdir / "faults.json", enabled=options.faults)
     # Most requests go through the proxy (P/D); some straight to decode, where the offload
     # pool serves prefixes the decode side has seen.
-    targets = [urls["proxy"]] * 3 + [urls["decode"]]
+    targets = [urls["proxy"], urls["proxy"], urls["decode"]]
     started = time.monotonic()
     slice_s = 5.0
     while options.duration_s == 0 or time.monotonic() - started < options.duration_s:

@@ -23,11 +23,23 @@ class WorkloadStats:
         return f"requests {self.sent} sent, {self.ok} ok, {self.failed} failed; p50 {p50:.2f} s"
 
 
+NUM_DOCUMENTS = 16
+"""More shared documents than a small KV cache holds: vLLM's prefix cache evicts them and the
+offload pool serves them back."""
+
+
+def document(doc_id: int) -> str:
+    """Shared prefix number doc_id: the same text every time it is asked for."""
+    rng = random.Random(doc_id)
+    return f"Document {doc_id}. " + " ".join(rng.choices(SENTENCES, k=rng.randint(3, 8)))
+
+
 def make_prompt(rng: random.Random) -> str:
-    """A shared document prefix (one of a few, so caches hit) plus a question of its own."""
-    document = long_prompt(rng.randrange(4), sentences=rng.choice((2, 4, 8)))
-    question = " ".join(rng.choices(SENTENCES, k=rng.randint(0, 2)))
-    return f"{document} Question {rng.randrange(10**6)}: {question}"
+    """A shared document prefix plus, half the time, a longer tail, then a question."""
+    prefix = document(rng.randrange(NUM_DOCUMENTS))
+    if rng.random() < 0.3:
+        prefix += " " + long_prompt(rng.randrange(5), sentences=2)
+    return f"{prefix} Question {rng.randrange(10**6)}: {rng.choice(SENTENCES)}"
 
 
 async def run_workload(
