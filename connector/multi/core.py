@@ -22,7 +22,10 @@ class MultiCore(KVConnectorBase_V1):
         fallback = bool(extra.get("fallback", True))
         self.children = build_children(vllm_config, role, kv_cache_config)
         self.scheduler = MultiScheduler(
-            self.children, vllm_config.cache_config.block_size, fallback
+            self.children,
+            vllm_config.cache_config.block_size,
+            fallback,
+            str(self._kv_transfer_config.engine_id),
         )
         self.worker = MultiWorker(self.children, fallback)
 

@@ -1,7 +1,10 @@
 """Scheduler side of the MultiConnector: which child serves each load, and fallback on failure."""
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
+
+from opentelemetry import trace
 
 from kvscope.connector.multi.children import Child
 from kvscope.connector.multi.metadata import LoadRoute, MultiMetadata, MultiWorkerMeta
@@ -28,8 +31,11 @@ class LoadPlan:
 class MultiScheduler:
     """Asks children in order; the first with a hit serves it; a failed load falls back."""
 
-    def __init__(self, children: list[Child], block_size: int, fallback: bool) -> None:
+    def __init__(
+        self, children: list[Child], block_size: int, fallback: bool, engine_id: str = ""
+    ) -> None:
         self.children = children
+        self.span_attributes = {names.ENGINE_ID: engine_id}
         self.block_size = block_size
         self.fallback = fallback
         self.serving: dict[str, int] = {}  # req -> child chosen at lookup
@@ -40,8 +46,13 @@ class MultiScheduler:
         self._extra_saves: dict[str, int] = {}
 
     def span(self, index: int, hook: str, **attributes: Any):
+        """A span for one child's part of a hook, nested under the Multi's span for it; none
+        when the Multi's own hook is not traced (e.g. an idle engine step)."""
+        if not trace.get_current_span().is_recording():
+            return contextlib.nullcontext(trace.INVALID_SPAN)
         child = self.children[index]
-        return child_hook_span(child.name, type(child.connector).__name__, hook, **attributes)
+        return child_hook_span(child.name, type(child.connector).__name__, hook,
+                               **self.span_attributes, **attributes)  # fmt: skip
 
     def lookup(
         self,

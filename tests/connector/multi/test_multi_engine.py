@@ -13,8 +13,12 @@ OFFLOAD = "kvscope.connector.cpu_offload.connector"
 
 
 def offload_child(name: str, **extra) -> dict:
-    return {"name": name, "kv_connector": "CpuOffloadConnector", "kv_connector_module_path": OFFLOAD,
-            "kv_connector_extra_config": {"cpu_bytes_to_use": 8 << 20, **extra}}  # fmt: skip
+    return {
+        "name": name,
+        "kv_connector": "CpuOffloadConnector",
+        "kv_connector_module_path": OFFLOAD,
+        "kv_connector_extra_config": {"cpu_bytes_to_use": 8 << 20, **extra},
+    }
 
 
 def multi_config(*children: dict, **extra) -> dict:
@@ -99,8 +103,10 @@ def test_child_spans_nest_under_the_multi_hook_span(tiny_model, spans):
         greedy_tokens(llm, DISTINCT[:1])
     collected = spans()
     by_id = {s.context.span_id: s for s in collected}
-    child_lookups = [s for s in collected if s.attributes.get(names.CONNECTOR_CHILD)
-                     and s.name == names.SPAN_HOOK_PREFIX + "get_num_new_matched_tokens"]  # fmt: skip
+    lookup = names.SPAN_HOOK_PREFIX + "get_num_new_matched_tokens"
+    child_lookups = [
+        s for s in collected if s.attributes.get(names.CONNECTOR_CHILD) and s.name == lookup
+    ]
     assert {s.attributes[names.CONNECTOR_CHILD] for s in child_lookups} == {"a", "b"}
     for span in child_lookups:
         parent = by_id[span.parent.span_id]
