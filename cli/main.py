@@ -82,7 +82,7 @@ def _replay(args: argparse.Namespace) -> int:
     if not path.is_file():
         print(f"no recording at {path}: record one with KVSCOPE_TRACES_FILE=...", file=sys.stderr)
         return 2
-    sent = replay(path, args.backend, args.token, args.speed)
+    sent = replay(path, args.backend, args.token, args.speed, now=not args.keep_times)
     print(f"replayed {sent} batches from {path} into {args.backend}")
     return 0
 
@@ -148,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--backend", default="http://127.0.0.1:4318", help="backend URL")
     replay.add_argument("--token", help="bearer token, if the backend wants one")
     replay.add_argument("--speed", type=float, default=0.0, help="batches per second (0: fast)")
+    replay.add_argument("--keep-times", action="store_true", help="do not move times to now")
     replay.set_defaults(handler=_replay)
     return parser
 
