@@ -5,10 +5,14 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
+
+from tests.dashboard.conftest import browser, page, screenshot  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -20,24 +24,74 @@ def get(url: str) -> dict:
 
 @pytest.fixture(scope="module")
 def demo_run(tiny_model, tmp_path_factory):
-    """A 75 s demo with faults; the backend database stays in the workdir afterwards."""
+    """A 75 s demo with faults, started in the background; yields once every service is up,
+    then (after the module's tests) the demo's exit and its output."""
     workdir = tmp_path_factory.mktemp("demo")
     cmd = [sys.executable, "-m", "kvscope.cli.main", "demo", "--model", str(tiny_model),
            "--duration", "75", "--rate", "3", "--workdir", str(workdir), "--backend-port",
            "14318", "--dashboard-port", "18501", "--proxy-port", "18000"]  # fmt: skip
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    return result, workdir
+    process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output: list[str] = []
+    ready = threading.Event()
+
+    def read() -> None:
+        for line in process.stdout:
+            output.append(line)
+            if "API docs" in line:
+                ready.set()
+        ready.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    ready.wait(400)
+    finished = {}
+
+    def wait() -> tuple[int, str, Path]:
+        if not finished:
+            finished["code"] = process.wait(600)
+            time.sleep(0.5)  # the reader drains the pipe
+        return finished["code"], "".join(output), workdir
+
+    try:
+        yield wait
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            process.wait(60)
+
+
+def overview_requests(browser_page) -> int:
+    """The Overview page's request count (0 until it shows one)."""
+    browser_page.locator("[data-testid=stMetric]").first.wait_for()
+    for text in browser_page.locator("[data-testid=stMetric]").all_inner_texts():
+        label, _, value = text.strip().rpartition("\n")
+        if label.strip() == "Requests":
+            return int(value.replace(",", "")) if value.replace(",", "").isdigit() else 0
+    return 0
+
+
+def test_the_dashboard_shows_live_data_during_the_run(demo_run, page):  # noqa: F811
+    """The README's screenshot comes from here (build/screenshots/demo_*.png)."""
+    page.goto("http://127.0.0.1:18501/requests")
+    page.get_by_text("cmpl-", exact=False).first.wait_for(timeout=60_000)
+    screenshot(page, "demo_requests")
+    page.goto("http://127.0.0.1:18501/")
+    deadline = time.monotonic() + 60
+    while overview_requests(page) == 0:
+        assert time.monotonic() < deadline, "the overview never counted a request"
+        time.sleep(1)
+    time.sleep(3)  # a few refreshes, so the charts have several points
+    screenshot(page, "demo_overview")
 
 
 def test_the_demo_ends_cleanly(demo_run):
-    result, workdir = demo_run
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "every demo process has exited" in result.stdout
-    assert "workload done:" in result.stdout and " 0 ok" not in result.stdout
+    code, output, _ = demo_run()
+    assert code == 0, output[-5000:]
+    assert "every demo process has exited" in output
+    assert "workload done:" in output and " 0 ok" not in output
 
 
 def test_no_demo_process_survives(demo_run):
-    _, workdir = demo_run
+    *_, workdir = demo_run()
     survivors = subprocess.run(["pgrep", "-f", str(workdir)], capture_output=True, text=True)
     assert survivors.stdout.strip() == "", "processes still running: " + survivors.stdout
 
@@ -45,7 +99,7 @@ def test_no_demo_process_survives(demo_run):
 @pytest.fixture(scope="module")
 def backend(demo_run):
     """The demo's database, served again after the run."""
-    _, workdir = demo_run
+    *_, workdir = demo_run()
     env = {**os.environ, "DATABASE_URL": f"sqlite:///{workdir / 'kvscope.db'}"}
     cmd = [sys.executable, "-m", "kvscope.cli.main", "backend", "--port", "14319"]
     process = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
