@@ -4,6 +4,9 @@ Uses only the OpenTelemetry API: with no SDK configured every call is a cheap no
 """
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from opentelemetry import trace
@@ -12,12 +15,35 @@ from kvscope.traces import names
 from kvscope.traces.context import context_of
 from kvscope.traces.spans import get_tracer
 
+_buffer: ContextVar[list | None] = ContextVar("kvscope_event_buffer", default=None)
+
 
 def add_event(name: str, **attributes: Any) -> None:
-    """An event on the span of the hook being run (e.g. a lease taken during a lookup)."""
+    """An event on the span of the hook being run (e.g. a lease taken during a lookup); kept
+    aside when the hook runs without a span of its own, so the caller can give it one."""
+    values = {k: v for k, v in attributes.items() if v is not None}
     span = trace.get_current_span()
     if span.is_recording():
-        span.add_event(name, {k: v for k, v in attributes.items() if v is not None})
+        span.add_event(name, values)
+    elif (buffer := _buffer.get()) is not None:
+        buffer.append((name, values, time.time_ns()))
+
+
+@contextmanager
+def buffered_events() -> Iterator[list[tuple[str, dict, int]]]:
+    """Collects the events added while no span is recording: (name, attributes, time)."""
+    events: list[tuple[str, dict, int]] = []
+    token = _buffer.set(events)
+    try:
+        yield events
+    finally:
+        _buffer.reset(token)
+
+
+def add_events(span: trace.Span, events: list[tuple[str, dict, int]]) -> None:
+    """Puts events kept by buffered_events() on the span that ended up covering them."""
+    for name, attributes, timestamp in events:
+        span.add_event(name, attributes, timestamp=timestamp)
 
 
 def monotonic_to_epoch_ns(monotonic_s: float) -> int:

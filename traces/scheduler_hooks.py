@@ -57,7 +57,8 @@ class SchedulerHooks:
         preempted = frozenset(scheduler_output.preempted_req_ids or ())
         busy = scheduler_output.total_num_scheduled_tokens or contexts or loads or preempted
         if not busy and not self._trace_quiet_hooks:  # an idle step: counted, not traced
-            inner = self._inner.build_connector_meta(scheduler_output)
+            build = self._inner.build_connector_meta
+            inner = self._spans.quiet_call("build_connector_meta", None, build, scheduler_output)
             return TracedMetadata(inner, self._sched.step, quiet=True)
         with self._spans.hook(
             "build_connector_meta",
@@ -78,7 +79,8 @@ class SchedulerHooks:
         invalid = connector_output.invalid_block_ids or set()
         worker_meta = connector_output.kv_connector_worker_meta
         if not (sending or recving or invalid or worker_meta) and not self._trace_quiet_hooks:
-            return self._inner.update_connector_output(connector_output)
+            update = self._inner.update_connector_output
+            return self._spans.quiet_call("update_connector_output", None, update, connector_output)
         self._sched.note_loaded(set(recving))
         with self._spans.hook(
             "update_connector_output",

@@ -1,5 +1,6 @@
 """Shared span plumbing for both connector halves: the tracer, base attributes, hook spans."""
 
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -61,6 +62,21 @@ class HookSpans:
             attributes={**self.base, names.HOOK: hook, **attributes},
         ) as span:
             yield span
+
+    def quiet_call(self, hook: str, parent: Context | None, call, *args: Any, **kwargs: Any):
+        """Runs a hook that usually does nothing without a span; if it reported facts (span
+        events), they get a hook span after all, timed from the call's start."""
+        from kvscope.traces.events import add_events, buffered_events
+
+        start = time.time_ns()
+        with buffered_events() as events:
+            result = call(*args, **kwargs)
+        if events:
+            span = self.start(names.SPAN_HOOK_PREFIX + hook, parent, start_time=start,
+                              **{names.HOOK: hook})  # fmt: skip
+            add_events(span, events)
+            span.end()
+        return result
 
     def start(
         self,

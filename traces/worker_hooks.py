@@ -10,6 +10,7 @@ from kvscope.traces.attributes import (
     kv_caches_attributes,
     short_text,
 )
+from kvscope.traces.events import add_events, buffered_events
 from kvscope.traces.metadata import TracedMetadata
 
 
@@ -37,14 +38,16 @@ class WorkerHooks:
         preempted = getattr(kv_connector_metadata, "reqs_preempted", None)
         if preempted is not None and not preempted and not self._trace_quiet_hooks:
             self._work.quiet_hooks.append("handle_preemptions")
-            return self._inner.handle_preemptions(inner)
+            handle = self._inner.handle_preemptions
+            return self._spans.quiet_call("handle_preemptions", None, handle, inner)
         ids = {names.REQUEST_IDS: sorted(preempted or ())}
         with self._spans.hook("handle_preemptions", self._work.step_context, **ids):
             return self._inner.handle_preemptions(inner)
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         if self._work.step_span is None and not self._trace_quiet_hooks:
-            return self._inner.start_load_kv(forward_context, **kwargs)  # an idle step
+            load = self._inner.start_load_kv  # an idle step
+            return self._spans.quiet_call("start_load_kv", None, load, forward_context, **kwargs)
         loading = sorted(self._work.loading)
         with self._spans.hook(
             "start_load_kv", self._work.step_context, **{names.REQUEST_IDS: loading}
@@ -76,7 +79,7 @@ class WorkerHooks:
 
     def wait_for_save(self) -> None:
         if self._work.step_span is None and not self._trace_quiet_hooks:
-            return self._inner.wait_for_save()  # an idle step
+            return self._spans.quiet_call("wait_for_save", None, self._inner.wait_for_save)
         self._work.flush_layer_calls()
         with self._spans.hook("wait_for_save", self._work.step_context):
             return self._inner.wait_for_save()
@@ -91,13 +94,14 @@ class WorkerHooks:
     def get_transfer_results(self, finished_req_ids: set[str]):
         start = time.time_ns()
         try:
-            with self._work.current_step():  # facts the connector reports land on the step
+            # Facts the connector reports land on the step span, or wait for a span of their own.
+            with self._work.current_step(), buffered_events() as events:
                 results = self._inner.get_transfer_results(finished_req_ids)
         except Exception:
             with self._spans.hook("get_transfer_results", self._work.step_context):
                 raise  # recorded on the span, re-raised unchanged
         done = results.finished_sending or results.finished_recving or results.failed_recving
-        if done or self._trace_quiet_hooks:
+        if done or events or self._trace_quiet_hooks:
             span = self._spans.start(
                 names.SPAN_HOOK_PREFIX + "get_transfer_results",
                 self._work.step_context,
@@ -106,6 +110,7 @@ class WorkerHooks:
                 **finished_attributes(results.finished_sending, results.finished_recving),
             )
             span.set_attribute(names.FAILED_RECVING, sorted(results.failed_recving))
+            add_events(span, events)
             span.end()
         else:
             self._work.quiet_hooks.append("get_transfer_results")
@@ -137,12 +142,12 @@ class WorkerHooks:
         """A per-step query: a span only when it returns something (or quiet hooks are traced)."""
         start = time.time_ns()
         try:
-            with self._work.current_step():
+            with self._work.current_step(), buffered_events() as events:
                 result = getattr(self._inner, hook)()
         except Exception:
             with self._spans.hook(hook, self._work.step_context):
                 raise  # recorded on the span, re-raised unchanged
-        if result or self._trace_quiet_hooks:
+        if result or events or self._trace_quiet_hooks:
             span = self._spans.start(
                 names.SPAN_HOOK_PREFIX + hook,
                 self._work.step_context,
@@ -161,6 +166,7 @@ class WorkerHooks:
                 )
             else:
                 span.set_attribute(result_key, short_text(result))
+            add_events(span, events)
             span.end()
         else:
             self._work.quiet_hooks.append(hook)
