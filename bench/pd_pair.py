@@ -3,7 +3,6 @@
 import contextlib
 import os
 import re
-import socket
 import threading
 import time
 import urllib.request
@@ -11,15 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvscope.demo.engine import ServerProcess, engine_env, serve_command
+from kvscope.demo.engine import ServerProcess, engine_env, free_port, serve_command
 
 P2P_MODULE = "kvscope.connector.p2p.connector"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def p2p_transfer_config(side_channel_port: int, policy: str = "recompute", **extra: Any) -> dict:

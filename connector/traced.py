@@ -23,6 +23,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     SupportsHMA,
 )
 
+from kvscope.connector.child_config import child_transfer_config
 from kvscope.traces.instrumented import InstrumentedConnector
 
 EXTRA_CONNECTOR = "connector"
@@ -54,19 +55,8 @@ class TracedConnector(InstrumentedConnector):
             )
         if name == cls.__name__:
             raise ValueError("TracedConnector cannot wrap itself")
-        fields = {"kv_role": "kv_both"}  # only the class is looked up without an outer config
-        if outer is not None:
-            fields = {
-                "engine_id": outer.engine_id,
-                "kv_role": outer.kv_role,
-                "kv_buffer_device": outer.kv_buffer_device,
-                "kv_load_failure_policy": outer.kv_load_failure_policy,
-            }
-        return KVTransferConfig(
-            kv_connector=name,
-            kv_connector_module_path=extra_config.get(EXTRA_MODULE_PATH),
-            kv_connector_extra_config=cls.inner_extra_config(extra_config),
-            **fields,
+        return child_transfer_config(
+            name, extra_config.get(EXTRA_MODULE_PATH), cls.inner_extra_config(extra_config), outer
         )
 
     @classmethod

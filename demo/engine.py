@@ -4,6 +4,7 @@ import contextlib
 import gc
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -30,6 +31,13 @@ ENGINE_ENV: dict[str, str] = {
 
 BLOCK_SIZE = 32
 """KV block size in tokens: the CPU attention backend needs a multiple of 32."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def engine_env(**extra: str) -> dict[str, str]:

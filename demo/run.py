@@ -5,7 +5,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -13,7 +12,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvscope.demo.engine import engine_env, serve_command
+from kvscope.demo.engine import engine_env, free_port, serve_command
 from kvscope.demo.fault_schedule import FaultSchedule
 from kvscope.demo.stack import Service, Stack
 from kvscope.demo.topology import engine_config
@@ -33,12 +32,6 @@ class DemoOptions:
     backend_port: int = 4318
     dashboard_port: int = 8501
     proxy_port: int = 8000
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def python(*args: str) -> list[str]:

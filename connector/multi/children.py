@@ -8,6 +8,7 @@ from vllm.config.kv_transfer import KVTransferConfig
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 
+from kvscope.connector.child_config import child_transfer_config
 from kvscope.traces.instrumented import InstrumentedConnector
 
 CHILD_KEYS = {"kv_connector", "kv_connector_module_path", "kv_connector_extra_config", "name"}
@@ -43,28 +44,18 @@ def child_configs(extra_config: dict[str, Any]) -> list[dict[str, Any]]:
 def child_class(config: dict[str, Any], outer: KVTransferConfig | None = None) -> type:
     """The class to build; kvscope's traced connectors give their untraced core, because the
     MultiConnector traces its children itself (as children of its own hook spans)."""
-    cls = KVConnectorFactory.get_connector_class(child_transfer_config(config, outer))
+    cls = KVConnectorFactory.get_connector_class(transfer_config(config, outer))
     if issubclass(cls, InstrumentedConnector):
         cls = cls.inner_class(config.get("kv_connector_extra_config") or {})
     return cls
 
 
-def child_transfer_config(
-    config: dict[str, Any], outer: KVTransferConfig | None
-) -> KVTransferConfig:
-    shared = {"kv_role": "kv_both"}
-    if outer is not None:
-        shared = {
-            "engine_id": outer.engine_id,
-            "kv_role": outer.kv_role,
-            "kv_buffer_device": outer.kv_buffer_device,
-            "kv_load_failure_policy": outer.kv_load_failure_policy,
-        }
-    return KVTransferConfig(
-        kv_connector=config["kv_connector"],
-        kv_connector_module_path=config.get("kv_connector_module_path"),
-        kv_connector_extra_config=config.get("kv_connector_extra_config") or {},
-        **shared,
+def transfer_config(config: dict[str, Any], outer: KVTransferConfig | None) -> KVTransferConfig:
+    return child_transfer_config(
+        config["kv_connector"],
+        config.get("kv_connector_module_path"),
+        config.get("kv_connector_extra_config") or {},
+        outer,
     )
 
 
@@ -73,7 +64,7 @@ def build_children(vllm_config: Any, role: Any, kv_cache_config: Any) -> list[Ch
     children = []
     for config in child_configs(outer.kv_connector_extra_config or {}):
         child_config = copy.copy(vllm_config)
-        child_config.kv_transfer_config = child_transfer_config(config, outer)
+        child_config.kv_transfer_config = transfer_config(config, outer)
         cls = child_class(config, outer)
         children.append(Child(config["name"], cls(child_config, role, kv_cache_config)))
     return children

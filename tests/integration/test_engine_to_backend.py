@@ -2,7 +2,6 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -10,16 +9,10 @@ import time
 import httpx
 import pytest
 
-from kvscope.demo.engine import engine_env
+from kvscope.demo.engine import engine_env, free_port
 from kvscope.demo.prompts import DISTINCT
 
 pytestmark = pytest.mark.engine
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

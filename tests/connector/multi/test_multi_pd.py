@@ -6,8 +6,8 @@ import time
 import httpx
 import pytest
 
-from kvscope.bench.pd_pair import ProxyThread, free_port
-from kvscope.demo.engine import ServerProcess, engine_env, in_process_llm, serve_command
+from kvscope.bench.pd_pair import ProxyThread
+from kvscope.demo.engine import ServerProcess, engine_env, free_port, in_process_llm, serve_command
 from kvscope.demo.oracle import greedy_tokens
 from kvscope.demo.prompts import long_prompt
 from kvscope.demo.topology import engine_config
