@@ -98,10 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     rates: dict[str, list[float]] = {mode: [] for mode in CONFIGS}
     for round_index in range(args.rounds):
         for mode in CONFIGS:  # interleaved, so drift on a shared machine hits every config
-            rates[mode].append(measure_tokens_per_s(model, mode, prompts, args.max_tokens))
-            print(
-                f"round {round_index + 1}: {mode:10s} {rates[mode][-1]:8.1f} tokens/s", flush=True
-            )
+            batch_rates = measure_tokens_per_s(model, mode, prompts, args.max_tokens, args.repeats)
+            rates[mode] += batch_rates
+            median = statistics.median(batch_rates)
+            print(f"round {round_index + 1}: {mode:10s} {median:8.1f} tokens/s", flush=True)
     base = statistics.median(rates["untraced"])
     print("\n| config | tokens/s (median) | ratio to untraced |\n| --- | --- | --- |")
     for mode in CONFIGS:

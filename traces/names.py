@@ -95,6 +95,9 @@ LOAD_THIS_STEP: Final = "kvscope.load.this_step"
 STEP_QUIET_HOOKS: Final = "kvscope.step.quiet_hooks"
 """Per-step hooks that ran without a span of their own (they returned nothing)."""
 
+STEP_QUIET_BEFORE: Final = "kvscope.step.quiet_before"
+"""Engine steps without KV work (decode-only or idle, so untraced) since the last traced step."""
+
 KV_CACHE_BYTES: Final = "kvscope.kv_cache.bytes"
 """Total bytes of the engine's KV cache tensors (register_kv_caches)."""
 

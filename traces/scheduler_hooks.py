@@ -55,8 +55,9 @@ class SchedulerHooks:
             scheduler_output.num_scheduled_tokens, new_ids
         )
         preempted = frozenset(scheduler_output.preempted_req_ids or ())
-        busy = scheduler_output.total_num_scheduled_tokens or contexts or loads or preempted
-        if not busy and not self._trace_quiet_hooks:  # an idle step: counted, not traced
+        # A step with no KV work (decode only, or idle): its hooks are counted, not traced;
+        # whatever a connector reports in it still gets a span (quiet_call).
+        if not (contexts or loads or preempted) and not self._trace_quiet_hooks:
             build = self._inner.build_connector_meta
             inner = self._spans.quiet_call("build_connector_meta", None, build, scheduler_output)
             return TracedMetadata(inner, self._sched.step, quiet=True)

@@ -56,6 +56,8 @@ class WorkerHooks:
             return self._inner.start_load_kv(forward_context, **kwargs)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
+        if self._work.step_span is None and not self._trace_quiet_hooks:
+            return self._inner.wait_for_layer_load(layer_name)  # a step without KV work
         if self._work.per_layer:
             with self._spans.hook(
                 "wait_for_layer_load", self._work.step_context, **{names.LAYER_NAME: layer_name}
@@ -68,6 +70,8 @@ class WorkerHooks:
         self._work.timeline("layer_ready", self._work.loading, **{names.LAYER_NAME: layer_name})
 
     def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs) -> None:
+        if self._work.step_span is None and not self._trace_quiet_hooks:
+            return self._inner.save_kv_layer(layer_name, kv_layer, attn_metadata, **kwargs)
         if self._work.per_layer:
             with self._spans.hook(
                 "save_kv_layer", self._work.step_context, **{names.LAYER_NAME: layer_name}

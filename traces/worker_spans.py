@@ -33,12 +33,14 @@ class WorkerTracing:
         self.loading: frozenset[str] = frozenset()
         self.layer_calls: dict[str, LayerCalls] = {}
         self.quiet_hooks: list[str] = []
+        self.quiet_steps = 0  # steps without KV work since the last traced one
 
     def begin_step(self, metadata: TracedMetadata) -> None:
         self.end_step()
         self.step_index = metadata.step
         self.loading = metadata.reqs_to_load
         if metadata.quiet:
+            self.quiet_steps += 1
             return
         for req_id, traceparent in metadata.reqs_trace_context.items():
             context.remember(req_id, traceparent)
@@ -57,8 +59,10 @@ class WorkerTracing:
             self.request_spans[req_id] = span
             links.append(Link(span.get_span_context(), {names.REQUEST_ID: req_id}))
         self.step_span = self.spans.start(
-            names.SPAN_STEP, None, links, **{names.STEP: metadata.step}
-        )
+            names.SPAN_STEP, None, links,
+            **{names.STEP: metadata.step, names.STEP_QUIET_BEFORE: self.quiet_steps},
+        )  # fmt: skip
+        self.quiet_steps = 0
         self.step_context = trace.set_span_in_context(self.step_span)
 
     def current_step(self):
