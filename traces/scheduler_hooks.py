@@ -23,8 +23,11 @@ class SchedulerHooks:
         return self._spans.hook(hook, parent, **req_id, **attributes)
 
     def on_new_request(self, request: Any) -> None:
-        with self._request_hook("on_new_request", request):
-            return self._inner.on_new_request(request)
+        # A notification: the request span starts here; the hook gets a span of its own only
+        # when the connector reports something in it.
+        parent = self._sched.request_context(request)
+        notify = self._inner.on_new_request
+        return self._spans.quiet_call("on_new_request", parent, notify, request)
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int):
         with self._request_hook("get_num_new_matched_tokens", request) as span:

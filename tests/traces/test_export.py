@@ -122,3 +122,17 @@ def test_dead_otlp_endpoint_does_not_stop_generation(tiny_model, tmp_path):
     telemetry = json.loads(telemetry_line)["telemetry"]
     assert telemetry["exported"] == 0
     assert telemetry["dropped_export_failed"] > 0
+
+
+def test_span_ids_do_not_repeat_when_vllm_seeds_python_random(span_exporter):
+    """vLLM seeds Python's global random (seed 0 by default): ids must not follow it."""
+    import random
+
+    from opentelemetry import trace
+
+    ids = []
+    for _ in range(2):
+        random.seed(0)
+        with trace.get_tracer("test").start_as_current_span("after-seed") as span:
+            ids.append((span.get_span_context().trace_id, span.get_span_context().span_id))
+    assert ids[0] != ids[1]

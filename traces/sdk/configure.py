@@ -13,7 +13,12 @@ from opentelemetry.sdk.trace.export import SpanExporter
 
 from kvscope.traces import names
 from kvscope.traces.sdk.exporters import OtlpJsonFileExporter, OtlpJsonHttpExporter
-from kvscope.traces.sdk.processors import BoundedBatchProcessor, ExportCounters, SequenceProcessor
+from kvscope.traces.sdk.processors import (
+    BoundedBatchProcessor,
+    ExportCounters,
+    SequenceProcessor,
+    SystemRandomIdGenerator,
+)
 from kvscope.traces.sdk.settings import Destination, TracingSettings
 
 logger = logging.getLogger(__name__)
@@ -78,6 +83,8 @@ def configure_tracing(
                 resource=_resource(settings, service_name, origin, attributes)
             )
             trace.set_tracer_provider(provider)
+        # Tracers made from now on (ours included) draw ids that vLLM's seeding cannot repeat.
+        provider.id_generator = SystemRandomIdGenerator()
         _sequence = SequenceProcessor(origin)
         provider.add_span_processor(_sequence)
         for exporter in exporters:

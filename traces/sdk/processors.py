@@ -2,6 +2,7 @@
 
 import itertools
 import logging
+import os
 import threading
 from collections import deque
 from collections.abc import Sequence
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.id_generator import IdGenerator
 
 from kvscope.traces import names
 
@@ -120,3 +122,17 @@ class BoundedBatchProcessor(SpanProcessor):
         self._wake.set()
         self._thread.join(timeout=10)
         self.exporter.shutdown()
+
+
+class SystemRandomIdGenerator(IdGenerator):
+    """Trace and span ids from os.urandom.
+
+    The SDK's default draws from Python's global `random`, which vLLM seeds (seed=0 by
+    default for LLM): every engine process would then produce the same ids in the same order.
+    """
+
+    def generate_span_id(self) -> int:
+        return int.from_bytes(os.urandom(8), "big") or 1
+
+    def generate_trace_id(self) -> int:
+        return int.from_bytes(os.urandom(16), "big") or 1
