@@ -10,6 +10,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from kvscope.demo.quickstart import traced_example_config
+
 CONFIGS = ("untraced", "aggregated", "per_layer")
 
 
@@ -18,16 +20,7 @@ def connector_config(mode: str, storage: Path) -> dict:
     if mode == "untraced":
         return {"kv_connector": "ExampleConnector", "kv_role": "kv_both",
                 "kv_connector_extra_config": {"shared_storage_path": str(storage)}}  # fmt: skip
-    return {
-        "kv_connector": "TracedConnector",
-        "kv_connector_module_path": "kvscope.connector.traced",
-        "kv_role": "kv_both",
-        "kv_connector_extra_config": {
-            "connector": "ExampleConnector",
-            "shared_storage_path": str(storage),
-            "trace_layer_mode": mode,
-        },
-    }
+    return traced_example_config(storage, trace_layer_mode=mode)
 
 
 def measure_tokens_per_s(

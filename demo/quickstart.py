@@ -14,8 +14,9 @@ PROMPTS = [
 ]
 
 
-def traced_example_config(storage: Path) -> dict:
-    """TracedConnector around vLLM's ExampleConnector, which stores KV as files in storage."""
+def traced_example_config(storage: Path, **tracing: str) -> dict:
+    """TracedConnector around vLLM's ExampleConnector, which stores KV as files in storage;
+    tracing: TracedConnector's own keys (trace_layer_mode, trace_quiet_hooks)."""
     return {
         "kv_connector": "TracedConnector",
         "kv_connector_module_path": "kvscope.connector.traced",
@@ -23,6 +24,7 @@ def traced_example_config(storage: Path) -> dict:
         "kv_connector_extra_config": {
             "connector": "ExampleConnector",
             "shared_storage_path": str(storage),
+            **tracing,
         },
     }
 

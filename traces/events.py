@@ -51,6 +51,34 @@ def monotonic_to_epoch_ns(monotonic_s: float) -> int:
     return time.time_ns() - int((time.monotonic() - monotonic_s) * 1e9)
 
 
+def record_timed_span(
+    name: str,
+    req_id: str,
+    start_monotonic_s: float,
+    end_monotonic_s: float,
+    error: str | None,
+    attributes: dict[str, Any],
+) -> None:
+    """A span in the request's trace, timed by time.monotonic() readings taken when the work
+    happened (often on another thread), marked failed with its cause when error is given."""
+    duration_s = max(end_monotonic_s - start_monotonic_s, 0.0)
+    span = get_tracer().start_span(
+        name,
+        context=context_of(req_id),
+        start_time=monotonic_to_epoch_ns(start_monotonic_s),
+        attributes={
+            names.REQUEST_ID: req_id,
+            names.TRANSFER_DURATION_MS: duration_s * 1000,
+            names.TRANSFER_OK: error is None,
+            **{k: v for k, v in attributes.items() if v is not None},
+        },
+    )
+    if error is not None:
+        span.set_status(trace.StatusCode.ERROR, error)
+        span.set_attribute(names.FAILURE_CAUSE, error)
+    span.end(end_time=monotonic_to_epoch_ns(end_monotonic_s))
+
+
 def record_transfer(
     req_id: str,
     direction: str,
@@ -62,21 +90,9 @@ def record_transfer(
 ) -> None:
     """A kvscope.transfer span in the request's trace, timed from the copy's own clock."""
     duration_s = max(end_monotonic_s - start_monotonic_s, 0.0)
-    span = get_tracer().start_span(
-        names.SPAN_TRANSFER,
-        context=context_of(req_id),
-        start_time=monotonic_to_epoch_ns(start_monotonic_s),
-        attributes={
-            names.REQUEST_ID: req_id,
-            names.TRANSFER_DIRECTION: direction,
-            names.TRANSFER_BYTES: num_bytes,
-            names.TRANSFER_DURATION_MS: duration_s * 1000,
-            names.TRANSFER_GBPS: num_bytes / duration_s / 1e9 if duration_s > 0 else 0.0,
-            names.TRANSFER_OK: error is None,
-            **{k: v for k, v in attributes.items() if v is not None},
-        },
-    )
-    if error is not None:
-        span.set_status(trace.StatusCode.ERROR, error)
-        span.set_attribute(names.FAILURE_CAUSE, error)
-    span.end(end_time=monotonic_to_epoch_ns(end_monotonic_s))
+    gbps = num_bytes / duration_s / 1e9 if duration_s > 0 else 0.0
+    record_timed_span(
+        names.SPAN_TRANSFER, req_id, start_monotonic_s, end_monotonic_s, error,
+        {names.TRANSFER_DIRECTION: direction, names.TRANSFER_BYTES: num_bytes,
+         names.TRANSFER_GBPS: gbps, **attributes},
+    )  # fmt: skip
