@@ -1,5 +1,5 @@
 # kvscope: `make demo` sets up and runs the demo; `make test` sets up and runs the tests.
-.PHONY: setup demo test lint format
+.PHONY: setup demo test lint format bench
 
 setup:
 	./scripts/setup.sh
@@ -9,6 +9,10 @@ demo: setup
 
 test: setup
 	./scripts/test.sh
+
+# Every benchmark at full size (the long soak too), then docs/bench/README.md and its plots.
+bench: setup
+	.venv/bin/python -m kvscope.bench.report
 
 lint:
 	.venv/bin/ruff check .

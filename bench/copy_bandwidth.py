@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from kvscope.bench.results import record
 from kvscope.connector.common.copy_engine import CopyEngine, make_copy_engine
 from kvscope.connector.common.host_buffer import BlockLayout, HostBuffer
 
@@ -140,6 +141,10 @@ def print_table(config: BenchConfig, rows: list[tuple[str, list[Measurement]]]) 
             ratio = engine.gib_per_s / raw.gib_per_s
             copy_ratio = by_name[f"copy only {direction}"].gib_per_s / raw.gib_per_s
             verdict = "ok" if ratio >= TARGET_RATIO else f"below {TARGET_RATIO}"
+            note = (f"{engine.gib_per_s:.2f} vs {raw.gib_per_s:.2f} GiB/s, {config.device}, "
+                    f"{config.mib} MiB per job; the copy alone {copy_ratio:.2f}x raw")  # fmt: skip
+            record("copy_bandwidth", f"{direction}_over_raw_{pattern}", ratio, "ratio",
+                   f">= {TARGET_RATIO}", note)  # fmt: skip
             print(
                 f"{pattern:<11} {direction:<9} {engine.gib_per_s:>12.2f} {raw.gib_per_s:>10.2f} "
                 f"{ratio:>6.2f}  {verdict:<10} {copy_ratio:>15.2f}"

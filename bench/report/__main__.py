@@ -1,0 +1,72 @@
+"""`python -m kvscope.bench.report [--quick] [--out DIR] [--only NAME...]`: runs every bench and
+writes the Markdown report with its plots (docs/bench/README.md by default)."""
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from kvscope.bench.report.benches import BENCHES, BenchSpec
+from kvscope.bench.report.machine import REPO, Machine
+from kvscope.bench.report.markdown import render
+from kvscope.bench.report.plots import plot_ratios, plot_runs
+from kvscope.bench.report.runner import BenchRun, run_bench
+from kvscope.bench.report.table import build_rows
+from kvscope.bench.results import load
+
+DEFAULT_OUT = REPO / "docs" / "bench"
+
+
+def run_report(
+    benches: list[BenchSpec],
+    out_dir: Path,
+    quick: bool,
+    command: str,
+    timeout_factor: float = 1.0,
+) -> Path:
+    """Runs the benches one after another, then writes README.md and plots into out_dir."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results_path = out_dir / "results.jsonl"
+    results_path.unlink(missing_ok=True)  # this run's figures only
+    machine = Machine()
+    stop_sampling = machine.sample_loads()
+    runs: list[BenchRun] = []
+    for index, spec in enumerate(benches, 1):
+        print(f"[{index}/{len(benches)}] {spec.name} ...", flush=True)
+        run = run_bench(spec, quick, results_path, out_dir / "logs", timeout_factor)
+        runs.append(run)
+        print(f"[{index}/{len(benches)}] {spec.name}: {run.status} in {run.seconds:.0f} s"
+              f"{f' ({run.reason})' if run.reason else ''}, {len(run.figures)} figures",
+              flush=True)  # fmt: skip
+    stop_sampling.set()
+    machine.finish()
+    rows = build_rows(runs, load(results_path))
+    plots = {
+        "ratios": plot_ratios(rows, out_dir / "ratios.png"),
+        "runs": plot_runs(runs, machine, out_dir / "runs.png"),
+    }
+    report = out_dir / "README.md"
+    report.write_text(render(machine, runs, rows, out_dir, command, plots) + "\n")
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="small sizes (~10-15 minutes)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="report folder")
+    parser.add_argument("--only", nargs="+", metavar="NAME", choices=[b.name for b in BENCHES],
+                        help="run only these benches (the others show as not run)")  # fmt: skip
+    parser.add_argument("--timeout-factor", type=float, default=1.0,
+                        help="multiply every bench's timeout (slow machines)")  # fmt: skip
+    args = parser.parse_args(argv)
+    benches = [b for b in BENCHES if not args.only or b.name in args.only]
+    command = "python -m kvscope.bench.report " + " ".join(argv if argv is not None
+                                                           else sys.argv[1:])  # fmt: skip
+    started = time.monotonic()
+    report = run_report(benches, args.out, args.quick, command.strip(), args.timeout_factor)
+    print(f"report written to {report} after {(time.monotonic() - started) / 60:.1f} min")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,107 @@
+"""The figures the report expects, in table order: bench, metric, unit, target (one place).
+
+Naming (for benches calling `kvscope.bench.results.record`):
+
+- `bench` is the bench's module name under `kvscope.bench` (`copy_bandwidth`, `soak`).
+- `metric` is snake_case; a ratio is named `<what>_over_<baseline>` and has unit "ratio"; an
+  absolute figure ends with its unit (`timeline_p95_ms`, `idle_cpu_owner_pct`).
+- The target here wins over the one a bench records; a figure a bench records that is not
+  listed here still appears in the report, under "Other recorded figures".
+
+To match a bench's own names, either rename the row below or add the bench's name to
+ALIASES; nothing else in the report needs to change.
+"""
+
+import math
+import operator
+import re
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One row of the report's table."""
+
+    bench: str
+    metric: str
+    unit: str
+    target: str  # ">= 0.9", "<= 50", "== 0"; "" for a figure shown without a verdict
+    label: str  # what the figure is, in words
+
+
+FIGURES: list[Figure] = [
+    Figure("tracing_overhead", "tokens_per_s_aggregated_over_untraced", "ratio", ">= 0.95",
+           "tokens/s with TracedConnector (aggregated layer spans) over untraced"),
+    Figure("tracing_overhead", "tokens_per_s_per_layer_over_untraced", "ratio", ">= 0.90",
+           "tokens/s with TracedConnector (a span per layer) over untraced"),
+    Figure("tracing_overhead", "span_cost_us", "us", "",
+           "median cost of one hook-like span"),
+    Figure("copy_bandwidth", "store_over_raw_contiguous", "ratio", ">= 0.9",
+           "offload store bandwidth over a raw torch copy, contiguous blocks"),
+    Figure("copy_bandwidth", "load_over_raw_contiguous", "ratio", ">= 0.9",
+           "offload load bandwidth over a raw torch copy, contiguous blocks"),
+    Figure("copy_bandwidth", "store_over_raw_scattered", "ratio", ">= 0.9",
+           "offload store bandwidth over a raw torch copy, scattered blocks"),
+    Figure("copy_bandwidth", "load_over_raw_scattered", "ratio", ">= 0.9",
+           "offload load bandwidth over a raw torch copy, scattered blocks"),
+    Figure("nixl_bandwidth", "read_over_raw_progress_thread", "ratio", ">= 0.8",
+           "P2P READ bandwidth over raw NIXL (progress thread)"),
+    Figure("nixl_bandwidth", "read_over_raw_poll_1ms", "ratio", ">= 0.8",
+           "P2P READ bandwidth over raw NIXL (owner polled every 1 ms)"),
+    Figure("nixl_bandwidth", "idle_cpu_owner_pct", "% of a core", "",
+           "idle CPU of the P2P owner (agent, poller, side channel)"),
+    Figure("offload_ttft", "ttft_hit_over_recompute", "ratio", "<= 0.5",
+           "TTFT with the prefix served from the offload pool over recompute"),
+    Figure("pd_latency", "ttft_over_single", "ratio", "<= 1.5",
+           "TTFT through kvscope's P/D pair over one server alone"),
+    Figure("pd_latency", "ttft_over_stock", "ratio", "<= 0.5",
+           "TTFT through kvscope's P/D pair over vLLM's stock NixlConnector pair"),
+    Figure("pd_latency", "total_over_stock", "ratio", "<= 0.5",
+           "whole-request time, kvscope's P/D pair over the stock pair"),
+    Figure("ingest", "spans_per_s", "spans/s", ">= 20000",
+           "backend ingest rate, wall clock (client and backend share the cores)"),
+    Figure("ingest", "spans_per_cpu_s", "spans/s", ">= 20000",
+           "backend ingest per backend CPU-second (what one free core sustains)"),
+    Figure("ingest", "timeline_p95_ms", "ms", "<= 50",
+           "timeline query p95 with the bench's spans stored"),
+    Figure("telemetry_isolation", "tokens_per_s_backend_down_over_up", "ratio", ">= 0.95",
+           "engine tokens/s with the backend down over up"),
+    Figure("telemetry_isolation", "tokens_per_s_backend_slow_over_up", "ratio", ">= 0.95",
+           "engine tokens/s with the backend slow over up"),
+    Figure("telemetry_isolation", "tokens_per_s_jaeger_down_over_up", "ratio", ">= 0.95",
+           "engine tokens/s with Jaeger down over up"),
+    Figure("soak", "failed_requests", "requests", "== 0",
+           "requests that failed during the soak"),
+    Figure("soak", "rss_growth_mib", "MiB", "<= 200",
+           "growth of the servers' memory from warm-up to the end of the soak"),
+    Figure("soak", "blocks_leaked", "blocks", "== 0",
+           "host blocks or leases still held after the soak drained"),
+]  # fmt: skip
+
+ALIASES: dict[tuple[str, str], str] = {}
+"""(bench, metric as the bench records it) -> the metric name in FIGURES."""
+
+_TARGET = re.compile(r"^\s*(>=|<=|==|>|<)\s*([-+]?[0-9][0-9_,]*(?:\.[0-9]*)?(?:[eE][-+]?\d+)?)")
+_COMPARE = {">=": operator.ge, "<=": operator.le, "==": operator.eq, ">": operator.gt,
+            "<": operator.lt}  # fmt: skip
+
+
+def canonical(bench: str, metric: str) -> str:
+    """The FIGURES name of a metric a bench recorded."""
+    return ALIASES.get((bench, metric), metric)
+
+
+def target_bound(target: str) -> float | None:
+    """The number in a target such as ">= 0.9"; None when the target has none."""
+    match = _TARGET.match(target or "")
+    return float(match.group(2).replace(",", "").replace("_", "")) if match else None
+
+
+def target_met(value: float, target: str) -> bool | None:
+    """Whether value meets a target such as ">= 0.9"; None when the target says nothing."""
+    bound = target_bound(target)
+    if bound is None:
+        return None
+    if math.isnan(value):
+        return False
+    return _COMPARE[_TARGET.match(target).group(1)](value, bound)

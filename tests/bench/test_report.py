@@ -1,0 +1,83 @@
+"""The benchmark report on fake benches: figure table, failed and timed-out rows, plots."""
+
+import sys
+import textwrap
+from pathlib import Path
+
+from kvscope.bench.report.__main__ import run_report
+from kvscope.bench.report.benches import BENCHES, BenchSpec
+from kvscope.bench.report.figures import FIGURES, target_met
+
+RECORDING = textwrap.dedent("""
+    from kvscope.bench.results import record
+    print("measuring...")
+    record("copy_bandwidth", "store_over_raw_contiguous", 0.95, "ratio", ">= 0.9", "fast")
+    record("copy_bandwidth", "load_over_raw_contiguous", 0.5, "ratio", ">= 0.9", "slow")
+    record("copy_bandwidth", "mystery_ratio", 1.25, "ratio", ">= 1", "a new name")
+""")
+FAILING = "import sys; print('loading the model'); print('boom: no model here'); sys.exit(3)"
+
+
+def hanging(pid_file: Path) -> str:
+    return f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+
+
+def python_bench(name: str, code: str, timeout_s: float = 20) -> BenchSpec:
+    return BenchSpec(name, [sys.executable, "-c", code], quick_timeout_s=timeout_s)
+
+
+def row_of(report: str, metric: str) -> str:
+    [row] = [line for line in report.splitlines() if f"`{metric}`" in line]
+    return row
+
+
+def test_report_from_fake_benches(tmp_path: Path) -> None:
+    pid_file = tmp_path / "hanging.pid"
+    benches = [
+        python_bench("copy_bandwidth", RECORDING),
+        python_bench("offload_ttft", FAILING),
+        python_bench("ingest", hanging(pid_file), timeout_s=1),
+    ]
+    report_path = run_report(benches, tmp_path / "out", quick=True, command="report --quick")
+    report = report_path.read_text()
+
+    assert "| figure | value | target | met | bench | note |" in report
+    assert "cores" in report and "load average (1 min)" in report
+    met = row_of(report, "store_over_raw_contiguous")
+    assert "| 0.950 | >= 0.9 | yes | copy_bandwidth | fast |" in met
+    assert "| 0.500 | >= 0.9 | **no** |" in row_of(report, "load_over_raw_contiguous")
+    assert "| bench failed |" in row_of(report, "ttft_hit_over_recompute")
+    assert "| bench timed out |" in row_of(report, "timeline_p95_ms")
+    assert "| not run |" in row_of(report, "ttft_over_stock")
+    assert "### Other recorded figures" in report
+    assert "| 1.250 | >= 1 | yes | copy_bandwidth |" in row_of(report, "mystery_ratio")
+    # Expected figures keep the order of FIGURES whatever order they were recorded in.
+    assert report.index("`load_over_raw_contiguous`") < report.index("`load_over_raw_scattered`")
+
+    assert "### offload_ttft: failed (exit status 3)" in report
+    assert "boom: no model here" in report  # the tail of its log
+    assert "### ingest: timed out" in report
+    hanging_pid = int(pid_file.read_text())
+    assert not Path(f"/proc/{hanging_pid}").exists() or _is_zombie(hanging_pid)
+
+    out = report_path.parent
+    assert (out / "logs" / "offload_ttft.log").read_text().endswith("boom: no model here\n")
+    for plot in ("ratios.png", "runs.png"):
+        assert (out / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"]({plot})" in report
+
+
+def _is_zombie(pid: int) -> bool:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def test_targets_and_the_expected_list() -> None:
+    assert target_met(0.95, ">= 0.9") is True
+    assert target_met(51.0, "<= 50 ms") is False
+    assert target_met(0.0, "== 0") is True
+    assert target_met(float("nan"), ">= 0.9") is False
+    assert target_met(1.0, "") is None
+    keys = [(figure.bench, figure.metric) for figure in FIGURES]
+    assert len(keys) == len(set(keys)), "a figure is listed twice"
+    assert {bench for bench, _ in keys} <= {spec.name for spec in BENCHES}
