@@ -1,0 +1,131 @@
+"""Runs the soak end to end: system up, reference table, workload with faults, checks, table."""
+
+import asyncio
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvscope.bench.results import record
+from kvscope.bench.soak.checks import (
+    CheckResult,
+    every_request_ended,
+    memory_bounded,
+    token_mismatches,
+    wait_until_idle,
+)
+from kvscope.bench.soak.client import COMPLETED, Outcome, counts, run_plan
+from kvscope.bench.soak.memory import MemorySampler
+from kvscope.bench.soak.plan import REFERENCE_MAX_TOKENS, make_plan, unique_prompts
+from kvscope.bench.soak.rebuilt import rebuilt_state_matches
+from kvscope.bench.soak.reference import start_reference, wait_reference
+from kvscope.bench.soak.system import start_system
+from kvscope.demo.fault_schedule import FaultSchedule
+from kvscope.demo.stack import Stack
+
+BENCH = "soak"
+
+
+@dataclass
+class SoakOptions:
+    model: Path
+    requests: int = 2000
+    concurrency: int = 4
+    seed: int = 0
+    abort_fraction: float = 0.1
+    faults: bool = True
+    policy: str = "recompute"  # vLLM's kv_load_failure_policy: "recompute" or "fail"
+    request_timeout_s: float = 120.0
+    idle_timeout_s: float = 60.0  # > the P2P lease (20 s): unread held blocks expire
+    startup_timeout_s: float = 600.0
+    max_rss_growth_mib: float = 256.0
+    workdir: Path | None = None
+
+
+def run_soak(options: SoakOptions) -> list[CheckResult]:
+    """Every check's result; the system is stopped whatever happens."""
+    workdir = options.workdir or Path(tempfile.mkdtemp(prefix="kvscope-soak-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "faults.json").write_text("{}")
+    print(f"kvscope soak: {options.requests} requests, logs and database in {workdir}", flush=True)
+    plan = make_plan(options.requests, options.seed, options.abort_fraction)
+    reference = start_reference(options.model, unique_prompts(plan), workdir, REFERENCE_MAX_TOKENS)
+    stack = Stack()
+    try:
+        system = start_system(options.model, workdir, stack, options.policy,
+                              options.startup_timeout_s)  # fmt: skip
+        sampler = MemorySampler({s.name: s.process.pid for s in stack.services}).start()
+        faults = FaultSchedule(workdir / "faults.json", enabled=options.faults)
+        started = time.monotonic()
+        outcomes = asyncio.run(run_plan(system.urls, plan, options.concurrency,
+                                        options.request_timeout_s,
+                                        progress(options, faults, sampler, stack)))  # fmt: skip
+        wall_s = time.monotonic() - started
+        faults.update(1.0)  # the schedule ends with no faults
+        stack.check_alive()
+        leaks = wait_until_idle(system, options.idle_timeout_s)
+        rebuilt = rebuilt_state_matches(system)
+        memory = sampler.stop()
+        table = wait_reference(*reference, timeout_s=options.startup_timeout_s)
+    finally:
+        stack.stop()
+        if reference[0].poll() is None:
+            reference[0].kill()
+    results = [token_mismatches(outcomes, table), leaks,
+               every_request_ended(outcomes, len(plan), options.policy), rebuilt,
+               memory_bounded(memory, options.max_rss_growth_mib)]  # fmt: skip
+    print_summary(outcomes, wall_s, memory, results)
+    record_figures(outcomes, wall_s, memory, results)
+    return results
+
+
+def progress(options: SoakOptions, faults: FaultSchedule, sampler: MemorySampler, stack: Stack):
+    """The per-request callback: moves the fault schedule along, prints a line every 10 s."""
+    started = time.monotonic()
+    last = {"printed": started, "ended": {}}
+
+    def on_done(outcome: Outcome, done: int) -> None:
+        last["ended"][outcome.status] = last["ended"].get(outcome.status, 0) + 1
+        if name := faults.update(done / options.requests):
+            print(f"[{time.monotonic() - started:6.0f} s] faults: {name}", flush=True)
+        if time.monotonic() - last["printed"] >= 10 or done == options.requests:
+            last["printed"] = time.monotonic()
+            stack.check_alive()
+            elapsed = time.monotonic() - started
+            rss = ", ".join(f"{n} {m:.0f}" for n, m in sampler.latest_mib().items())
+            print(f"[{elapsed:6.0f} s] {done}/{options.requests} ended {last['ended']}, "
+                  f"{done / elapsed:.2f} req/s; RSS MiB: {rss}", flush=True)  # fmt: skip
+
+    return on_done
+
+
+def print_summary(outcomes, wall_s: float, memory: dict, results: list[CheckResult]) -> None:
+    ended = counts(outcomes)
+    rate = ended[COMPLETED] / wall_s if wall_s else 0.0
+    print(f"\n{len(outcomes)} requests in {wall_s:.0f} s ({rate:.2f} completed/s): "
+          + ", ".join(f"{n} {status}" for status, n in sorted(ended.items())))  # fmt: skip
+    print(f"\n{'process':10s} {'start':>8s} {'peak':>8s} {'end':>8s} {'2nd-half growth':>16s}  MiB")
+    for name, m in memory.items():
+        print(f"{name:10s} {m['start']:8.0f} {m['peak']:8.0f} {m['end']:8.0f} "
+              f"{m['growth_2nd_half']:16.1f}")  # fmt: skip
+    print(f"\n{'check':32s} {'figure':>8s}  verdict")
+    for result in results:
+        print(f"{result.name:32s} {result.figure:8.0f}  {'ok' if result.ok else 'FAILED'}")
+        for line in result.details[:20]:
+            print(f"    {line}")
+        if len(result.details) > 20:
+            print(f"    ... {len(result.details) - 20} more")
+
+
+def record_figures(outcomes, wall_s: float, memory: dict, results: list[CheckResult]) -> None:
+    by_name = {result.name: result for result in results}
+    record(BENCH, "token_mismatches", by_name["token mismatches"].figure, "count", "== 0")
+    record(BENCH, "leaks", by_name["leaks"].figure, "count", "== 0")
+    record(BENCH, "hung", by_name["hung requests"].figure, "count", "== 0")
+    record(BENCH, "rebuilt_state_unexplained", by_name["rebuilt state differences"].figure,
+           "count", "== 0")  # fmt: skip
+    completed = counts(outcomes)[COMPLETED]
+    record(BENCH, "requests_per_s", completed / wall_s if wall_s else 0.0, "req/s",
+           note=f"{len(outcomes)} requests, {completed} completed")  # fmt: skip
+    for name, m in memory.items():
+        record(BENCH, f"rss_growth_mib_{name}", m["growth_2nd_half"], "MiB", note="2nd half")
