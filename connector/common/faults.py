@@ -24,6 +24,7 @@ class FaultPlan:
     fail_load_req_prefix: str = ""  # loads of requests whose id starts with this fail
     load_delay_ms: float = 0.0  # every load finishes at least this much later
     evict_leased: bool = False  # each load first tries to evict its own leased blocks
+    lease_timeout_ms: float = 0.0  # leases taken now expire this soon; 0 keeps the configured one
     seed: int = 0
 
     @classmethod
@@ -50,6 +51,8 @@ class FaultPlan:
             raise ValueError(f"fail_load_probability not in [0, 1]: {self.fail_load_probability}")
         if self.load_delay_ms < 0:
             raise ValueError(f"load_delay_ms must be >= 0, got {self.load_delay_ms}")
+        if self.lease_timeout_ms < 0:
+            raise ValueError(f"lease_timeout_ms must be >= 0, got {self.lease_timeout_ms}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

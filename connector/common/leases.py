@@ -44,15 +44,26 @@ class LeaseTable:
     _counters: LeaseCounters = field(default_factory=LeaseCounters)
 
     def lookup(
-        self, req_id: str, block_keys: list[bytes], now: float | None = None
+        self,
+        req_id: str,
+        block_keys: list[bytes],
+        now: float | None = None,
+        timeout_s: float | None = None,
     ) -> Lease | None:
         """Leases the longest committed prefix of block_keys; None when the first key misses."""
         host_block_ids = self.pool.lookup(block_keys)
         if not host_block_ids:
             return None
-        return self.acquire(req_id, host_block_ids, now)
+        return self.acquire(req_id, host_block_ids, now, timeout_s)
 
-    def acquire(self, req_id: str, host_block_ids: list[int], now: float | None = None) -> Lease:
+    def acquire(
+        self,
+        req_id: str,
+        host_block_ids: list[int],
+        now: float | None = None,
+        timeout_s: float | None = None,
+    ) -> Lease:
+        """timeout_s overrides the table's timeout for this lease (fault injection)."""
         now = self.clock() if now is None else now
         self.pool.pin(host_block_ids)
         lease = Lease(
@@ -61,7 +72,7 @@ class LeaseTable:
             host_block_ids=tuple(host_block_ids),
             block_keys=tuple(self.pool.key_of(b) for b in host_block_ids),
             created_at=now,
-            expires_at=now + self.timeout_s,
+            expires_at=now + (self.timeout_s if timeout_s is None else timeout_s),
         )
         self._leases[lease.lease_id] = lease
         self._lease_ids_of_req.setdefault(req_id, set()).add(lease.lease_id)

@@ -39,7 +39,13 @@ class CpuOffloadCore(KVConnectorBase_V1):
                 vllm_config.parallel_config.tensor_parallel_size, faults,
             )  # fmt: skip
         else:
-            self.worker = OffloadWorker(config, faults, kv_cache_config.num_blocks)
+            policy = self._kv_transfer_config.kv_load_failure_policy
+            self.worker = OffloadWorker(config, faults, kv_cache_config.num_blocks, policy)
+
+    def leave_failure_outcome_to_parent(self) -> None:
+        """Inside a Multi, which says what a failed load became (a fallback, or the policy)."""
+        if self.worker is not None:
+            self.worker.failure_outcome = None
 
     # --- scheduler side -----------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ from typing import Any
 from kvscope.connector.common.faults import FaultInjector
 from kvscope.connector.common.host_pool import HostBlockPool, KVNamespace
 from kvscope.connector.common.leases import Lease, LeaseTable
+from kvscope.connector.common.outcomes import KEPT_PINNED, RELEASED
 from kvscope.connector.cpu_offload.config import OffloadConfig
 from kvscope.connector.cpu_offload.metadata import BlockTransfer, OffloadMetadata, OffloadWorkerMeta
 from kvscope.traces import names
@@ -78,12 +79,14 @@ class OffloadScheduler:
         self.stats["lookups"] += 1
         if not hashes:
             return 0, False
-        lease = self.leases.lookup(req_id, self.namespace.block_keys(hashes))
+        plan = self.faults.plan
+        timeout_s = plan.lease_timeout_ms / 1000 if plan.lease_timeout_ms else None
+        lease = self.leases.lookup(req_id, self.namespace.block_keys(hashes), timeout_s=timeout_s)
         if lease is None:
             return 0, False
         state.lease = lease
         add_event(names.EVENT_LEASE_ACQUIRED, **self._lease_attributes(lease))
-        if self.faults.plan.evict_leased:
+        if plan.evict_leased:
             self._attack_lease(lease)
         num_tokens = len(lease.host_block_ids) * self.block_size
         self.stats["hit_tokens"] += num_tokens
@@ -165,16 +168,17 @@ class OffloadScheduler:
     def _expire_leases(self) -> None:
         for lease in self.leases.expire():
             state = self.requests.get(lease.req_id)
-            attributes = self._lease_attributes(lease)
-            add_event(names.EVENT_LEASE_EXPIRED, **attributes, **{names.LEASE_OUTCOME: "expired"})
-            if state is not None and state.loading:
+            loading = state is not None and state.loading
+            add_event(names.EVENT_LEASE_EXPIRED, **self._lease_attributes(lease), **{
+                names.LEASE_OUTCOME: "expired", names.REQUEST_ID: lease.req_id,
+                names.FAILURE_CAUSE: "lease_expired" + (" during its load" if loading else ""),
+                names.FAILURE_OUTCOME: KEPT_PINNED if loading else RELEASED})  # fmt: skip
+            if loading:
                 # The workers still copy from these blocks: keep them pinned until they finish.
                 self.pool.pin(list(lease.host_block_ids))
                 self._expired_in_flight[lease.req_id] = lease
             elif state is not None:
-                state.lease = None
-                add_event(names.EVENT_LOAD_FAILED, **{names.FAILURE_CAUSE: "lease_expired",
-                                                      names.REQUEST_ID: lease.req_id})  # fmt: skip
+                state.lease = None  # no load started: nothing failed, the next lookup leases again
 
     # --- worker reports -------------------------------------------------------------------
 

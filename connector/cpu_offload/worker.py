@@ -12,6 +12,7 @@ import torch
 from kvscope.connector.common.copy_engine import CopyResult, Direction, make_copy_engine
 from kvscope.connector.common.faults import FaultInjector
 from kvscope.connector.common.host_buffer import BlockLayout, HostBuffer, find_block_dim
+from kvscope.connector.common.outcomes import outcome_of_policy
 from kvscope.connector.cpu_offload.config import OffloadConfig
 from kvscope.connector.cpu_offload.metadata import BlockTransfer, OffloadMetadata, OffloadWorkerMeta
 from kvscope.traces import names
@@ -28,10 +29,19 @@ class PendingCopy:
 class OffloadWorker:
     """Owns the host buffer and the copy engine of one worker."""
 
-    def __init__(self, config: OffloadConfig, faults: FaultInjector, num_device_blocks: int):
+    def __init__(
+        self,
+        config: OffloadConfig,
+        faults: FaultInjector,
+        num_device_blocks: int,
+        failure_policy: str | None = None,
+    ):
         self.config = config
         self.faults = faults
         self.num_device_blocks = num_device_blocks
+        self.failure_policy = failure_policy
+        # What vLLM does with a failed load; None when a parent (the Multi) decides and says so.
+        self.failure_outcome: str | None = outcome_of_policy(failure_policy)
         self.buffer: HostBuffer | None = None
         self.copies = None
         self._pending: dict[int, PendingCopy] = {}
@@ -110,9 +120,11 @@ class OffloadWorker:
         self._load_errors.update(transfer.device_block_ids)
         self._meta.loads_failed.add(transfer.req_id)
         self.stats["failed_loads"] += 1
+        outcome = {names.FAILURE_OUTCOME: self.failure_outcome} if self.failure_outcome else {}
         add_event(names.EVENT_LOAD_FAILED, **{names.REQUEST_ID: transfer.req_id,
                   names.FAILURE_CAUSE: cause, names.BLOCK_COUNT: len(transfer.device_block_ids),
-                  names.BLOCK_IDS: list(transfer.device_block_ids)})  # fmt: skip
+                  names.BLOCK_IDS: list(transfer.device_block_ids),
+                  names.FAILURE_POLICY: self.failure_policy or "recompute"}, **outcome)  # fmt: skip
 
     def _time_out_loads(self) -> set[str]:
         """Loads past their deadline that had not started copying: cancelled, reported failed."""

@@ -65,6 +65,9 @@ def build_children(vllm_config: Any, role: Any, kv_cache_config: Any) -> list[Ch
     for config in child_configs(outer.kv_connector_extra_config or {}):
         child_config = copy.copy(vllm_config)
         child_config.kv_transfer_config = transfer_config(config, outer)
-        cls = child_class(config, outer)
-        children.append(Child(config["name"], cls(child_config, role, kv_cache_config)))
+        connector = child_class(config, outer)(child_config, role, kv_cache_config)
+        # The Multi reports what a child's failed load became: a fallback, or the policy.
+        if hasattr(connector, "leave_failure_outcome_to_parent"):
+            connector.leave_failure_outcome_to_parent()
+        children.append(Child(config["name"], connector))
     return children

@@ -26,6 +26,7 @@ class MultiCore(KVConnectorBase_V1):
             vllm_config.cache_config.block_size,
             fallback,
             str(self._kv_transfer_config.engine_id),
+            self._kv_transfer_config.kv_load_failure_policy,
         )
         self.worker = MultiWorker(self.children, fallback)
 

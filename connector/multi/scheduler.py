@@ -6,6 +6,7 @@ from typing import Any
 
 from opentelemetry import trace
 
+from kvscope.connector.common.outcomes import SERVED_BY_FALLBACK, outcome_of_policy
 from kvscope.connector.multi.children import Child
 from kvscope.connector.multi.metadata import LoadRoute, MultiMetadata, MultiWorkerMeta
 from kvscope.traces import names
@@ -32,9 +33,15 @@ class MultiScheduler:
     """Asks children in order; the first with a hit serves it; a failed load falls back."""
 
     def __init__(
-        self, children: list[Child], block_size: int, fallback: bool, engine_id: str = ""
+        self,
+        children: list[Child],
+        block_size: int,
+        fallback: bool,
+        engine_id: str = "",
+        failure_policy: str | None = None,
     ) -> None:
         self.children = children
+        self.failure_policy = failure_policy or "recompute"
         self.span_attributes = {names.ENGINE_ID: engine_id}
         self.block_size = block_size
         self.fallback = fallback
@@ -143,9 +150,11 @@ class MultiScheduler:
             plan.request, plan.num_computed_tokens, plan.failed_children, async_only=True
         )
         failure = {names.REQUEST_ID: req_id, names.FAILURE_CAUSE: "load_error",
-                   names.CONNECTOR_CHILD: self.children[failed_child].name}  # fmt: skip
+                   names.CONNECTOR_CHILD: self.children[failed_child].name,
+                   names.FAILURE_POLICY: self.failure_policy}  # fmt: skip
         if not tokens:
-            add_event(names.EVENT_LOAD_FAILED, **failure, **{names.FAILURE_OUTCOME: "policy"})
+            outcome = outcome_of_policy(self.failure_policy)
+            add_event(names.EVENT_LOAD_FAILED, **failure, **{names.FAILURE_OUTCOME: outcome})
             self.bind(plan.request, plan.blocks, 0)  # releases what the lookup took
             self.loads.pop(req_id, None)
             self._to_fail[req_id] = failed_blocks
@@ -157,7 +166,7 @@ class MultiScheduler:
         missing = plan.hit_block_ids[len(fallback.device_block_ids) :]
         self._routes[req_id] = LoadRoute(child, fallback.device_block_ids, missing)
         add_event(names.EVENT_LOAD_FAILED, **failure, **{
-            names.FAILURE_OUTCOME: "served_by_fallback",
+            names.FAILURE_OUTCOME: SERVED_BY_FALLBACK,
             "kvscope.multi.fallback_child": self.children[child].name})  # fmt: skip
 
     def finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict | None]:

@@ -92,6 +92,7 @@ def test_a_broken_plan_file_keeps_the_current_plan(tmp_path):
         ({"fail_load_every": "3"}, "must be int"),
         ({"evict_leased": 1}, "must be bool"),
         ({"load_delay_ms": -1}, ">= 0"),
+        ({"lease_timeout_ms": -5.0}, "lease_timeout_ms must be >= 0"),
     ],
 )
 def test_bad_plans_are_rejected_with_the_reason(config, message):

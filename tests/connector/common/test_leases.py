@@ -89,3 +89,12 @@ def test_expiry_uses_the_clock_when_no_time_is_given():
     lease = leases.lookup("req-1", [block_key(0)])
     now[0] = 2.0
     assert leases.expire() == [lease]
+
+
+def test_a_lease_may_get_its_own_timeout_and_expires_alone():
+    leases = LeaseTable(stored_pool(4, 2), timeout_s=30.0)
+    short = leases.lookup("req-1", [block_key(0)], now=100.0, timeout_s=0.05)
+    normal = leases.lookup("req-2", [block_key(1)], now=100.0)
+    assert (short.expires_at, normal.expires_at) == (100.05, 130.0)
+    assert leases.expire(now=101.0) == [short]
+    assert leases.active() == [normal]

@@ -95,7 +95,7 @@ def test_with_no_child_to_fall_back_to_the_policy_recomputes(tiny_model, expecte
     outcomes = {
         f.get(names.FAILURE_OUTCOME) for f in events_named(spans(), names.EVENT_LOAD_FAILED)
     }
-    assert "policy" in outcomes
+    assert "recomputed" in outcomes
 
 
 def test_child_spans_nest_under_the_multi_hook_span(tiny_model, spans):
