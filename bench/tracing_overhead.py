@@ -1,7 +1,12 @@
 """Tracing overhead: tokens/s with TracedConnector (aggregated and per-layer) over the same
-connector untraced, on one engine configuration and prompts, plus the median cost of one span.
+connector untraced, measured side by side in one run, plus the median cost of one span.
 
-    python -m kvscope.bench.tracing_overhead [--rounds 3] [--prompts 16] [--max-tokens 64]
+    python -m kvscope.bench.tracing_overhead [--rounds 12] [--prompts 16] [--max-tokens 64]
+
+Three engines (ExampleConnector; TracedConnector around it, aggregated; the same, per-layer)
+stay alive in their own processes and take the same batches in turn (bench/paired_engines.py).
+Every engine exports to one local OTLP/HTTP receiver, so the traced ones pay for encoding and
+sending their spans as they would in production.
 """
 
 import argparse
@@ -10,9 +15,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from kvscope.bench.otlp_sink import HttpSink
+from kvscope.bench.paired_engines import EngineSpec, PairedEngines
+from kvscope.bench.results import record
 from kvscope.demo.quickstart import traced_example_config
 
-CONFIGS = ("untraced", "aggregated", "per_layer")
+TRACED = ("aggregated", "per_layer")
+TARGET = ">= 0.98"
 
 
 def connector_config(mode: str, storage: Path) -> dict:
@@ -23,33 +32,18 @@ def connector_config(mode: str, storage: Path) -> dict:
     return traced_example_config(storage, trace_layer_mode=mode)
 
 
-def measure_tokens_per_s(
-    model: Path, mode: str, prompts: list[str], max_tokens: int, repeats: int
-) -> list[float]:
-    """tokens/s of `repeats` identical batches on one engine; every batch misses and stores."""
-    from kvscope.demo.engine import in_process_llm
-    from kvscope.demo.oracle import greedy_params
-
-    rates = []
-    with (
-        tempfile.TemporaryDirectory() as storage,
-        in_process_llm(model, connector_config(mode, Path(storage))) as llm,
-    ):
-        params = greedy_params(max_tokens)
-        llm.generate(prompts[:2], params, use_tqdm=False)  # warm-up
-        for repeat in range(repeats):
-            batch = [f"Batch {repeat}. {prompt}" for prompt in prompts]  # a new first block
-            start = time.perf_counter()
-            outputs = llm.generate(batch, params, use_tqdm=False)
-            elapsed = time.perf_counter() - start
-            rates.append(sum(len(o.outputs[0].token_ids) for o in outputs) / elapsed)
-    return rates
-
-
 def median_span_cost_us(samples: int = 20000) -> float:
-    """Median wall time of one hook-like span (start, 4 attributes, end) on this provider."""
+    """Median wall time of one hook-like span (start, 4 attributes, end) on a configured SDK."""
     from opentelemetry import trace
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+    from kvscope.traces.sdk.configure import configure_tracing
+
+    class Discard(SpanExporter):
+        def export(self, spans):
+            return SpanExportResult.SUCCESS
+
+    configure_tracing(exporters=[Discard()])
     tracer = trace.get_tracer("kvscope.bench")
     costs = []
     for i in range(samples):
@@ -60,48 +54,64 @@ def median_span_cost_us(samples: int = 20000) -> float:
     return statistics.median(costs) / 1000
 
 
+def prompts_for(count: int) -> list[str]:
+    from kvscope.demo.prompts import long_prompt
+
+    return [long_prompt(i, sentences=2 + i % 3) for i in range(count)]
+
+
+def print_round(index: int, timings: dict) -> None:
+    rates = "  ".join(f"{name} {t.tokens_per_s:7.1f}" for name, t in timings.items())
+    print(f"round {index + 1}: tokens/s {rates}", flush=True)
+
+
+def summarize(engines: PairedEngines) -> None:
+    print("\n| config | tokens/s (median) | ratio to untraced, median of rounds (min-max) "
+          "| per CPU-second |\n| --- | --- | --- | --- |")  # fmt: skip
+    print(f"| untraced | {engines.median_rate('untraced'):.1f} | 1.000 | 1.000 |")
+    for mode in TRACED:
+        wall = engines.ratios(mode, "untraced")
+        cpu = engines.ratios(mode, "untraced", cpu=True)
+        print(f"| {mode} | {engines.median_rate(mode):.1f} | {statistics.median(wall):.3f} "
+              f"({min(wall):.3f}-{max(wall):.3f}) | {statistics.median(cpu):.3f} |")  # fmt: skip
+        target = TARGET if mode == "aggregated" else ""
+        record("tracing_overhead", f"tokens_per_s_{mode}_over_untraced",
+               statistics.median(wall), target=target)  # fmt: skip
+        record("tracing_overhead", f"tokens_per_cpu_s_{mode}_over_untraced",
+               statistics.median(cpu))  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--rounds", type=int, default=2, help="rounds over the three configs")
-    parser.add_argument("--repeats", type=int, default=5, help="timed batches per engine")
+    parser.add_argument("--rounds", type=int, default=12, help="timed batches per engine")
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--model", type=Path, default=None)
     args = parser.parse_args(argv)
 
-    from kvscope.demo.engine import use_in_process_engine
     from kvscope.model.build import build_model, default_model_dir
 
-    use_in_process_engine()
-    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-
-    from kvscope.traces.sdk.configure import configure_tracing, export_counters
-
-    class Discard(SpanExporter):
-        def export(self, spans):
-            return SpanExportResult.SUCCESS
-
-    configure_tracing(exporters=[Discard()])
     model = args.model or default_model_dir()
     if not (model / "config.json").exists():
         build_model(model)
-    from kvscope.demo.prompts import long_prompt
-
-    prompts = [long_prompt(i, sentences=2 + i % 3) for i in range(args.prompts)]
-    rates: dict[str, list[float]] = {mode: [] for mode in CONFIGS}
-    for round_index in range(args.rounds):
-        for mode in CONFIGS:  # interleaved, so drift on a shared machine hits every config
-            batch_rates = measure_tokens_per_s(model, mode, prompts, args.max_tokens, args.repeats)
-            rates[mode] += batch_rates
-            median = statistics.median(batch_rates)
-            print(f"round {round_index + 1}: {mode:10s} {median:8.1f} tokens/s", flush=True)
-    base = statistics.median(rates["untraced"])
-    print("\n| config | tokens/s (median) | ratio to untraced |\n| --- | --- | --- |")
-    for mode in CONFIGS:
-        rate = statistics.median(rates[mode])
-        print(f"| {mode} | {rate:.1f} | {rate / base:.3f} |")
-    print(f"\nmedian cost of one span: {median_span_cost_us():.1f} us")
-    print(f"spans exported {export_counters().exported}, dropped {export_counters().dropped}")
+    sink = HttpSink()
+    env = {"KVSCOPE_OTLP_ENDPOINTS": sink.endpoint}
+    with tempfile.TemporaryDirectory() as storage:
+        specs = [EngineSpec(mode, connector_config(mode, Path(storage) / mode), env)
+                 for mode in ("untraced", *TRACED)]  # fmt: skip
+        print(f"starting {len(specs)} engines ...", flush=True)
+        with PairedEngines(specs, model, prompts_for(args.prompts), args.max_tokens) as engines:
+            engines.run_rounds(args.rounds, print_round)
+            counters = {mode: engines.export_counters(mode) for mode in TRACED}
+        summarize(engines)
+    sink.close()
+    span_us = median_span_cost_us()
+    print(f"\nmedian cost of one span: {span_us:.1f} us")
+    record("tracing_overhead", "span_cost_us", span_us, unit="us")
+    for mode, counts in counters.items():
+        print(f"{mode}: spans exported {counts['exported']}, dropped "
+              f"{counts['dropped_queue_full'] + counts['dropped_export_failed']}")  # fmt: skip
+    print(f"OTLP receiver: {sink.requests} requests, {sink.bytes / 1e6:.1f} MB")
     return 0
 
 

@@ -40,6 +40,20 @@ def buffered_events() -> Iterator[list[tuple[str, dict, int]]]:
         _buffer.reset(token)
 
 
+def call_buffered(call, *args: Any, **kwargs: Any) -> tuple[Any, list[tuple[str, dict, int]]]:
+    """Runs call and returns (its result, the events it added while no span was recording).
+
+    The same as `with buffered_events()` around the call, without a generator: hooks that run
+    every step use it.
+    """
+    events: list[tuple[str, dict, int]] = []
+    token = _buffer.set(events)
+    try:
+        return call(*args, **kwargs), events
+    finally:
+        _buffer.reset(token)
+
+
 def add_events(span: trace.Span, events: list[tuple[str, dict, int]]) -> None:
     """Puts events kept by buffered_events() on the span that ended up covering them."""
     for name, attributes, timestamp in events:

@@ -66,11 +66,10 @@ class HookSpans:
     def quiet_call(self, hook: str, parent: Context | None, call, *args: Any, **kwargs: Any):
         """Runs a hook that usually does nothing without a span; if it reported facts (span
         events), they get a hook span after all, timed from the call's start."""
-        from kvscope.traces.events import add_events, buffered_events
+        from kvscope.traces.events import add_events, call_buffered
 
         start = time.time_ns()
-        with buffered_events() as events:
-            result = call(*args, **kwargs)
+        result, events = call_buffered(call, *args, **kwargs)
         if events:
             span = self.start(names.SPAN_HOOK_PREFIX + hook, parent, start_time=start,
                               **{names.HOOK: hook})  # fmt: skip

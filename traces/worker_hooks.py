@@ -10,7 +10,7 @@ from kvscope.traces.attributes import (
     kv_caches_attributes,
     short_text,
 )
-from kvscope.traces.events import add_events, buffered_events
+from kvscope.traces.events import add_events
 from kvscope.traces.metadata import TracedMetadata
 
 
@@ -99,8 +99,8 @@ class WorkerHooks:
         start = time.time_ns()
         try:
             # Facts the connector reports land on the step span, or wait for a span of their own.
-            with self._work.current_step(), buffered_events() as events:
-                results = self._inner.get_transfer_results(finished_req_ids)
+            call = self._inner.get_transfer_results
+            results, events = self._work.call_in_step(call, finished_req_ids)
         except Exception:
             with self._spans.hook("get_transfer_results", self._work.step_context):
                 raise  # recorded on the span, re-raised unchanged
@@ -146,8 +146,7 @@ class WorkerHooks:
         """A per-step query: a span only when it returns something (or quiet hooks are traced)."""
         start = time.time_ns()
         try:
-            with self._work.current_step(), buffered_events() as events:
-                result = getattr(self._inner, hook)()
+            result, events = self._work.call_in_step(getattr(self._inner, hook))
         except Exception:
             with self._spans.hook(hook, self._work.step_context):
                 raise  # recorded on the span, re-raised unchanged

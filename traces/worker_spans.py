@@ -1,11 +1,14 @@
 """Worker-side tracing state: the step span, per-request work spans, per-layer timings."""
 
 from dataclasses import dataclass, field
+from typing import Any
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Link, Span
 
 from kvscope.traces import context, names
+from kvscope.traces.events import call_buffered
 from kvscope.traces.metadata import TracedMetadata
 from kvscope.traces.spans import HookSpans, from_headers
 
@@ -65,10 +68,19 @@ class WorkerTracing:
         self.quiet_steps = 0
         self.step_context = trace.set_span_in_context(self.step_span)
 
-    def current_step(self):
-        """Makes the step span current, so span events a connector adds are kept."""
-        span = self.step_span or trace.INVALID_SPAN
-        return trace.use_span(span, end_on_exit=False, record_exception=False)
+    def call_in_step(self, call, *args: Any) -> tuple[Any, list[tuple[str, dict, int]]]:
+        """Runs a per-step query; returns (its result, the events it reported outside a span).
+
+        In a traced step the step span is current, so the connector's facts land on it; in a
+        quiet step they are kept for the caller to give a span of their own.
+        """
+        if self.step_context is None:
+            return call_buffered(call, *args)
+        token = otel_context.attach(self.step_context)
+        try:
+            return call_buffered(call, *args)
+        finally:
+            otel_context.detach(token)
 
     def timeline(self, point: str, req_ids, **attributes) -> None:
         """Adds a timeline event to the step's span of each request in req_ids."""

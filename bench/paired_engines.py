@@ -1,0 +1,151 @@
+"""Engines kept alive in worker processes and fed the same batches in turn: side-by-side ratios.
+
+Starting one engine per configuration and timing them one after another lets drift on a shared
+machine (other jobs starting, caches, frequency) land on one configuration only. Here every
+configuration has its own engine process, all alive at once and idle but the one being timed;
+each round runs one batch on each, in a rotating order, so a round's ratio compares batches
+measured seconds apart. Workers time their own batches: wall clock and process CPU time (the
+latter includes the span export thread, so it counts what tracing costs the process).
+"""
+
+import contextlib
+import multiprocessing
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+START_TIMEOUT_S = 300.0
+BATCH_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """One configuration: a name, its kv_transfer_config, and extra environment."""
+
+    name: str
+    kv_transfer_config: dict[str, Any] | None
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class BatchTiming:
+    """One batch on one engine."""
+
+    tokens: int
+    wall_s: float
+    cpu_s: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.wall_s
+
+    @property
+    def tokens_per_cpu_s(self) -> float:
+        return self.tokens / self.cpu_s
+
+
+def _serve(spec: EngineSpec, model: str, prompts: list[str], max_tokens: int, conn: Connection):
+    """Worker process: one engine; answers ('batch', i) with a BatchTiming, ('stats',) with the
+    span export counters, ('stop',) by exiting."""
+    from kvscope.demo.engine import use_in_process_engine
+
+    use_in_process_engine()
+    os.environ.update(spec.env)
+    from kvscope.demo.engine import in_process_llm
+    from kvscope.demo.oracle import greedy_params
+    from kvscope.traces.sdk.configure import configure_tracing, export_counters, flush
+
+    configure_tracing(service_name=f"kvscope-bench-{spec.name}")
+    params = greedy_params(max_tokens)
+    with in_process_llm(Path(model), spec.kv_transfer_config) as llm:
+        llm.generate(prompts[:2], params, use_tqdm=False)  # warm-up
+        conn.send("ready")
+        while True:
+            command, *args = conn.recv()
+            if command == "stop":
+                break
+            if command == "stats":
+                flush(timeout_s=5)
+                conn.send(vars(export_counters()))
+                continue
+            batch = [f"Batch {args[0]}. {prompt}" for prompt in prompts]  # a new first block
+            wall, cpu = time.perf_counter(), time.process_time()
+            outputs = llm.generate(batch, params, use_tqdm=False)
+            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+            tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+            conn.send(BatchTiming(tokens, wall, cpu))
+
+
+class PairedEngines:
+    """Starts one worker per spec, runs rounds of batches across them, stops them all."""
+
+    def __init__(self, specs: list[EngineSpec], model: Path, prompts: list[str], max_tokens: int):
+        self.specs = specs
+        self.timings: dict[str, list[BatchTiming]] = {spec.name: [] for spec in specs}
+        self._args = (str(model), prompts, max_tokens)
+        self._workers: dict[str, tuple[multiprocessing.Process, Connection]] = {}
+
+    def __enter__(self) -> "PairedEngines":
+        context = multiprocessing.get_context("spawn")
+        try:
+            for spec in self.specs:  # one at a time: start-up is the heaviest part
+                ours, theirs = context.Pipe()
+                process = context.Process(
+                    target=_serve, args=(spec, *self._args, theirs), name=f"engine-{spec.name}"
+                )
+                process.start()
+                self._workers[spec.name] = (process, ours)
+                self._receive(spec.name, START_TIMEOUT_S)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for _, conn in self._workers.values():
+            with contextlib.suppress(OSError):
+                conn.send(("stop",))
+        for process, _ in self._workers.values():
+            process.join(timeout=30)
+            if process.is_alive():
+                process.kill()
+                process.join(timeout=10)
+        self._workers.clear()
+
+    def _receive(self, name: str, timeout_s: float) -> Any:
+        process, conn = self._workers[name]
+        if not conn.poll(timeout_s):
+            raise TimeoutError(f"engine {name!r} gave no answer within {timeout_s:.0f} s")
+        try:
+            return conn.recv()
+        except EOFError:
+            raise RuntimeError(f"engine {name!r} exited (code {process.exitcode})") from None
+
+    def run_rounds(self, rounds: int, on_round=None) -> None:
+        """`rounds` batches per engine, one per engine per round, order rotated every round."""
+        names = [spec.name for spec in self.specs]
+        for index in range(rounds):
+            shift = index % len(names)
+            for name in names[shift:] + names[:shift]:
+                self._workers[name][1].send(("batch", index))
+                self.timings[name].append(self._receive(name, BATCH_TIMEOUT_S))
+            if on_round:
+                on_round(index, {name: self.timings[name][-1] for name in names})
+
+    def export_counters(self, name: str) -> dict[str, int]:
+        """The engine's span export counters (queued, exported, dropped...)."""
+        self._workers[name][1].send(("stats",))
+        return self._receive(name, 30)
+
+    def ratios(self, name: str, base: str, cpu: bool = False) -> list[float]:
+        """Per-round throughput of `name` over `base` (wall clock, or per CPU second)."""
+        rate = (lambda t: t.tokens_per_cpu_s) if cpu else (lambda t: t.tokens_per_s)
+        pairs = zip(self.timings[name], self.timings[base], strict=True)
+        return [rate(ours) / rate(theirs) for ours, theirs in pairs]
+
+    def median_rate(self, name: str) -> float:
+        return statistics.median(t.tokens_per_s for t in self.timings[name])
