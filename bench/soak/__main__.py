@@ -2,6 +2,7 @@
 check fails."""
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -59,7 +60,13 @@ def main(argv: list[str] | None = None) -> int:
         request_timeout_s=args.request_timeout, idle_timeout_s=args.idle_timeout,
         max_rss_growth_mib=args.max_rss_growth, workdir=args.workdir,
     )  # fmt: skip
-    results = run_soak(options)
+    # SIGTERM unwinds like Ctrl-C, so every server the soak started is stopped.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        results = run_soak(options)
+    except KeyboardInterrupt:
+        print("soak interrupted; every process it started was stopped", file=sys.stderr)
+        return 130
     failed = [result.name for result in results if not result.ok]
     print("\nsoak " + ("passed" if not failed else "FAILED: " + ", ".join(failed)), flush=True)
     return 1 if failed else 0

@@ -1,6 +1,7 @@
 """Runs the soak end to end: system up, reference table, workload with faults, checks, table."""
 
 import asyncio
+import json
 import tempfile
 import time
 from dataclasses import dataclass
@@ -17,7 +18,11 @@ from kvscope.bench.soak.checks import (
 from kvscope.bench.soak.client import COMPLETED, Outcome, counts, run_plan
 from kvscope.bench.soak.memory import MemorySampler
 from kvscope.bench.soak.plan import REFERENCE_MAX_TOKENS, make_plan, unique_prompts
-from kvscope.bench.soak.rebuilt import rebuilt_state_matches
+from kvscope.bench.soak.rebuilt import (
+    backend_activity,
+    lease_rows_match,
+    rebuilt_state_matches,
+)
 from kvscope.bench.soak.reference import start_reference, wait_reference
 from kvscope.bench.soak.system import start_system
 from kvscope.demo.fault_schedule import FaultSchedule
@@ -48,6 +53,7 @@ def run_soak(options: SoakOptions) -> list[CheckResult]:
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "faults.json").write_text("{}")
     print(f"kvscope soak: {options.requests} requests, logs and database in {workdir}", flush=True)
+    soak_started = time.monotonic()
     plan = make_plan(options.requests, options.seed, options.abort_fraction)
     reference = start_reference(options.model, unique_prompts(plan), workdir, REFERENCE_MAX_TOKENS)
     stack = Stack()
@@ -65,6 +71,8 @@ def run_soak(options: SoakOptions) -> list[CheckResult]:
         stack.check_alive()
         leaks = wait_until_idle(system, options.idle_timeout_s)
         rebuilt = rebuilt_state_matches(system)
+        lease_rows = lease_rows_match(system)
+        activity = backend_activity(system.urls["backend"], time.monotonic() - started + 60)
         memory = sampler.stop()
         table = wait_reference(*reference, timeout_s=options.startup_timeout_s)
     finally:
@@ -72,10 +80,12 @@ def run_soak(options: SoakOptions) -> list[CheckResult]:
         if reference[0].poll() is None:
             reference[0].kill()
     results = [token_mismatches(outcomes, table), leaks,
-               every_request_ended(outcomes, len(plan), options.policy), rebuilt,
+               every_request_ended(outcomes, len(plan), options.policy), rebuilt, lease_rows,
                memory_bounded(memory, options.max_rss_growth_mib)]  # fmt: skip
-    print_summary(outcomes, wall_s, memory, results)
+    print_summary(outcomes, wall_s, memory, results, activity)
+    print(f"\nsoak took {time.monotonic() - soak_started:.0f} s in all", flush=True)
     record_figures(outcomes, wall_s, memory, results)
+    write_results(workdir / "soak_results.json", outcomes, wall_s, memory, results)
     return results
 
 
@@ -99,11 +109,13 @@ def progress(options: SoakOptions, faults: FaultSchedule, sampler: MemorySampler
     return on_done
 
 
-def print_summary(outcomes, wall_s: float, memory: dict, results: list[CheckResult]) -> None:
+def print_summary(outcomes, wall_s: float, memory: dict, results: list[CheckResult],
+                  activity: list[str]) -> None:  # fmt: skip
     ended = counts(outcomes)
     rate = ended[COMPLETED] / wall_s if wall_s else 0.0
     print(f"\n{len(outcomes)} requests in {wall_s:.0f} s ({rate:.2f} completed/s): "
           + ", ".join(f"{n} {status}" for status, n in sorted(ended.items())))  # fmt: skip
+    print("\n".join(f"  {line}" for line in activity))
     print(f"\n{'process':10s} {'start':>8s} {'peak':>8s} {'end':>8s} {'2nd-half growth':>16s}  MiB")
     for name, m in memory.items():
         print(f"{name:10s} {m['start']:8.0f} {m['peak']:8.0f} {m['end']:8.0f} "
@@ -124,8 +136,18 @@ def record_figures(outcomes, wall_s: float, memory: dict, results: list[CheckRes
     record(BENCH, "hung", by_name["hung requests"].figure, "count", "== 0")
     record(BENCH, "rebuilt_state_unexplained", by_name["rebuilt state differences"].figure,
            "count", "== 0")  # fmt: skip
+    record(BENCH, "leases_missing_in_backend", by_name["leases missing in the backend"].figure,
+           "count", "== 0")  # fmt: skip
     completed = counts(outcomes)[COMPLETED]
     record(BENCH, "requests_per_s", completed / wall_s if wall_s else 0.0, "req/s",
            note=f"{len(outcomes)} requests, {completed} completed")  # fmt: skip
     for name, m in memory.items():
         record(BENCH, f"rss_growth_mib_{name}", m["growth_2nd_half"], "MiB", note="2nd half")
+
+
+def write_results(path: Path, outcomes, wall_s: float, memory: dict, results: list) -> None:
+    """The figures as JSON, for tests and scripts."""
+    checks = {r.name: {"ok": r.ok, "figure": r.figure, "details": r.details} for r in results}
+    summary = {"requests": len(outcomes), "ended": dict(counts(outcomes)), "wall_s": wall_s,
+               "memory_mib": memory, "checks": checks}  # fmt: skip
+    path.write_text(json.dumps(summary, indent=1))

@@ -1,0 +1,95 @@
+"""A short soak on the CPU: ~50 requests through the P/D + offload system with aborts and the
+fault schedule; tokens equal the reference, nothing leaks or hangs, the backend agrees."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(420)]
+
+REQUESTS = 48
+HARD_TIMEOUT_S = 360
+
+
+def run_soak(model, workdir) -> tuple[int, str]:
+    """The soak as a user runs it, in its own process; SIGTERM (it then stops its servers)
+    past the hard timeout."""
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+    cmd = [sys.executable, "-m", "kvscope.bench.soak", "--requests", str(REQUESTS),
+           "--model", str(model), "--workdir", str(workdir), "--abort-fraction", "0.15",
+           "--request-timeout", "60", "--idle-timeout", "45", "--concurrency", "4"]  # fmt: skip
+    process = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)  # fmt: skip
+    try:
+        output, _ = process.communicate(timeout=HARD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=60)
+        pytest.fail(f"the soak ran past {HARD_TIMEOUT_S} s:\n{output[-5000:]}")
+    return process.returncode, output
+
+
+@pytest.fixture(scope="module")
+def soak(tiny_model, tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("soak")
+    code, output = run_soak(tiny_model, workdir)
+    results_path = workdir / "soak_results.json"
+    assert results_path.exists(), output[-5000:]
+    return code, output, json.loads(results_path.read_text())
+
+
+KNOWN_BUG = "leases missing in the backend"
+"""Offload and P2P leases in one Multi share the engine id and both number leases from 1; the
+backend keys a lease by (engine id, lease id), so two leases become one row (see the soak's
+report); that check is expected to fail until the ids or the key are fixed."""
+
+
+def test_the_soak_passes_every_check(soak):
+    code, output, results = soak
+    failed = {name for name, check in results["checks"].items() if not check["ok"]}
+    assert failed <= {KNOWN_BUG}, output[-5000:]
+    assert code == (1 if failed else 0), output[-5000:]
+
+
+def test_greedy_tokens_equal_the_reference(soak):
+    *_, results = soak
+    check = results["checks"]["token mismatches"]
+    assert check["figure"] == 0, check["details"][:5]
+
+
+def test_every_request_ended_none_hung(soak):
+    *_, results = soak
+    ended = results["ended"]
+    assert sum(ended.values()) == REQUESTS and ended.get("hung", 0) == 0, ended
+    assert ended.get("completed", 0) >= REQUESTS // 2, ended
+    assert ended.get("aborted", 0) >= 1, "the plan disconnects some clients early: " + str(ended)
+
+
+def test_nothing_is_held_once_idle(soak):
+    *_, results = soak
+    check = results["checks"]["leaks"]
+    assert check["ok"] and check["figure"] == 0, check["details"]
+
+
+def test_the_backend_rebuilt_the_servers_own_state(soak):
+    *_, results = soak
+    check = results["checks"]["rebuilt state differences"]
+    assert check["ok"], check["details"]
+    assert any("equal" in line for line in check["details"]), check["details"]
+
+
+@pytest.mark.xfail(reason=KNOWN_BUG + ": lease ids collide between Multi children", strict=False)
+def test_every_lease_is_one_row_in_the_backend(soak):
+    *_, results = soak
+    check = results["checks"][KNOWN_BUG]
+    assert check["ok"], check["details"]
+
+
+def test_memory_was_sampled_for_every_process(soak):
+    *_, results = soak
+    assert set(results["memory_mib"]) == {"backend", "prefill", "decode", "proxy"}
+    assert all(m["peak"] > 0 for m in results["memory_mib"].values()), results["memory_mib"]
