@@ -48,7 +48,9 @@ class BatchTiming:
         return self.tokens / self.cpu_s
 
 
-def _serve(spec: EngineSpec, model: str, prompts: list[str], max_tokens: int, conn: Connection):
+def _serve(
+    spec: EngineSpec, model: str, prompts: list[str], max_tokens: int, reuse: bool, conn: Connection
+):
     """Worker process: one engine; answers ('batch', i) with a BatchTiming, ('stats',) with the
     span export counters, ('stop',) by exiting."""
     from kvscope.demo.engine import use_in_process_engine
@@ -72,7 +74,11 @@ def _serve(spec: EngineSpec, model: str, prompts: list[str], max_tokens: int, co
                 flush(timeout_s=5)
                 conn.send(vars(export_counters()))
                 continue
-            batch = [f"Batch {args[0]}. {prompt}" for prompt in prompts]  # a new first block
+            if reuse:  # the same prompts, computed again or served by the connector
+                batch = prompts
+                llm.reset_prefix_cache()
+            else:  # a new first block: every prompt misses everywhere
+                batch = [f"Batch {args[0]}. {prompt}" for prompt in prompts]
             wall, cpu = time.perf_counter(), time.process_time()
             outputs = llm.generate(batch, params, use_tqdm=False)
             wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
@@ -81,12 +87,23 @@ def _serve(spec: EngineSpec, model: str, prompts: list[str], max_tokens: int, co
 
 
 class PairedEngines:
-    """Starts one worker per spec, runs rounds of batches across them, stops them all."""
+    """Starts one worker per spec, runs rounds of batches across them, stops them all.
 
-    def __init__(self, specs: list[EngineSpec], model: Path, prompts: list[str], max_tokens: int):
+    Each batch is `prompts` behind a new first block (all misses), or with `reuse` the same
+    prompts every time after vLLM's prefix cache is reset (what a KV connector can serve).
+    """
+
+    def __init__(
+        self,
+        specs: list[EngineSpec],
+        model: Path,
+        prompts: list[str],
+        max_tokens: int,
+        reuse: bool = False,
+    ):
         self.specs = specs
         self.timings: dict[str, list[BatchTiming]] = {spec.name: [] for spec in specs}
-        self._args = (str(model), prompts, max_tokens)
+        self._args = (str(model), prompts, max_tokens, reuse)
         self._workers: dict[str, tuple[multiprocessing.Process, Connection]] = {}
 
     def __enter__(self) -> "PairedEngines":
