@@ -3,6 +3,7 @@
 import itertools
 import logging
 import os
+import random
 import threading
 from collections import deque
 from collections.abc import Sequence
@@ -125,14 +126,23 @@ class BoundedBatchProcessor(SpanProcessor):
 
 
 class SystemRandomIdGenerator(IdGenerator):
-    """Trace and span ids from os.urandom.
+    """Trace and span ids from a generator of this process's own, seeded from os.urandom.
 
     The SDK's default draws from Python's global `random`, which vLLM seeds (seed=0 by
     default for LLM): every engine process would then produce the same ids in the same order.
+    A private generator is as unpredictable across processes and costs no system call per id;
+    a forked child reseeds, so it never repeats its parent's ids.
     """
 
+    def __init__(self) -> None:
+        self._reseed()
+        os.register_at_fork(after_in_child=self._reseed)
+
+    def _reseed(self) -> None:
+        self._random = random.Random(os.urandom(32))
+
     def generate_span_id(self) -> int:
-        return int.from_bytes(os.urandom(8), "big") or 1
+        return self._random.getrandbits(64) or 1
 
     def generate_trace_id(self) -> int:
-        return int.from_bytes(os.urandom(16), "big") or 1
+        return self._random.getrandbits(128) or 1
