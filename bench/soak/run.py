@@ -11,6 +11,7 @@ from kvscope.bench.results import record
 from kvscope.bench.soak.checks import (
     CheckResult,
     every_request_ended,
+    held_now,
     memory_bounded,
     token_mismatches,
     wait_until_idle,
@@ -24,7 +25,7 @@ from kvscope.bench.soak.rebuilt import (
     rebuilt_state_matches,
 )
 from kvscope.bench.soak.reference import start_reference, wait_reference
-from kvscope.bench.soak.system import start_system
+from kvscope.bench.soak.system import SERVERS, start_system
 from kvscope.demo.fault_schedule import FaultSchedule
 from kvscope.demo.stack import Stack
 
@@ -62,14 +63,17 @@ def run_soak(options: SoakOptions) -> list[CheckResult]:
                               options.startup_timeout_s)  # fmt: skip
         sampler = MemorySampler({s.name: s.process.pid for s in stack.services}).start()
         faults = FaultSchedule(workdir / "faults.json", enabled=options.faults)
+        peaks: dict[str, int] = {}
         started = time.monotonic()
-        outcomes = asyncio.run(run_plan(system.urls, plan, options.concurrency,
-                                        options.request_timeout_s,
-                                        progress(options, faults, sampler, stack)))  # fmt: skip
+        on_done = progress(options, faults, sampler, system, peaks)
+        outcomes = asyncio.run(
+            run_plan(system.urls, plan, options.concurrency, options.request_timeout_s, on_done)
+        )
         wall_s = time.monotonic() - started
         faults.update(1.0)  # the schedule ends with no faults
         stack.check_alive()
         leaks = wait_until_idle(system, options.idle_timeout_s)
+        leaks.details += [f"peak while running: {what}: {n}" for what, n in peaks.items() if n]
         rebuilt = rebuilt_state_matches(system)
         lease_rows = lease_rows_match(system)
         activity = backend_activity(system.urls["backend"], time.monotonic() - started + 60)
@@ -89,10 +93,12 @@ def run_soak(options: SoakOptions) -> list[CheckResult]:
     return results
 
 
-def progress(options: SoakOptions, faults: FaultSchedule, sampler: MemorySampler, stack: Stack):
-    """The per-request callback: moves the fault schedule along, prints a line every 10 s."""
+def progress(options: SoakOptions, faults: FaultSchedule, sampler: MemorySampler, system, peaks):
+    """The per-request callback: moves the fault schedule along, prints a line every 10 s and
+    keeps the peak of what the servers held (proof the leak check sees held state)."""
     started = time.monotonic()
     last = {"printed": started, "ended": {}}
+    stack = system.stack
 
     def on_done(outcome: Outcome, done: int) -> None:
         last["ended"][outcome.status] = last["ended"].get(outcome.status, 0) + 1
@@ -101,6 +107,9 @@ def progress(options: SoakOptions, faults: FaultSchedule, sampler: MemorySampler
         if time.monotonic() - last["printed"] >= 10 or done == options.requests:
             last["printed"] = time.monotonic()
             stack.check_alive()
+            for role in SERVERS:
+                for what, n in held_now(system, role).items():
+                    peaks[f"{role}: {what}"] = max(n, peaks.get(f"{role}: {what}", 0))
             elapsed = time.monotonic() - started
             rss = ", ".join(f"{n} {m:.0f}" for n, m in sampler.latest_mib().items())
             print(f"[{elapsed:6.0f} s] {done}/{options.requests} ended {last['ended']}, "
