@@ -1,0 +1,99 @@
+"""The matrix's three checks on one cell's record: outcome (tokens or error), leaks, backend."""
+
+import re
+import time
+from dataclasses import dataclass, field
+
+from kvscope.demo.oracle import token_mismatches
+from tests.reliability.backend_proc import BackendProcess
+from tests.reliability.cases import Case
+from tests.reliability.engine_ops import Batch
+
+PROMPT_FAILURE_S = 10.0
+"""'Fails promptly': every timeout the engines run with is 3 s or less; 10 s covers a busy CI."""
+
+
+@dataclass
+class CellRun:
+    """What one cell did and left behind, recorded right after it ran."""
+
+    case: Case
+    batch: Batch
+    start_ns: int
+    end_ns: int = 0
+    leaks: list[str] = field(default_factory=list)
+    failures: list[dict] = field(default_factory=list)  # backend rows of this cell
+    requests: list[dict] = field(default_factory=list)  # backend request rows of this cell
+    active_leases: list[dict] = field(default_factory=list)  # backend leases still held
+    dropped: dict[str, int] = field(default_factory=dict)  # export counters during the cell
+    stream: dict | None = None  # this process's span stream on the backend, after the cell
+
+
+def check_outcome(run: CellRun, expected: dict[str, list[int]]) -> None:
+    """'tokens': the oracle's tokens; 'error': a prompt failure. Aborted ones are not judged."""
+    case, results = run.case, run.batch.results
+    assert results, f"no request of {case.id} finished: {run.batch}"
+    if case.expect == "tokens":
+        wanted = [expected[req_id] for req_id in results]
+        got = [result.tokens for result in results.values()]
+        assert token_mismatches(wanted, got) == []
+        assert {r.finish_reason for r in results.values()} == {"length"}
+    else:
+        reasons = {req_id: r.finish_reason for req_id, r in results.items()}
+        assert set(reasons.values()) == {"error"}, f"expected every request to fail: {reasons}"
+        slowest = max(r.elapsed_s for r in results.values())
+        assert slowest < PROMPT_FAILURE_S, f"a request took {slowest:.1f} s to fail"
+    if case.fault == "preempted":
+        assert run.batch.preemptions > 0, "vLLM preempted nothing: the cell tested nothing"
+    if case.fault == "aborted":
+        assert run.batch.aborted, "nothing was aborted mid-transfer"
+
+
+def check_leaks(run: CellRun) -> None:
+    assert run.leaks == [], "\n".join(run.leaks)
+
+
+def check_backend(run: CellRun) -> None:
+    """The backend shows what happened: the failure with cause and outcome, the abort, the
+    preempted requests finished, or the spans lost while it was down or behind."""
+    case = run.case
+    if case.cause is not None:
+        causes = [row["cause"] for row in run.failures]
+        assert any(re.search(case.cause, cause or "") for cause in causes), causes
+        outcomes = [(row["cause"], row["outcome"]) for row in run.failures]
+        assert any(row["outcome"] == case.outcome for row in run.failures), outcomes
+    elif case.fault in ("backend_down", "queue_full"):
+        kind = "dropped_export_failed" if case.fault == "backend_down" else "dropped_queue_full"
+        assert run.dropped.get(kind, 0) > 0, f"no span was {kind}: {run.dropped}"
+        assert run.stream is not None and run.stream["status"] == "lossy", run.stream
+        assert run.stream["telemetry_dropped"] >= run.dropped[kind], run.stream
+    else:
+        assert run.failures == [], "a failure was recorded where none happened"
+    statuses = {row["request_id"].rsplit("-", 1)[0]: row["status"] for row in run.requests}
+    for req_id in [*run.batch.results, *run.batch.aborted]:
+        want = "finished_aborted" if req_id in run.batch.aborted else None
+        if case.fault in ("backend_down", "queue_full"):
+            continue  # their spans were lost on purpose
+        assert req_id in statuses, f"the backend has no request {req_id}: {statuses}"
+        assert statuses[req_id] != "running", statuses
+        assert want is None or statuses[req_id] == want, statuses
+    assert run.active_leases == [], "the backend still shows leases held by this cell"
+
+
+def wait_for_backend(backend: BackendProcess, run: CellRun, timeout_s: float = 15.0) -> None:
+    """Reads the backend into run, waiting until what the cell expects has arrived."""
+    case, prefix = run.case, run.case.id
+    deadline = time.monotonic() + timeout_s
+    while True:
+        run.failures = backend.failures(run.start_ns, run.end_ns, prefix)
+        run.requests = backend.requests(prefix)
+        run.active_leases = [lease for lease in backend.active_leases()
+                             if (lease["holder"] or "").startswith(prefix)]  # fmt: skip
+        done = [row for row in run.requests if row["status"] != "running"]
+        want_rows = len(run.batch.results) + len(run.batch.aborted)
+        arrived = case.cause is None or any(row["outcome"] == case.outcome for row in run.failures)
+        if (arrived and len(done) >= want_rows and not run.active_leases) or (
+            time.monotonic() > deadline
+        ):
+            return
+        time.sleep(0.3)
