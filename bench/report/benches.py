@@ -31,8 +31,7 @@ def module_bench(name: str, **sizes) -> BenchSpec:
 
 BENCHES: list[BenchSpec] = [
     module_bench("tracing_overhead",
-                 quick_args=["--rounds", "1", "--repeats", "2", "--prompts", "8",
-                             "--max-tokens", "32"],
+                 quick_args=["--rounds", "4", "--prompts", "8", "--max-tokens", "32"],
                  quick_timeout_s=600, full_timeout_s=2400),
     module_bench("copy_bandwidth", quick_args=["--repeats", "7"],
                  quick_timeout_s=300, full_timeout_s=900),
@@ -44,15 +43,14 @@ BENCHES: list[BenchSpec] = [
                  quick_args=["--prefix-sentences", "40", "--repeats", "3", "--rounds", "1"],
                  quick_timeout_s=400, full_timeout_s=1200),
     module_bench("pd_latency",
-                 quick_args=["--requests", "3", "--idle-s", "3", "--start-timeout", "240"],
+                 quick_args=["--requests", "3", "--idle-s", "2", "--start-timeout", "240"],
                  quick_timeout_s=900, full_timeout_s=3000),
     module_bench("ingest", quick_args=["--spans", "10000", "--samples", "50"],
                  full_args=["--spans", "1000000"], quick_timeout_s=300, full_timeout_s=3600),
     module_bench("telemetry_isolation",
-                 quick_args=["--rounds", "1", "--repeats", "2", "--prompts", "8",
-                             "--max-tokens", "32", "--requests", "20"],
+                 quick_args=["--rounds", "4", "--prompts", "8", "--max-tokens", "32"],
                  quick_timeout_s=600, full_timeout_s=2400),
-    module_bench("soak", quick_args=["--requests", "200", "--duration-s", "120"],
+    module_bench("soak", quick_args=["--requests", "150"],
                  quick_timeout_s=600, full_timeout_s=6 * 3600),
 ]  # fmt: skip
 """In run order; --quick sizes keep the whole quick report to about 10-15 minutes."""

@@ -63,6 +63,8 @@ def format_value(value: float, unit: str) -> str:
         return "nan"
     if unit == "ratio":
         return f"{value:.3f}"
+    if unit == "count":
+        return f"{value:.0f}"
     number = f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
     return f"{number} {unit}".strip()
 
