@@ -25,7 +25,7 @@ from kvscope.bench.soak.rebuilt import (
     rebuilt_state_matches,
 )
 from kvscope.bench.soak.reference import start_reference, wait_reference
-from kvscope.bench.soak.system import SERVERS, start_system
+from kvscope.bench.soak.system import SERVERS, start_system, stop_all
 from kvscope.demo.fault_schedule import FaultSchedule
 from kvscope.demo.stack import Stack
 
@@ -61,36 +61,54 @@ def run_soak(options: SoakOptions) -> list[CheckResult]:
     try:
         system = start_system(options.model, workdir, stack, options.policy,
                               options.startup_timeout_s)  # fmt: skip
-        sampler = MemorySampler({s.name: s.process.pid for s in stack.services}).start()
-        faults = FaultSchedule(workdir / "faults.json", enabled=options.faults)
-        peaks: dict[str, int] = {}
-        started = time.monotonic()
-        on_done = progress(options, faults, sampler, system, peaks)
-        outcomes = asyncio.run(
-            run_plan(system.urls, plan, options.concurrency, options.request_timeout_s, on_done)
-        )
-        wall_s = time.monotonic() - started
-        faults.update(1.0)  # the schedule ends with no faults
-        stack.check_alive()
-        leaks = wait_until_idle(system, options.idle_timeout_s)
-        leaks.details += [f"peak while running: {what}: {n}" for what, n in peaks.items() if n]
-        rebuilt = rebuilt_state_matches(system)
-        lease_rows = lease_rows_match(system)
-        activity = backend_activity(system.urls["backend"], time.monotonic() - started + 60)
-        memory = sampler.stop()
+        phases = {"startup_s": time.monotonic() - soak_started}
+        run = drive_and_check(options, system, plan, phases)
         table = wait_reference(*reference, timeout_s=options.startup_timeout_s)
     finally:
-        stack.stop()
+        stopping = time.monotonic()
+        stop_all(stack)
         if reference[0].poll() is None:
             reference[0].kill()
-    results = [token_mismatches(outcomes, table), leaks,
-               every_request_ended(outcomes, len(plan), options.policy), rebuilt, lease_rows,
-               memory_bounded(memory, options.max_rss_growth_mib)]  # fmt: skip
-    print_summary(outcomes, wall_s, memory, results, activity)
-    print(f"\nsoak took {time.monotonic() - soak_started:.0f} s in all", flush=True)
-    record_figures(outcomes, wall_s, memory, results)
-    write_results(workdir / "soak_results.json", outcomes, wall_s, memory, results)
+    phases["stop_s"] = time.monotonic() - stopping
+    outcomes, memory = run["outcomes"], run["memory"]
+    results = [token_mismatches(outcomes, table), run["leaks"],
+               every_request_ended(outcomes, len(plan), options.policy), run["rebuilt"],
+               run["lease_rows"], memory_bounded(memory, options.max_rss_growth_mib)]  # fmt: skip
+    print_summary(outcomes, phases["workload_s"], memory, results, run["activity"])
+    phases["total_s"] = time.monotonic() - soak_started
+    print(f"\nsoak took {phases['total_s']:.0f} s in all: " + ", ".join(
+        f"{name[:-2]} {s:.0f} s" for name, s in phases.items() if name != "total_s"),
+        flush=True)  # fmt: skip
+    record_figures(outcomes, phases["workload_s"], memory, results)
+    write_results(workdir / "soak_results.json", outcomes, phases, memory, results)
     return results
+
+
+def drive_and_check(options: SoakOptions, system, plan, phases: dict) -> dict:
+    """Runs the plan with the fault schedule, waits for idle, checks state while it is up."""
+    sampler = MemorySampler({s.name: s.process.pid for s in system.stack.services}).start()
+    faults = FaultSchedule(system.state_files["prefill"].parent / "faults.json",
+                           enabled=options.faults)  # fmt: skip
+    peaks: dict[str, int] = {}
+    started = time.monotonic()
+    on_done = progress(options, faults, sampler, system, peaks)
+    outcomes = asyncio.run(
+        run_plan(system.urls, plan, options.concurrency, options.request_timeout_s, on_done)
+    )
+    phases["workload_s"] = time.monotonic() - started
+    faults.update(1.0)  # the schedule ends with no faults
+    system.stack.check_alive()
+    leaks = wait_until_idle(system, options.idle_timeout_s)
+    phases["idle_wait_s"] = time.monotonic() - started - phases["workload_s"]
+    leaks.details += [f"peak while running: {what}: {n}" for what, n in peaks.items() if n]
+    return {
+        "outcomes": outcomes,
+        "leaks": leaks,
+        "rebuilt": rebuilt_state_matches(system),
+        "lease_rows": lease_rows_match(system),
+        "activity": backend_activity(system.urls["backend"], time.monotonic() - started + 60),
+        "memory": sampler.stop(),
+    }
 
 
 def progress(options: SoakOptions, faults: FaultSchedule, sampler: MemorySampler, system, peaks):
@@ -154,9 +172,10 @@ def record_figures(outcomes, wall_s: float, memory: dict, results: list[CheckRes
         record(BENCH, f"rss_growth_mib_{name}", m["growth_2nd_half"], "MiB", note="2nd half")
 
 
-def write_results(path: Path, outcomes, wall_s: float, memory: dict, results: list) -> None:
+def write_results(path: Path, outcomes, phases: dict, memory: dict, results: list) -> None:
     """The figures as JSON, for tests and scripts."""
     checks = {r.name: {"ok": r.ok, "figure": r.figure, "details": r.details} for r in results}
-    summary = {"requests": len(outcomes), "ended": dict(counts(outcomes)), "wall_s": wall_s,
-               "memory_mib": memory, "checks": checks}  # fmt: skip
+    summary = {"requests": len(outcomes), "ended": dict(counts(outcomes)),
+               "wall_s": phases["workload_s"], "phases_s": phases, "memory_mib": memory,
+               "checks": checks}  # fmt: skip
     path.write_text(json.dumps(summary, indent=1))

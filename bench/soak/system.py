@@ -3,6 +3,7 @@
 import contextlib
 import json
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -94,3 +95,13 @@ def start_together(stack: Stack, services: list[Service], timeout_s: float) -> N
         waiting = [s for s in waiting if not s.healthy()]
         time.sleep(0.5)
     print(f"ready in {time.monotonic() - started:.0f} s", flush=True)
+
+
+def stop_all(stack: Stack) -> None:
+    """SIGTERM to every service at once (vLLM servers take seconds each to exit), then waits
+    for each and SIGKILLs what is left."""
+    for service in stack.services:
+        if service.process is not None and service.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(service.process.pid, signal.SIGTERM)
+    stack.stop()
