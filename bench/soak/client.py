@@ -96,7 +96,8 @@ async def run_plan(
             on_done(outcome, len(outcomes))
 
     limits = httpx.Limits(max_connections=concurrency * 2)
-    timeout = httpx.Timeout(timeout_s, connect=10.0)
+    # Longer than the per-request bound, so a silent server shows as hung, not as an error.
+    timeout = httpx.Timeout(timeout_s + 10.0, connect=10.0)
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
         await asyncio.gather(*(worker(client) for _ in range(concurrency)))
     return sorted(outcomes, key=lambda o: o.request.index)
