@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter
 
 from kvscope.traces import names
-from kvscope.traces.sdk.exporters import OtlpJsonFileExporter, OtlpJsonHttpExporter
+from kvscope.traces.sdk.exporters import OtlpGrpcExporter, OtlpHttpExporter, OtlpJsonFileExporter
 from kvscope.traces.sdk.processors import (
     BoundedBatchProcessor,
     ExportCounters,
@@ -34,16 +34,12 @@ def make_exporter(destination: Destination) -> SpanExporter:
     """The SDK exporter for one destination."""
     headers = _headers()
     if destination.protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-
         insecure = destination.endpoint.startswith("http://")
-        return OTLPSpanExporter(endpoint=destination.endpoint, insecure=insecure, headers=headers)
+        return OtlpGrpcExporter(endpoint=destination.endpoint, insecure=insecure, headers=headers)
     if destination.protocol == "http/protobuf":
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-        return OTLPSpanExporter(endpoint=destination.endpoint, headers=headers)
+        return OtlpHttpExporter(destination.endpoint, headers=headers)
     if destination.protocol == "http/json":
-        return OtlpJsonHttpExporter(destination.endpoint, headers=headers)
+        return OtlpHttpExporter(destination.endpoint, headers=headers, encoding="json")
     if destination.protocol == "file":
         return OtlpJsonFileExporter(destination.endpoint)
     raise ValueError(f"unknown OTLP protocol {destination.protocol!r}")

@@ -1,14 +1,131 @@
-"""Span exporters kvscope adds to the SDK's own: OTLP/JSON lines in a file, shared by processes."""
+"""Span exporters kvscope adds to the SDK's: OTLP/HTTP and gRPC with the direct protobuf encoder,
+and OTLP/JSON lines in a file shared by processes."""
 
 import fcntl
+import gzip
+import logging
 import os
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.util.re import parse_env_headers
 
 from kvscope.traces.sdk.otlp_json import spans_to_otlp_json
+from kvscope.traces.sdk.otlp_proto import encode_spans
+
+logger = logging.getLogger(__name__)
+
+RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
+"""HTTP answers the OTLP spec says to retry (with back-off); every other error is final."""
+
+CONTENT_TYPES = {"protobuf": "application/x-protobuf", "json": "application/json"}
+
+
+def _env(name: str) -> str | None:
+    """OTEL_EXPORTER_OTLP_TRACES_<name>, else OTEL_EXPORTER_OTLP_<name>, as the spec orders."""
+    return os.environ.get(f"OTEL_EXPORTER_OTLP_TRACES_{name}") or os.environ.get(
+        f"OTEL_EXPORTER_OTLP_{name}"
+    )
+
+
+class OtlpHttpExporter(SpanExporter):
+    """OTLP/HTTP: POSTs each batch (protobuf by default, or JSON), gzip when configured.
+
+    Reads the standard OTEL_EXPORTER_OTLP_[TRACES_]HEADERS, _COMPRESSION and _CERTIFICATE
+    variables. Retries a refused connection or a 429/502/503/504 with doubling back-off until
+    `timeout_s` has passed; then the batch fails (the batch processor counts it as dropped).
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        headers: dict[str, str] | None = None,
+        timeout_s: float = 10,
+        encoding: str = "protobuf",
+    ) -> None:
+        import requests  # the SDK's HTTP exporter depends on it already
+
+        if encoding not in CONTENT_TYPES:
+            raise ValueError(f"OTLP/HTTP encoding {encoding!r}: use one of {list(CONTENT_TYPES)}")
+        self.endpoint = endpoint
+        self.encoding = encoding
+        self._timeout_s = timeout_s
+        self._gzip = (_env("COMPRESSION") or "none").lower() == "gzip"
+        self._session = requests.Session()
+        self._session.headers.update(parse_env_headers(_env("HEADERS") or "", liberal=True))
+        self._session.headers.update({"Content-Type": CONTENT_TYPES[encoding], **(headers or {})})
+        if self._gzip:
+            self._session.headers["Content-Encoding"] = "gzip"
+        if certificate := _env("CERTIFICATE"):
+            self._session.verify = certificate
+        self._stopping = threading.Event()
+        self._last_warning = 0.0
+
+    def _body(self, spans: Sequence[ReadableSpan]) -> bytes:
+        if self.encoding == "protobuf":
+            body = encode_spans(spans)
+        else:
+            body = spans_to_otlp_json(spans).encode()
+        return gzip.compress(body, compresslevel=6) if self._gzip else body
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        import requests
+
+        body = self._body(spans)
+        deadline = time.monotonic() + self._timeout_s
+        delay = 0.5
+        while not self._stopping.is_set():
+            remaining = deadline - time.monotonic()
+            try:
+                response = self._session.post(self.endpoint, data=body, timeout=max(remaining, 0.1))
+            except requests.RequestException as error:
+                problem = f"{type(error).__name__}"
+            else:
+                if response.ok:
+                    return SpanExportResult.SUCCESS
+                problem = f"HTTP {response.status_code}"
+                if response.status_code not in RETRYABLE_STATUS:
+                    break
+            if time.monotonic() + delay > deadline:
+                break
+            self._stopping.wait(delay)
+            delay *= 2
+        else:
+            problem = "exporter shut down"
+        self._warn(f"{len(spans)} spans not delivered to {self.endpoint}: {problem}")
+        return SpanExportResult.FAILURE
+
+    def _warn(self, message: str) -> None:
+        # At most one line a minute: a collector that is down must not flood the engine's log.
+        now = time.monotonic()
+        if now - self._last_warning >= 60:
+            self._last_warning = now
+            logger.warning("%s (further failures within a minute are counted, not logged)", message)
+
+    def shutdown(self) -> None:
+        self._stopping.set()
+        self._session.close()
+
+
+class OtlpJsonHttpExporter(OtlpHttpExporter):
+    """OTLP/HTTP with the JSON encoding."""
+
+    def __init__(self, endpoint: str, headers: dict[str, str] | None = None, timeout_s: float = 10):
+        super().__init__(endpoint, headers=headers, timeout_s=timeout_s, encoding="json")
+
+
+class OtlpGrpcExporter(OTLPSpanExporter):
+    """The SDK's OTLP/gRPC exporter (retries, channel, TLS and headers as it does them), given
+    requests built by the direct encoder: parsing bytes is cheap, building messages is not."""
+
+    def _translate_data(self, data: Sequence[ReadableSpan]) -> ExportTraceServiceRequest:
+        return ExportTraceServiceRequest.FromString(encode_spans(data))
 
 
 class OtlpJsonFileExporter(SpanExporter):
@@ -34,27 +151,3 @@ class OtlpJsonFileExporter(SpanExporter):
 
     def shutdown(self) -> None:
         return None
-
-
-class OtlpJsonHttpExporter(SpanExporter):
-    """OTLP/HTTP with the JSON encoding (the SDK's own HTTP exporter speaks protobuf only)."""
-
-    def __init__(self, endpoint: str, headers: dict[str, str] | None = None, timeout_s: float = 10):
-        import requests  # the SDK's HTTP exporter depends on it already
-
-        self.endpoint = endpoint
-        self._session = requests.Session()
-        self._session.headers.update({"Content-Type": "application/json", **(headers or {})})
-        self._timeout_s = timeout_s
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        try:
-            response = self._session.post(
-                self.endpoint, data=spans_to_otlp_json(spans), timeout=self._timeout_s
-            )
-        except OSError:
-            return SpanExportResult.FAILURE
-        return SpanExportResult.SUCCESS if response.ok else SpanExportResult.FAILURE
-
-    def shutdown(self) -> None:
-        self._session.close()

@@ -1,0 +1,137 @@
+"""kvscope's OTLP exporters against real HTTP and gRPC receivers: bodies, headers, retries."""
+
+import gzip
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from kvscope.bench.otlp_sink import GrpcSink, closed_endpoint
+from kvscope.traces.sdk.exporters import OtlpGrpcExporter, OtlpHttpExporter
+
+
+class Receiver:
+    """An OTLP/HTTP receiver answering with scripted status codes (then 200), recording each
+    request's headers and body."""
+
+    def __init__(self, statuses: list[int] = ()) -> None:
+        self.statuses = list(statuses)
+        self.received: list[tuple[dict, bytes]] = []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                receiver.received.append((dict(self.headers), body))
+                self.send_response(receiver.statuses.pop(0) if receiver.statuses else 200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/v1/traces"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver():
+    made = []
+
+    def make(statuses=()):
+        made.append(Receiver(statuses))
+        return made[-1]
+
+    yield make
+    for r in made:
+        r.close()
+
+
+def _spans(count: int = 3):
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "kvscope-test"}))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("kvscope")
+    for i in range(count):
+        with tracer.start_as_current_span("kvscope.hook.start_load_kv", attributes={"i": i}):
+            pass
+    return exporter.get_finished_spans()
+
+
+def _names(body: bytes) -> list[str]:
+    request = ExportTraceServiceRequest.FromString(body)
+    return [s.name for r in request.resource_spans for ss in r.scope_spans for s in ss.spans]
+
+
+def test_protobuf_with_standard_headers_and_gzip(receiver, monkeypatch):
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-tenant=kv%20scope")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "gzip")
+    sink = receiver()
+    exporter = OtlpHttpExporter(sink.url, headers={"Authorization": "Bearer t"})
+    assert exporter.export(_spans()) == SpanExportResult.SUCCESS
+    headers, body = sink.received[0]
+    assert headers["Content-Type"] == "application/x-protobuf"
+    assert headers["Content-Encoding"] == "gzip"
+    assert headers["x-tenant"] == "kv scope" and headers["Authorization"] == "Bearer t"
+    assert _names(gzip.decompress(body)) == ["kvscope.hook.start_load_kv"] * 3
+
+
+def test_json_encoding(receiver):
+    sink = receiver()
+    assert OtlpHttpExporter(sink.url, encoding="json").export(_spans(1)) == SpanExportResult.SUCCESS
+    headers, body = sink.received[0]
+    assert headers["Content-Type"] == "application/json"
+    assert b'"kvscope.hook.start_load_kv"' in body
+
+
+def test_retries_a_busy_receiver_then_delivers(receiver):
+    sink = receiver([503, 429])
+    assert OtlpHttpExporter(sink.url).export(_spans()) == SpanExportResult.SUCCESS
+    assert len(sink.received) == 3
+
+
+def test_a_rejected_batch_fails_at_once(receiver):
+    sink = receiver([400])
+    assert OtlpHttpExporter(sink.url).export(_spans()) == SpanExportResult.FAILURE
+    assert len(sink.received) == 1
+
+
+def test_a_closed_port_fails_within_the_timeout():
+    start = time.monotonic()
+    result = OtlpHttpExporter(closed_endpoint(), timeout_s=1.5).export(_spans())
+    assert result == SpanExportResult.FAILURE
+    assert time.monotonic() - start < 5
+
+
+def test_shutdown_ends_a_retrying_export_promptly():
+    exporter = OtlpHttpExporter(closed_endpoint(), timeout_s=60)
+    outcome = []
+    worker = threading.Thread(target=lambda: outcome.append(exporter.export(_spans())))
+    worker.start()
+    time.sleep(0.3)
+    exporter.shutdown()
+    worker.join(timeout=5)
+    assert outcome == [SpanExportResult.FAILURE]
+
+
+def test_grpc_exporter_delivers_directly_encoded_requests():
+    sink = GrpcSink()
+    try:
+        endpoint = sink.endpoint.replace("grpc://", "http://")
+        exporter = OtlpGrpcExporter(endpoint=endpoint, insecure=True)
+        assert exporter.export(_spans()) == SpanExportResult.SUCCESS
+        assert sink.requests == 1
+        exporter.shutdown()
+    finally:
+        sink.close()
