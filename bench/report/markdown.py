@@ -66,8 +66,9 @@ def _figure_line(row: Row) -> str:
 
 def runs_section(runs: list[BenchRun], out_dir: Path, runs_png: Path | None) -> list[str]:
     lines = ["## Benches", "",
-             "| bench | status | wall time | timeout | load start → end | arguments | log |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+             "| bench | status | wall time | timeout | load start → end | figures recorded "
+             "| arguments | log |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     for run in runs:
         status = run.status + (f": {run.reason}" if run.reason else "")
         if run.dropped_flags:
@@ -75,7 +76,8 @@ def runs_section(runs: list[BenchRun], out_dir: Path, runs_png: Path | None) -> 
         args = " ".join(run.argv[3:]) if run.argv[1:2] == ["-m"] else " ".join(run.argv)
         load = "" if run.status == "not run" else f"{run.load_start:.2f} → {run.load_end:.2f}"
         lines.append(f"| {run.name} | {_cell(status)} | {_minutes(run.seconds)} | "
-                     f"{_minutes(run.timeout_s)} | {load} | `{_cell(args) or '(defaults)'}` | "
+                     f"{_minutes(run.timeout_s)} | {load} | {len(run.figures)} | "
+                     f"`{_cell(args) or '(defaults)'}` | "
                      f"{_link(run.log_path, out_dir)} |")  # fmt: skip
     if runs_png is not None:
         lines += ["", f"![bench wall times and load average]({runs_png.name})"]

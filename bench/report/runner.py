@@ -107,7 +107,11 @@ def run_bench(
         # A session of its own: on timeout the whole tree (vLLM servers too) is killed.
         process = subprocess.Popen(run.argv, stdout=log, stderr=subprocess.STDOUT, env=env,
                                    stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
-        finished = _wait(process, spec.name, run.timeout_s, run.log_path)
+        try:
+            finished = _wait(process, spec.name, run.timeout_s, run.log_path)
+        except BaseException:  # Ctrl-C: its own session would not get the signal
+            _kill_group(process, signal.SIGTERM)
+            raise
         if not finished:
             _kill_group(process, signal.SIGTERM)
             process.wait(timeout=30)
