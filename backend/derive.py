@@ -2,6 +2,7 @@
 
 import json
 from dataclasses import dataclass, field
+from json.encoder import c_make_encoder, encode_basestring_ascii
 
 from kvscope.backend import state_events
 from kvscope.backend.otlp import Decoded, SpanRecord, clean
@@ -22,11 +23,25 @@ _FINISH_HOOKS = {
 _STATUS_ERROR = 2
 
 
+def _json_text_function():
+    """Compact JSON text of attribute trees; the C encoder is built once, not per call.
+
+    Decoded OTLP values are trees (no cycles), so the circular-reference check is off.
+    """
+    if c_make_encoder is None:  # a Python without the C accelerator
+        return json.JSONEncoder(separators=(",", ":"), default=str).encode
+    encoder = c_make_encoder(None, str, encode_basestring_ascii, None, ":", ",", False, False, True)
+    return lambda value: "".join(encoder(value, 0))
+
+
+json_text = _json_text_function()
+
+
 @dataclass
 class Facts:
     """Rows to write for one batch, grouped by table."""
 
-    spans: list[dict] = field(default_factory=list)
+    spans: list[tuple] = field(default_factory=list)
     requests: list[dict] = field(default_factory=list)
     request_stubs: list[dict] = field(default_factory=list)
     points: list[dict] = field(default_factory=list)
@@ -46,7 +61,7 @@ class Facts:
 
 def derive(decoded: Decoded, received_ns: int) -> Facts:
     facts = Facts()
-    dumps = json.JSONEncoder(separators=(",", ":"), default=str).encode
+    dumps = json_text
     for span in decoded.spans:
         attributes = span.attributes
         # Gaps are counted per seq origin, so every row says which origin it came from.
@@ -60,31 +75,57 @@ def derive(decoded: Decoded, received_ns: int) -> Facts:
     return facts
 
 
-def _span_row(span: SpanRecord, attributes: dict, dumps, received_ns: int) -> dict:
+SPAN_COLUMNS = (
+    "trace_id",
+    "span_id",
+    "parent_span_id",
+    "name",
+    "kind",
+    "start_ns",
+    "end_ns",
+    "status_code",
+    "status_message",
+    "service_name",
+    "instance_id",
+    "seq",
+    "engine_id",
+    "request_id",
+    "attributes",
+    "events",
+    "links",
+    "received_ns",
+)
+"""The span table's columns in the order of the row tuples below."""
+
+
+def _span_row(span: SpanRecord, attributes: dict, dumps, received_ns: int) -> tuple:
     seq = attributes.get(names.SEQ)
-    return {
-        "trace_id": span.trace_id,
-        "span_id": span.span_id,
-        "parent_span_id": span.parent_span_id,
-        "name": span.name,
-        "kind": span.kind,
-        "start_ns": span.start_ns,
-        "end_ns": span.end_ns,
-        "status_code": span.status_code,
-        "status_message": span.status_message,
-        "service_name": span.service_name,
-        "instance_id": span.instance_id,
-        "seq": seq if isinstance(seq, int) else None,
-        "engine_id": span.engine_id,
-        "request_id": _str(attributes.get(names.REQUEST_ID)),
-        "attributes": dumps(attributes),
-        "events": dumps(span.events) if span.events else "[]",
-        "links": dumps(span.links) if span.links else "[]",
-        "received_ns": received_ns,
-    }
+    request_id = attributes.get(names.REQUEST_ID)
+    return (
+        span.trace_id,
+        span.span_id,
+        span.parent_span_id,
+        span.name,
+        span.kind,
+        span.start_ns,
+        span.end_ns,
+        span.status_code,
+        span.status_message,
+        span.service_name,
+        span.instance_id,
+        seq if type(seq) is int else None,
+        span.engine_id,
+        None if request_id is None else _str(request_id),
+        dumps(attributes),
+        dumps(span.events) if span.events else "[]",
+        dumps(span.links) if span.links else "[]",
+        received_ns,
+    )
 
 
 def _str(value) -> str | None:
+    if type(value) is str and "\x00" not in value:
+        return value  # the usual case, without a call
     return None if value is None else clean(str(value))
 
 
@@ -99,7 +140,7 @@ def _note_seq(facts: Facts, span: SpanRecord, attributes: dict) -> None:
     if origin:
         if origin not in facts.origins:
             facts.origins[origin] = (span.service_name, span.engine_id)
-        if isinstance(seq, int):
+        if type(seq) is int:  # not a bool, which Python counts as an int
             facts.seqs.setdefault(origin, []).append((seq, span.start_ns))
 
 
@@ -155,10 +196,13 @@ def _hook(facts: Facts, span: SpanRecord, attributes: dict) -> None:
     is_scheduler = attributes.get(names.CONNECTOR_ROLE) != "worker"
     if request_id is not None and span.parent_span_id and is_scheduler:
         # A hook seen before its request span ended: the request is running.
-        stub = _request_row(span, attributes)
-        stub.update(span_id=span.parent_span_id, end_ns=None, status="running", status_message=None)
-        if (span.trace_id, span.parent_span_id) not in facts.stub_keys:
-            facts.stub_keys.add((span.trace_id, span.parent_span_id))
+        key = (span.trace_id, span.parent_span_id)
+        if key not in facts.stub_keys:
+            facts.stub_keys.add(key)
+            stub = _request_row(span, attributes)
+            stub.update(
+                span_id=span.parent_span_id, end_ns=None, status="running", status_message=None
+            )
             facts.request_stubs.append(stub)
     if name == _LOOKUP_HOOK:
         hit = attributes.get(names.TOKENS_EXTERNAL_HIT)

@@ -32,6 +32,8 @@ class IngestService:
         self.on_batch = on_batch
         self.spans_stored = 0
         self._write_lock = threading.Lock()
+        # The write path uses the driver's own cursor, so its errors come unwrapped too.
+        self._passing_errors = (OperationalError, engine.dialect.dbapi.OperationalError)
         self._last_prune = time.monotonic()
 
     def ingest(self, body: bytes, content_type: str) -> otlp.Decoded:
@@ -46,9 +48,10 @@ class IngestService:
             try:
                 with self.engine.begin() as connection:
                     write_batch(connection, facts, decoded.resources, now_ns)
-            except OperationalError as error:
+            except self._passing_errors as error:
                 logger.warning("batch of %d spans not stored: %s", len(facts.spans), error)
-                raise StoreUnavailable(f"database unavailable, retry later: {error.orig}") from None
+                reason = getattr(error, "orig", error)
+                raise StoreUnavailable(f"database unavailable, retry later: {reason}") from None
             self.spans_stored += len(facts.spans)
             if time.monotonic() - self._last_prune >= self.settings.retention_interval_s:
                 self._prune(now_ns)

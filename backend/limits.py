@@ -30,11 +30,33 @@ class Limits:
         )
 
 
+def invalid_reason(
+    trace_id: bytes, span_id: bytes, parent_span_id: bytes, name: str, start_ns: int, end_ns: int
+) -> str | None:
+    """Why a span cannot be stored (ids, name, times), or None when it can."""
+    if len(trace_id) != 16 or trace_id == _ZERO_TRACE:
+        return "span rejected: traceId must be 16 bytes (32 hex digits), not all zero"
+    if len(span_id) != 8 or span_id == _ZERO_SPAN:
+        return "span rejected: spanId must be 8 bytes (16 hex digits), not all zero"
+    if parent_span_id and len(parent_span_id) != 8:
+        return "span rejected: parentSpanId must be empty or 8 bytes"
+    if not name:
+        return "span rejected: name is empty"
+    if end_ns >= _MAX_NS:
+        return "span rejected: endTimeUnixNano is beyond the year 2262"
+    if end_ns < start_ns:
+        return "span rejected: endTimeUnixNano is before startTimeUnixNano"
+    return None
+
+
 class SpanChecker:
     """Rejects spans that cannot be stored and trims the ones that are too big."""
 
     def __init__(self, limits: Limits):
         self.limits = limits
+        self._small_span_bytes = min(
+            limits.max_attribute_value_bytes // 8, 2 * limits.max_attribute_array_len
+        )
         self.counts: Counter[str] = Counter()
         self.first_detail: dict[str, str] = {}
 
@@ -43,20 +65,20 @@ class SpanChecker:
         self.counts[problem] += 1
         self.first_detail.setdefault(problem, detail)
 
-    def invalid_reason(self, span) -> str | None:
-        if len(span.trace_id) != 16 or span.trace_id == _ZERO_TRACE:
-            return "span rejected: traceId must be 16 bytes (32 hex digits), not all zero"
-        if len(span.span_id) != 8 or span.span_id == _ZERO_SPAN:
-            return "span rejected: spanId must be 8 bytes (16 hex digits), not all zero"
-        if span.parent_span_id and len(span.parent_span_id) != 8:
-            return "span rejected: parentSpanId must be empty or 8 bytes"
-        if not span.name:
-            return "span rejected: name is empty"
-        if span.end_time_unix_nano >= _MAX_NS:
-            return "span rejected: endTimeUnixNano is beyond the year 2262"
-        if span.end_time_unix_nano < span.start_time_unix_nano:
-            return "span rejected: endTimeUnixNano is before startTimeUnixNano"
-        return None
+    def surely_within_limits(self, span, events) -> bool:
+        """True when the span is too small to hold anything over a limit (a cheap check).
+
+        An encoded item takes at least 2 bytes, a string's UTF-8 bytes are all in the
+        encoding, and str() of a key/value list is at most about 5 characters per encoded
+        byte; a span of at most min(value limit / 8, 2 x list limit) bytes, with few enough
+        attributes and events, therefore needs no cutting at all.
+        """
+        limits = self.limits
+        return (
+            span.ByteSize() <= self._small_span_bytes
+            and len(span.attributes) <= limits.max_attributes_per_span
+            and len(events) <= limits.max_events_per_span
+        )
 
     def bounded(self, attributes: dict, span_name: str) -> dict:
         """Attributes cut to the limits; cut keys are listed under TRUNCATED_KEYS."""

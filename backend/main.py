@@ -5,6 +5,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from kvscope.backend.bulk import add_postgres_stages
 from kvscope.backend.db import make_engine
 from kvscope.backend.ingest import IngestService
 from kvscope.backend.live import Hub
@@ -22,6 +23,7 @@ from kvscope.backend.routes import (
     ws,
 )
 from kvscope.backend.settings import Settings, get_settings
+from kvscope.backend.store import STAGED_TABLES
 
 ROUTERS = (health, ingest, requests, blocks, leases, failures, transfers, stats, streams, ws)
 
@@ -29,6 +31,7 @@ ROUTERS = (health, ingest, requests, blocks, leases, failures, transfers, stats,
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     engine = make_engine(settings.database_url)
+    add_postgres_stages(engine, STAGED_TABLES)
     migrate(engine)
 
     @asynccontextmanager

@@ -10,7 +10,7 @@ from google.protobuf.message import DecodeError
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as pb
 
-from kvscope.backend.limits import Limits, SpanChecker
+from kvscope.backend.limits import Limits, SpanChecker, invalid_reason
 from kvscope.traces import names
 
 PROTOBUF = "application/x-protobuf"
@@ -185,44 +185,57 @@ def _text(value: object) -> str | None:
 
 
 def _record(span, checker: SpanChecker, instance_id, service_name, engine_id):
-    reason = checker.invalid_reason(span)
+    # Every field is read once: each read of a protobuf field builds a new Python object.
+    trace_id, span_id, parent_span_id = span.trace_id, span.span_id, span.parent_span_id
+    name, start_ns, end_ns = span.name, span.start_time_unix_nano, span.end_time_unix_nano
+    reason = invalid_reason(trace_id, span_id, parent_span_id, name, start_ns, end_ns)
     if reason:
         checker.note(reason)
         return None
-    attributes = checker.bounded(attributes_of(span.attributes), span.name)
-    events = [
-        {
-            "name": event.name,
-            "time_ns": event.time_unix_nano,
-            "attributes": checker.bounded(attributes_of(event.attributes), span.name),
-        }
-        for event in checker.bounded_events(span)
-    ]
-    links = [
-        {
-            "trace_id": link.trace_id.hex(),
-            "span_id": link.span_id.hex(),
-            "attributes": attributes_of(link.attributes),
-        }
-        for link in span.links
-    ]
+    events, links = span.events, span.links
+    small = checker.surely_within_limits(span, events)
+    attributes = attributes_of(span.attributes)
+    if not small:
+        attributes = checker.bounded(attributes, name)
+        events = checker.bounded_events(span)
+    status = span.status
+    status_message = status.message
+    engine = attributes.get(names.ENGINE_ID)
     return SpanRecord(
-        trace_id=span.trace_id.hex(),
-        span_id=span.span_id.hex(),
-        parent_span_id=span.parent_span_id.hex() or None,
-        name=clean(span.name),
+        trace_id=trace_id.hex(),
+        span_id=span_id.hex(),
+        parent_span_id=parent_span_id.hex() or None,
+        name=clean(name),
         kind=span.kind,
-        start_ns=span.start_time_unix_nano,
-        end_ns=span.end_time_unix_nano,
-        status_code=span.status.code,
-        status_message=clean(span.status.message) or None,
+        start_ns=start_ns,
+        end_ns=end_ns,
+        status_code=status.code,
+        status_message=clean(status_message) if status_message else None,
         attributes=attributes,
-        events=events,
-        links=links,
+        events=[_event(event, checker, small, name) for event in events] if events else [],
+        links=[_link(link, checker, small, name) for link in links] if links else [],
         instance_id=instance_id,
         service_name=service_name,
-        engine_id=_text(attributes.get(names.ENGINE_ID)) or engine_id,
+        engine_id=engine_id if engine is None else (_text(engine) or engine_id),
     )
+
+
+def _event(event, checker: SpanChecker, small: bool, span_name: str) -> dict:
+    attributes = attributes_of(event.attributes)
+    return {
+        "name": event.name,
+        "time_ns": event.time_unix_nano,
+        "attributes": attributes if small else checker.bounded(attributes, span_name),
+    }
+
+
+def _link(link, checker: SpanChecker, small: bool, span_name: str) -> dict:
+    attributes = attributes_of(link.attributes)
+    return {
+        "trace_id": link.trace_id.hex(),
+        "span_id": link.span_id.hex(),
+        "attributes": attributes if small else checker.bounded(attributes, span_name),
+    }
 
 
 def encode_response(content_type: str, rejected: int, message: str | None) -> bytes:

@@ -10,10 +10,14 @@ def prune(connection: Connection, max_spans: int, max_age_s: float, now_ns: int)
     spans = Span.__table__
     cutoff_ns = now_ns - int(max_age_s * 1e9)
     removed = connection.execute(delete(spans).where(spans.c.start_ns < cutoff_ns)).rowcount
-    # Spans are numbered in arrival order: keep the newest max_spans ids.
-    threshold = connection.execute(
-        select(spans.c.id).order_by(spans.c.id.desc()).offset(max_spans).limit(1)
-    ).scalar()
+    # Spans are numbered in arrival order: keep the newest max_spans ids. The OFFSET walks
+    # the rows it skips, so it runs only when the id range shows there may be too many.
+    low, high = connection.execute(select(func.min(spans.c.id), func.max(spans.c.id))).one()
+    threshold = None
+    if low is not None and high - low + 1 > max_spans:
+        threshold = connection.execute(
+            select(spans.c.id).order_by(spans.c.id.desc()).offset(max_spans).limit(1)
+        ).scalar()
     if threshold is not None:
         removed += connection.execute(delete(spans).where(spans.c.id <= threshold)).rowcount
     if removed:

@@ -2,12 +2,17 @@
 
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, delete, insert, select
+from sqlalchemy import Connection, select
 
+from kvscope.backend.bulk import BulkWriter
 from kvscope.backend.models import SeqRange
 
 FIRST_SEQ = 0
 """traces.sdk numbers spans from 0 (itertools.count()); a range starting later has a head hole."""
+
+
+_RUN_COLUMNS = "lo, hi, lo_start_ns, hi_start_ns, seen_ns"
+_ORIGINS_PER_QUERY = 500  # well under SQLite's limit on parameters per statement
 
 
 @dataclass(slots=True)
@@ -63,34 +68,31 @@ def merged(runs: list[Run]) -> list[Run]:
     return out
 
 
-def merge(connection: Connection, seqs: dict[str, list[tuple[int, int]]], now_ns: int) -> None:
+def merge(writer: BulkWriter, seqs: dict[str, list[tuple[int, int]]], now_ns: int) -> None:
     """Folds one batch's seq numbers into the stored ranges of each process."""
     if not seqs:
         return
-    table = SeqRange.__table__
-    stored: dict[str, list] = {origin: [] for origin in seqs}
-    for row in connection.execute(select(table).where(table.c.instance_id.in_(list(seqs)))):
-        stored[row.instance_id].append(row)
+    origins = list(seqs)
+    stored: dict[str, list[Run]] = {origin: [] for origin in origins}
+    for start in range(0, len(origins), _ORIGINS_PER_QUERY):
+        chunk = origins[start : start + _ORIGINS_PER_QUERY]
+        found = writer.execute(
+            f"SELECT instance_id, {_RUN_COLUMNS} FROM seqrange "
+            f"WHERE instance_id IN ({', '.join('?' * len(chunk))})",
+            chunk,
+        )
+        for instance_id, *run in found:
+            stored[instance_id].append(Run(*run))
     for origin, items in seqs.items():
-        old = [Run(r.lo, r.hi, r.lo_start_ns, r.hi_start_ns, r.seen_ns) for r in stored[origin]]
+        old = stored[origin]
         new = merged(old + runs_of(items, now_ns))
         if [(r.lo, r.hi) for r in new] == sorted((r.lo, r.hi) for r in old):
             continue
         if old:
-            connection.execute(delete(table).where(table.c.instance_id == origin))
-        connection.execute(
-            insert(table),
-            [
-                {
-                    "instance_id": origin,
-                    "lo": r.lo,
-                    "hi": r.hi,
-                    "lo_start_ns": r.lo_start_ns,
-                    "hi_start_ns": r.hi_start_ns,
-                    "seen_ns": r.seen_ns,
-                }
-                for r in new
-            ],
+            writer.execute("DELETE FROM seqrange WHERE instance_id = ?", (origin,))
+        writer.executemany(
+            f"INSERT INTO seqrange (instance_id, {_RUN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
+            [(origin, r.lo, r.hi, r.lo_start_ns, r.hi_start_ns, r.seen_ns) for r in new],
         )
 
 

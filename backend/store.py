@@ -2,11 +2,11 @@
 
 import json
 
-from sqlalchemy import Connection, Table, case, func
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import Connection
 
 from kvscope.backend import seqs
-from kvscope.backend.derive import Facts
+from kvscope.backend.bulk import DO_NOTHING, BulkWriter
+from kvscope.backend.derive import SPAN_COLUMNS, Facts
 from kvscope.backend.models import (
     Block,
     Failure,
@@ -17,117 +17,92 @@ from kvscope.backend.models import (
     TimelinePoint,
     Transfer,
 )
-from kvscope.backend.otlp import SERVICE_NAME
+from kvscope.backend.otlp import SERVICE_NAME, clean
 from kvscope.traces import names
 
+STAGED_TABLES = tuple(
+    model.__table__ for model in (Span, TimelinePoint, Request, Transfer, Failure)
+)
+"""Insert-only tables: on PostgreSQL their rows go in by COPY through a staging table."""
 
-def _insert(connection: Connection, table: Table):
-    dialect = sqlite if connection.dialect.name == "sqlite" else postgresql
-    return dialect.insert(table)
+# The request span itself is the final word; it replaces a 'running' stub.
+_REQUEST_UPSERT = "ON CONFLICT (trace_id, span_id) DO UPDATE SET {updates}"
+
+# Acquire and end events may arrive in either order: each fills in its own columns, and
+# the earliest end wins.
+_FIRST_END = "(lease.ended_ns IS NULL OR (excluded.ended_ns IS NOT NULL AND excluded.ended_ns < lease.ended_ns))"  # noqa: E501
+_LEASE_UPSERT = (
+    "ON CONFLICT (engine_id, lease_id) DO UPDATE SET "
+    "holder = COALESCE(excluded.holder, lease.holder), "
+    "host_block_ids = CASE WHEN excluded.host_block_ids != '[]' "
+    "THEN excluded.host_block_ids ELSE lease.host_block_ids END, "
+    "acquired_ns = COALESCE(excluded.acquired_ns, lease.acquired_ns), "
+    "timeout_s = COALESCE(excluded.timeout_s, lease.timeout_s), "
+    f"ended_ns = CASE WHEN {_FIRST_END} THEN excluded.ended_ns ELSE lease.ended_ns END, "
+    f"outcome = CASE WHEN {_FIRST_END} AND excluded.ended_ns IS NOT NULL "
+    "THEN excluded.outcome ELSE lease.outcome END"
+)
+
+# Last event wins by its own timestamp, so late or reordered batches cannot roll back.
+_BLOCK_UPSERT = (
+    "ON CONFLICT (engine_id, tier, address) DO UPDATE SET state = excluded.state, "
+    "updated_ns = excluded.updated_ns, "
+    "block_hash = COALESCE(excluded.block_hash, block.block_hash), "
+    "instance_id = excluded.instance_id, request_id = excluded.request_id "
+    "WHERE excluded.updated_ns >= block.updated_ns"
+)
 
 
-def _insert_new(
-    connection: Connection,
-    table: Table,
-    rows: list[dict],
-    on_conflict: str = "ON CONFLICT DO NOTHING",
-) -> None:
-    """Bulk insert; by default rows already stored (an exporter's retry) are skipped.
-
-    The statement goes to the driver's executemany as plain SQL: SQLAlchemy's per-row
-    parameter processing cost more than SQLite's own work at 20,000 spans per second.
-    The ON CONFLICT forms used here mean the same in SQLite and PostgreSQL.
-    """
-    if not rows:
-        return
-    columns = list(rows[0])
-    marker = "?" if connection.dialect.paramstyle == "qmark" else "%s"
-    statement = (
-        f"INSERT INTO {table.name} ({', '.join(columns)}) VALUES "
-        f"({', '.join([marker] * len(columns))}) {on_conflict}"
+def _largest(column: str) -> str:
+    """Telemetry counters only grow: the largest seen is the latest report (NULL = unknown)."""
+    new, old = f"excluded.{column}", f"process.{column}"
+    return (
+        f"{column} = CASE WHEN {old} IS NULL THEN {new} WHEN {new} IS NULL THEN {old} "
+        f"WHEN {new} > {old} THEN {new} ELSE {old} END"
     )
-    connection.exec_driver_sql(statement, [tuple(row.values()) for row in rows])
+
+
+_PROCESS_UPSERT = (
+    "ON CONFLICT (instance_id) DO UPDATE SET last_seen_ns = excluded.last_seen_ns, "
+    "service_name = COALESCE(excluded.service_name, process.service_name), "
+    "engine_id = COALESCE(excluded.engine_id, process.engine_id), "
+    f"{_largest('telemetry_emitted')}, {_largest('telemetry_dropped')}, "
+    "resource = CASE WHEN excluded.resource != '{}' THEN excluded.resource "
+    "ELSE process.resource END"
+)
 
 
 def write_batch(connection: Connection, facts: Facts, resources: dict, now_ns: int) -> None:
-    _insert_new(connection, Span.__table__, facts.spans)
-    _insert_new(connection, Request.__table__, facts.request_stubs)
-    _upsert_requests(connection, facts.requests)
-    _insert_new(connection, TimelinePoint.__table__, facts.points)
-    _insert_new(connection, Transfer.__table__, facts.transfers)
-    _insert_new(connection, Failure.__table__, facts.failures)
-    _upsert_leases(connection, facts.leases)
-    _upsert_blocks(connection, facts.blocks)
-    _upsert_processes(connection, facts, resources, now_ns)
-    seqs.merge(connection, facts.seqs, now_ns)
-
-
-def _upsert_requests(connection: Connection, rows: list[dict]) -> None:
-    """The request span itself is the final word; it replaces a 'running' stub."""
-    if rows:
+    writer = BulkWriter(connection, STAGED_TABLES)
+    writer.insert(Span.__table__, SPAN_COLUMNS, facts.spans)
+    _insert_dicts(writer, Request.__table__, facts.request_stubs)
+    if facts.requests:
         updates = ", ".join(
             f"{column} = excluded.{column}"
-            for column in rows[0]
+            for column in facts.requests[0]
             if column not in ("trace_id", "span_id")
         )
-        _insert_new(
-            connection,
-            Request.__table__,
-            rows,
-            f"ON CONFLICT (trace_id, span_id) DO UPDATE SET {updates}",
-        )
+        upsert = _REQUEST_UPSERT.format(updates=updates)
+        _insert_dicts(writer, Request.__table__, facts.requests, upsert)
+    _insert_dicts(writer, TimelinePoint.__table__, facts.points)
+    _insert_dicts(writer, Transfer.__table__, facts.transfers)
+    _insert_dicts(writer, Failure.__table__, facts.failures)
+    _insert_dicts(writer, Lease.__table__, facts.leases, _LEASE_UPSERT)
+    _insert_dicts(writer, Block.__table__, facts.blocks, _BLOCK_UPSERT)
+    _upsert_processes(writer, facts, resources, now_ns)
+    seqs.merge(writer, facts.seqs, now_ns)
 
 
-def _upsert_leases(connection: Connection, rows: list[dict]) -> None:
-    """Acquire and end events may arrive in either order: each fills in its own columns."""
-    if not rows:
-        return
-    table = Lease.__table__
-    statement = _insert(connection, table)
-    new, old = statement.excluded, table.c
-    first_end = (old.ended_ns.is_(None)) | (
-        new.ended_ns.is_not(None) & (new.ended_ns < old.ended_ns)
-    )
-    connection.execute(
-        statement.on_conflict_do_update(
-            index_elements=["engine_id", "lease_id"],
-            set_={
-                "holder": func.coalesce(new.holder, old.holder),
-                "host_block_ids": case(
-                    (new.host_block_ids != "[]", new.host_block_ids), else_=old.host_block_ids
-                ),
-                "acquired_ns": func.coalesce(new.acquired_ns, old.acquired_ns),
-                "timeout_s": func.coalesce(new.timeout_s, old.timeout_s),
-                "ended_ns": case((first_end, new.ended_ns), else_=old.ended_ns),
-                "outcome": case(
-                    (first_end & new.ended_ns.is_not(None), new.outcome), else_=old.outcome
-                ),
-            },
-        ),
-        rows,
-    )
+def _insert_dicts(
+    writer: BulkWriter, table, rows: list[dict], on_conflict: str = DO_NOTHING
+) -> None:
+    """Rows built as dicts by one builder, so every row has the same keys in one order."""
+    if rows:
+        writer.insert(table, list(rows[0]), [tuple(row.values()) for row in rows], on_conflict)
 
 
-def _upsert_blocks(connection: Connection, rows: list[dict]) -> None:
-    """Last event wins by its own timestamp, so late or reordered batches cannot roll back."""
-    _insert_new(
-        connection,
-        Block.__table__,
-        rows,
-        (
-            "ON CONFLICT (engine_id, tier, address) DO UPDATE SET state = excluded.state, "
-            "updated_ns = excluded.updated_ns, "
-            "block_hash = COALESCE(excluded.block_hash, block.block_hash), "
-            "instance_id = excluded.instance_id, request_id = excluded.request_id "
-            "WHERE excluded.updated_ns >= block.updated_ns"
-        ),
-    )
-
-
-def _upsert_processes(connection: Connection, facts: Facts, resources: dict, now_ns: int):
+def _upsert_processes(writer: BulkWriter, facts: Facts, resources: dict, now_ns: int) -> None:
     origins = set(facts.origins) | set(resources) | set(facts.telemetry)
-    if not origins:
-        return
     rows = []
     for origin in sorted(origins):
         resource = resources.get(origin, {})
@@ -140,34 +115,17 @@ def _upsert_processes(connection: Connection, facts: Facts, resources: dict, now
                 "engine_id": engine_id or _str(resource.get(names.ENGINE_ID)),
                 "first_seen_ns": now_ns,
                 "last_seen_ns": now_ns,
-                "telemetry_emitted": emitted if isinstance(emitted, int) else None,
-                "telemetry_dropped": dropped if isinstance(dropped, int) else None,
+                "telemetry_emitted": _counter(emitted),
+                "telemetry_dropped": _counter(dropped),
                 "resource": json.dumps(resource, default=str),
             }
         )
-    table = Process.__table__
-    statement = _insert(connection, table)
-    new, old = statement.excluded, table.c
-    connection.execute(
-        statement.on_conflict_do_update(
-            index_elements=["instance_id"],
-            set_={
-                "last_seen_ns": new.last_seen_ns,
-                "service_name": func.coalesce(new.service_name, old.service_name),
-                "engine_id": func.coalesce(new.engine_id, old.engine_id),
-                # Telemetry counters only grow: the largest seen is the latest report.
-                "telemetry_emitted": _greatest(new.telemetry_emitted, old.telemetry_emitted),
-                "telemetry_dropped": _greatest(new.telemetry_dropped, old.telemetry_dropped),
-                "resource": case((new.resource != "{}", new.resource), else_=old.resource),
-            },
-        ),
-        rows,
-    )
+    _insert_dicts(writer, Process.__table__, rows, _PROCESS_UPSERT)
+
+
+def _counter(value) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _str(value) -> str | None:
-    return None if value is None else str(value)
-
-
-def _greatest(new, old):
-    return case((old.is_(None), new), (new.is_(None), old), (new > old, new), else_=old)
+    return None if value is None else clean(str(value))

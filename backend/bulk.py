@@ -1,0 +1,100 @@
+"""Bulk writes through the database driver: SQLite executemany, PostgreSQL COPY via staging.
+
+SQLAlchemy's per-statement and per-row work cost more than the databases' own work at
+20,000 spans per second, so the ingest path hands plain tuples to the driver. The SQL
+used here (ON CONFLICT ... DO NOTHING / DO UPDATE, excluded.*) means the same in SQLite
+and PostgreSQL.
+"""
+
+from collections.abc import Sequence
+
+from sqlalchemy import Connection, Engine, Table, event
+
+STAGE_PREFIX = "kvscope_in_"
+"""PostgreSQL temporary tables that COPY fills before one INSERT ... SELECT moves the rows."""
+
+DO_NOTHING = "ON CONFLICT DO NOTHING"
+"""Rows already stored (an exporter's retry) are skipped."""
+
+COPY_MIN_ROWS = 16
+"""Below this many rows a COPY round trip costs more than executemany saves."""
+
+
+class BulkWriter:
+    """Writes row tuples inside the caller's transaction through the driver's cursor."""
+
+    def __init__(self, connection: Connection, staged: Sequence[Table] = ()) -> None:
+        self.postgres = connection.dialect.name == "postgresql"
+        self.staged = {table.name for table in staged} if self.postgres else set()
+        self.marker = "%s" if self.postgres else "?"
+        self.cursor = connection.connection.cursor()
+
+    def insert(
+        self,
+        table: Table,
+        columns: Sequence[str],
+        rows: list[tuple],
+        on_conflict: str = DO_NOTHING,
+    ) -> None:
+        """Inserts rows (tuples in `columns` order); rows already stored follow on_conflict."""
+        if not rows:
+            return
+        names = ", ".join(columns)
+        copy = on_conflict == DO_NOTHING and table.name in self.staged
+        if copy and len(rows) >= COPY_MIN_ROWS:
+            self._copy_insert(table, names, rows, on_conflict)
+            return
+        values = ", ".join([self.marker] * len(columns))
+        self.cursor.executemany(
+            f"INSERT INTO {table.name} ({names}) VALUES ({values}) {on_conflict}", rows
+        )
+
+    def _copy_insert(self, table: Table, names: str, rows: list[tuple], on_conflict: str):
+        stage = STAGE_PREFIX + table.name
+        with self.cursor.copy(f"COPY {stage} ({names}) FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row(row)
+        # DO NOTHING also skips a row repeated within the batch; the stage empties on commit.
+        self.cursor.execute(
+            f"INSERT INTO {table.name} ({names}) SELECT {names} FROM {stage} {on_conflict}"
+        )
+        self.cursor.execute(f"DELETE FROM {stage}")
+
+    def execute(self, sql: str, parameters: Sequence = ()) -> list[tuple]:
+        """One statement written with '?' markers; returns its rows (empty for writes)."""
+        if self.postgres:
+            sql = sql.replace("?", "%s")
+        self.cursor.execute(sql, parameters)
+        return self.cursor.fetchall() if self.cursor.description else []
+
+    def executemany(self, sql: str, rows: list[tuple]) -> None:
+        if self.postgres:
+            sql = sql.replace("?", "%s")
+        self.cursor.executemany(sql, rows)
+
+
+def add_postgres_stages(engine: Engine, tables: Sequence[Table]) -> None:
+    """Every new PostgreSQL connection gets a staging table per bulk-loaded table.
+
+    They are created and committed when the connection opens, so no rolled-back batch
+    can take them away; rows COPYed into them are deleted within the same transaction.
+    """
+    if engine.dialect.name != "postgresql":
+        return
+    statements = [_stage_ddl(table, engine) for table in tables]
+
+    @event.listens_for(engine, "connect")
+    def _create_stages(dbapi_connection, _record) -> None:
+        with dbapi_connection.cursor() as cursor:
+            for statement in statements:
+                cursor.execute(statement)
+        dbapi_connection.commit()
+
+
+def _stage_ddl(table: Table, engine: Engine) -> str:
+    columns = ", ".join(
+        f"{column.name} {column.type.compile(engine.dialect)}"
+        for column in table.columns
+        if not column.primary_key
+    )
+    return f"CREATE TEMPORARY TABLE IF NOT EXISTS {STAGE_PREFIX}{table.name} ({columns})"
