@@ -1,13 +1,13 @@
 """Shared span plumbing for both connector halves: the tracer, base attributes, hook spans."""
 
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.trace import Link, Span
+from opentelemetry.trace import Link, Span, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from kvscope.traces import names
@@ -46,22 +46,21 @@ class HookSpans:
             names.KV_ROLE: kv_role,
         }
 
-    @contextmanager
     def hook(
         self,
         hook: str,
         parent: Context | None = None,
         links: Sequence[Link] = (),
         **attributes: Any,
-    ) -> Iterator[Span]:
+    ) -> "HookSpan":
         """A span around one hook call; an exception is recorded and re-raised unchanged."""
-        with self.tracer.start_as_current_span(
+        span = self.tracer.start_span(
             names.SPAN_HOOK_PREFIX + hook,
             context=parent,
             links=links,
             attributes={**self.base, names.HOOK: hook, **attributes},
-        ) as span:
-            yield span
+        )
+        return HookSpan(span)
 
     def quiet_call(self, hook: str, parent: Context | None, call, *args: Any, **kwargs: Any):
         """Runs a hook that usually does nothing without a span; if it reported facts (span
@@ -93,6 +92,29 @@ class HookSpans:
             start_time=start_time,
             attributes={**self.base, **attributes},
         )
+
+
+class HookSpan:
+    """The current span while a hook runs (what `start_as_current_span` does, for the hot path:
+    no generator-based context managers). Ends the span on exit; an exception is recorded,
+    marks the span failed and propagates."""
+
+    __slots__ = ("span", "_token")
+
+    def __init__(self, span: Span) -> None:
+        self.span = span
+
+    def __enter__(self) -> Span:
+        self._token = otel_context.attach(trace.set_span_in_context(self.span))
+        return self.span
+
+    def __exit__(self, kind, error, traceback) -> bool:
+        otel_context.detach(self._token)
+        if error is not None:
+            self.span.record_exception(error)
+            self.span.set_status(Status(StatusCode.ERROR, f"{kind.__name__}: {error}"))
+        self.span.end()
+        return False
 
 
 def child_hook_span(child_name: str, child_class: str, hook: str, **attributes: Any):
