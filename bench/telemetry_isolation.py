@@ -14,21 +14,13 @@ import argparse
 import statistics
 from pathlib import Path
 
+from kvscope.bench.offload_ttft import offload_config
 from kvscope.bench.otlp_sink import GrpcSink, HttpSink, closed_endpoint
 from kvscope.bench.paired_engines import EngineSpec, PairedEngines
 from kvscope.bench.results import record
 from kvscope.bench.tracing_overhead import print_round, prompts_for
 
 TARGET = ">= 0.98"
-
-
-def offload_config() -> dict:
-    return {
-        "kv_connector": "CpuOffloadConnector",
-        "kv_connector_module_path": "kvscope.connector.cpu_offload.connector",
-        "kv_role": "kv_both",
-        "kv_connector_extra_config": {"cpu_bytes_to_use": 256 << 20},
-    }
 
 
 def destinations(slow_s: float) -> tuple[dict[str, str], list]:
