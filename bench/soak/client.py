@@ -59,7 +59,16 @@ def _choice(chunk: dict) -> dict:
     return choices[0]
 
 
-async def run_one(client, urls: dict[str, str], request: PlannedRequest, timeout_s: float):
+async def run_one(urls: dict[str, str], request: PlannedRequest, timeout_s: float) -> Outcome:
+    """One request on its own connection: httpx can leave a pooled connection checked out
+    (CLOSE-WAIT) when a stream is cancelled, which starved a shared pool in a 2000-request soak."""
+    # Longer than the per-request bound, so a silent server shows as hung, not as an error.
+    timeout = httpx.Timeout(timeout_s + 10.0, connect=10.0)
+    async with httpx.AsyncClient(timeout=timeout) as client:
+        return await _run_one(client, urls, request, timeout_s)
+
+
+async def _run_one(client, urls: dict[str, str], request: PlannedRequest, timeout_s: float):
     tokens: list[int] = []
     started = time.monotonic()
     limit = timeout_s if request.abort_after_s is None else min(timeout_s, request.abort_after_s)
@@ -89,17 +98,13 @@ async def run_plan(
     for request in plan:
         queue.put_nowait(request)
 
-    async def worker(client: httpx.AsyncClient) -> None:
+    async def worker() -> None:
         while not queue.empty():
-            outcome = await run_one(client, urls, queue.get_nowait(), timeout_s)
+            outcome = await run_one(urls, queue.get_nowait(), timeout_s)
             outcomes.append(outcome)
             on_done(outcome, len(outcomes))
 
-    limits = httpx.Limits(max_connections=concurrency * 2)
-    # Longer than the per-request bound, so a silent server shows as hung, not as an error.
-    timeout = httpx.Timeout(timeout_s + 10.0, connect=10.0)
-    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
-        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
     return sorted(outcomes, key=lambda o: o.request.index)
 
 
