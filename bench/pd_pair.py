@@ -33,11 +33,13 @@ def stock_transfer_config() -> dict:
 
 @dataclass
 class PDPair:
-    """Two servers; `stock` uses vLLM's NixlConnector, `cores` pins each server to one core."""
+    """Two servers; `stock` uses vLLM's NixlConnector, `plain` no connector at all (the idle
+    floor of vLLM itself), `cores` pins each server to one core."""
 
     model: Path
     workdir: Path
     stock: bool = False
+    plain: bool = False
     cores: tuple[int, int] | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # our connector's extra config
     env: dict[str, str] = field(default_factory=dict)
@@ -59,7 +61,9 @@ class PDPair:
     def _launch(self, role: str) -> ServerProcess:
         port, side_port = free_port(), free_port()
         env = engine_env(**self.env)
-        if self.stock:
+        if self.plain:
+            config = None
+        elif self.stock:
             config = stock_transfer_config()
             env.update(VLLM_NIXL_SIDE_CHANNEL_PORT=str(side_port),
                        VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1")  # fmt: skip

@@ -1,4 +1,4 @@
-"""A progress thread that polls every millisecond while busy and sleeps when idle."""
+"""A progress thread that runs only while its owner has something to progress, else sleeps."""
 
 from __future__ import annotations
 
@@ -16,29 +16,31 @@ class PollerStats:
     """How often the poller ran; idle CPU is the product of these and a step's cost."""
 
     steps: int = 0
-    busy_steps: int = 0
+    busy_steps: int = 0  # steps after which the poller slept less than a second
     step_errors: int = 0
 
 
 class ProgressPoller:
-    """Runs `step()` in a daemon thread: fast while it reports work or is kept hot, slow otherwise.
+    """Runs `step()` in a daemon thread; each step says how long to sleep before the next one.
 
     NIXL's own progress thread spins a whole core even when idle, so the transport turns it off;
-    then transfers advance only while someone polls the agent. This thread is that someone: it
-    sleeps `busy_interval_s` between steps while transfers are in flight or reads are expected,
-    and `idle_interval_s` otherwise, so an idle agent costs a few wake-ups a second.
+    then transfers advance only while someone polls the agent. This thread is that someone.
+    `step()` returns the seconds until the next step, or None to sleep until `wake()`: the
+    transport asks for fast steps only while reads are in flight or expected, so an idle agent
+    costs nothing but an occasional heartbeat. `keep_hot()` asks for fast steps for a while
+    regardless (a peer is connecting, a notification is still being sent).
     """
 
     def __init__(
         self,
-        step: Callable[[], bool],
-        busy_interval_s: float = 0.001,
-        idle_interval_s: float = 0.02,
+        step: Callable[[], float | None],
+        hot_interval_s: float = 0.001,
+        error_retry_s: float = 0.05,
         name: str = "kvscope-p2p-poller",
     ) -> None:
         self._step = step
-        self._busy_interval_s = busy_interval_s
-        self._idle_interval_s = idle_interval_s
+        self._hot_interval_s = hot_interval_s
+        self._error_retry_s = error_retry_s
         self._wake = threading.Event()
         self._stopped = threading.Event()
         self._hot_until = 0.0  # monotonic time before which the poller stays fast
@@ -47,7 +49,7 @@ class ProgressPoller:
         self._thread.start()
 
     def wake(self) -> None:
-        """Run a step now (new work arrived)."""
+        """Run a step now (new work arrived); the step then sets the pace."""
         self._wake.set()
 
     def keep_hot(self, seconds: float) -> None:
@@ -66,18 +68,19 @@ class ProgressPoller:
 
     def _run(self) -> None:
         while not self._stopped.is_set():
-            busy = self._safe_step()
+            self._wake.clear()  # before the step: a wake() during the step is not lost
+            delay = self._safe_step()
+            if self.is_hot:
+                delay = self._hot_interval_s if delay is None else min(delay, self._hot_interval_s)
             self.stats.steps += 1
-            self.stats.busy_steps += busy
-            interval = self._busy_interval_s if busy or self.is_hot else self._idle_interval_s
-            self._wake.wait(interval)
-            self._wake.clear()
+            self.stats.busy_steps += delay is not None and delay < 1.0
+            self._wake.wait(delay)
 
-    def _safe_step(self) -> bool:
+    def _safe_step(self) -> float | None:
         try:
-            return bool(self._step())
+            return self._step()
         except Exception:  # the thread must outlive any bug in a step, or transfers hang
             self.stats.step_errors += 1
             if self.stats.step_errors <= 10:
                 logger.exception("p2p progress step failed (it keeps running)")
-            return False
+            return self._error_retry_s

@@ -19,7 +19,7 @@ from kvscope.connector.p2p.nixl_agent import (
     try_cleanup,
 )
 from kvscope.connector.p2p.notif_inbox import NotifInbox
-from kvscope.connector.p2p.poller import ProgressPoller
+from kvscope.connector.p2p.poller import PollerStats, ProgressPoller
 from kvscope.connector.p2p.results import (
     PeerNotif,
     PeerRejectedError,
@@ -34,12 +34,23 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class TransportConfig:
-    """Timeouts and polling pace."""
+    """Timeouts and polling pace.
+
+    The agent is polled only when there is something to progress: every `busy_interval_s`
+    while our reads are in flight; while a peer's read of our blocks is expected, at first as
+    fast, then slower the longer nothing happens (`backoff_share` of the time waited, at most
+    `max_backoff_interval_s`: a read that comes late waits at most that share longer); and
+    every `idle_interval_s` otherwise (None: only when woken), a heartbeat that also takes in
+    stray notifications.
+    """
 
     transfer_timeout_s: float = 30.0  # a hung peer leaves a READ in PROC forever without this
     busy_interval_s: float = 0.001
-    idle_interval_s: float = 0.02
-    hot_after_activity_s: float = 1.0  # more reads usually follow a handshake, read or notif
+    backoff_share: float = 0.02
+    max_backoff_interval_s: float = 0.01
+    idle_interval_s: float | None = 1.0
+    hot_after_activity_s: float = 0.05  # a notification we sent may still need progress
+    unreleased_retry_s: float = 0.05
 
 
 @dataclass
@@ -86,8 +97,8 @@ class NixlTransport:
         self._unreleased: list[Any] = []  # xfer handles NIXL could not cancel yet
         self._next_xfer_id = 0
         self._closed = False
-        cfg = self.config
-        self._poller = ProgressPoller(self._progress, cfg.busy_interval_s, cfg.idle_interval_s)
+        self._last_event = time.monotonic()  # a read posted or ended, a notif, an expectation
+        self._poller = ProgressPoller(self._progress, self.config.busy_interval_s)
 
     # --- handshake -------------------------------------------------------------------------
 
@@ -133,6 +144,11 @@ class NixlTransport:
                 try_cleanup(self._agent.release_dlist_handle, removed.remote_dlist)
                 try_cleanup(self._agent.remove_remote_agent, peer)
 
+    @property
+    def poller_stats(self) -> PollerStats:
+        """How often the progress thread ran (idle CPU is steps times a step's cost)."""
+        return self._poller.stats
+
     def expect_activity(self, seconds: float) -> None:
         """Poll fast for a while: a peer handshook and will connect or read soon."""
         self._poller.keep_hot(seconds)
@@ -166,6 +182,7 @@ class NixlTransport:
                 )
                 self._finish(xfer, cause)
                 return xfer.xfer_id
+            self._last_event = time.monotonic()
             if state == "PROC":
                 self._inflight[xfer.xfer_id] = xfer
             else:
@@ -216,7 +233,8 @@ class NixlTransport:
     def expect_remote_read(self, notif_msg: bytes, timeout_s: float) -> None:
         """A peer should read our blocks and notify `notif_msg` within timeout_s: poll fast."""
         with self._lock:
-            self._inbox.expect(notif_msg, time.monotonic() + timeout_s)
+            self._last_event = time.monotonic()
+            self._inbox.expect(notif_msg, self._last_event + timeout_s)
         self._poller.wake()
 
     def get_notifs(self) -> list[PeerNotif]:
@@ -240,18 +258,32 @@ class NixlTransport:
 
     # --- progress --------------------------------------------------------------------------
 
-    def _progress(self) -> bool:
-        """One poller step: progress NIXL, settle transfers, expire expectations. True if busy."""
+    def _progress(self) -> float | None:
+        """One poller step: progress NIXL, settle transfers, expire expectations.
+
+        Returns the seconds until the next step (None: until woken)."""
         with self._lock:
             if self._closed:
-                return False
+                return None
             self._collect_notifs()
             now = time.monotonic()
             for xfer in list(self._inflight.values()):
                 self._check(xfer, now)
             self._inbox.expire(now)
             self._unreleased = [h for h in self._unreleased if not release_quietly(h)]
-            return bool(self._inflight) or self._inbox.waiting
+            return self._pace(now)
+
+    def _pace(self, now: float) -> float | None:
+        cfg = self.config
+        if self._inflight:
+            return cfg.busy_interval_s
+        delay = cfg.idle_interval_s
+        if self._inbox.waiting:  # a peer should read our blocks: back off as nothing happens
+            backoff = (now - self._last_event) * cfg.backoff_share
+            delay = min(max(backoff, cfg.busy_interval_s), cfg.max_backoff_interval_s)
+        if self._unreleased:
+            delay = min(delay or cfg.unreleased_retry_s, cfg.unreleased_retry_s)
+        return delay
 
     def _collect_notifs(self) -> None:
         try:
@@ -263,7 +295,7 @@ class NixlTransport:
             for message in messages:
                 self._inbox.receive(as_str(peer), message)
         if notifs:
-            self._poller.keep_hot(self.config.hot_after_activity_s)
+            self._last_event = time.monotonic()
 
     def _check(self, xfer: _Inflight, now: float) -> None:
         try:
@@ -292,7 +324,8 @@ class NixlTransport:
             xfer.xfer_id, xfer.peer, xfer.num_blocks, xfer.nbytes, duration_s, cause
         )
         self._lock.notify_all()
-        self._poller.keep_hot(self.config.hot_after_activity_s)
+        self._last_event = time.monotonic()
+        self._poller.keep_hot(self.config.hot_after_activity_s)  # its notif may still be sending
 
     # --- lifetime --------------------------------------------------------------------------
 
