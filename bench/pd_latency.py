@@ -2,7 +2,9 @@
 
 Same tiny model, prompts and proxy for every pair. The stock pair is pinned one core per
 server (unpinned it takes tens of seconds per request, PLATFORM.md); ours runs pinned and
-unpinned. Also the idle CPU of each pair over 10 s, in % of one core.
+unpinned. Also the idle CPU of each pair in % of one core, over consecutive 10 s windows from
+the end of the last request, and that of a plain pair (two servers without any connector,
+requests straight to one of them): vLLM's own idle cost, the floor no connector can go under.
 """
 
 import argparse
@@ -15,6 +17,7 @@ from pathlib import Path
 import httpx
 
 from kvscope.bench.pd_pair import PDPair, ProxyThread, pid_cpu_seconds
+from kvscope.bench.results import record
 from kvscope.demo.prompts import long_prompt
 
 
@@ -25,9 +28,13 @@ class PairFigures:
     name: str
     ttft_s: list[float] = field(default_factory=list)
     total_s: list[float] = field(default_factory=list)
-    idle_cpu_pct: float = float("nan")
+    idle_cpu_pct: list[float] = field(default_factory=list)  # one per window
     start_s: float = float("nan")
     error: str = ""
+
+    @property
+    def idle_median(self) -> float:
+        return statistics.median(self.idle_cpu_pct) if self.idle_cpu_pct else float("nan")
 
 
 def timed_stream(url: str, body: dict, timeout_s: float) -> tuple[float, float]:
@@ -58,13 +65,19 @@ def measure(name: str, pair: PDPair, args: argparse.Namespace) -> PairFigures:
     try:
         pair.start(args.start_timeout)
         figures.start_s = time.perf_counter() - start
-        proxy = ProxyThread(pair.prefill.url, pair.decode.url)
-        try:
-            _requests(name, pair, proxy.url, args, figures)
-        finally:
-            proxy.stop()
-        print(f"[{name}] idle CPU over {args.idle_s:.0f} s...", flush=True)
-        figures.idle_cpu_pct = idle_cpu_percent(pair, args.idle_s)
+        if pair.plain:  # no P/D: the same requests to one server, for vLLM's own idle cost
+            _requests(name, pair, pair.decode.url, args, figures)
+        else:
+            proxy = ProxyThread(pair.prefill.url, pair.decode.url)
+            try:
+                _requests(name, pair, proxy.url, args, figures)
+            finally:
+                proxy.stop()
+        for window in range(args.idle_windows):
+            idle = idle_cpu_percent(pair, args.idle_s)
+            figures.idle_cpu_pct.append(idle)
+            print(f"[{name}] idle CPU, window {window + 1} of {args.idle_windows}"
+                  f" ({args.idle_s:.0f} s): {idle:.1f} %", flush=True)  # fmt: skip
     except Exception as exc:
         figures.error = f"{type(exc).__name__}: {exc}"[:300]
         print(f"[{name}] failed: {figures.error} (logs in {pair.workdir})", flush=True)
@@ -86,22 +99,51 @@ def _requests(name: str, pair: PDPair, proxy_url: str, args, figures: PairFigure
 
 
 def report(results: list[PairFigures]) -> None:
-    print(f"\n{'pair':<22}{'start s':>9}{'TTFT s':>9}{'total s':>9}{'idle CPU %':>12}  note")
+    print(f"\n{'pair':<22}{'start s':>9}{'TTFT s':>9}{'total s':>9}{'idle CPU %':>12}"
+          f"{'(windows)':>22}  note")  # fmt: skip
     for r in results:
         ttft = statistics.median(r.ttft_s) if r.ttft_s else float("nan")
         total = statistics.median(r.total_s) if r.total_s else float("nan")
-        print(f"{r.name:<22}{r.start_s:>9.1f}{ttft:>9.3f}{total:>9.3f}{r.idle_cpu_pct:>12.1f}"
-              f"  {r.error}")  # fmt: skip
+        windows = " ".join(f"{w:.1f}" for w in r.idle_cpu_pct)
+        print(f"{r.name:<22}{r.start_s:>9.1f}{ttft:>9.3f}{total:>9.3f}{r.idle_median:>12.1f}"
+              f"{windows:>22}  {r.error}")  # fmt: skip
+        if r.idle_cpu_pct:
+            kind = r.name.split()[0] + ("" if r.name.endswith("unpinned") else "_pinned")
+            target = "< 5" if kind == "ours" else ""
+            note = f"{r.name}, median of the windows {windows}"
+            record("pd_latency", f"idle_cpu_{kind}_pct", r.idle_median, "% of a core", target, note)
     by_name = {r.name: r for r in results}
+    _report_floor(by_name)
     stock = by_name.get("stock pinned")
     for ours in ("ours unpinned", "ours pinned"):
         mine = by_name.get(ours)
         if stock and mine and stock.ttft_s and mine.ttft_s:
             ttft, total = _ratio(mine.ttft_s, stock.ttft_s), _ratio(mine.total_s, stock.total_s)
             print(f"{ours} / stock pinned: TTFT {ttft:.2f}, total {total:.2f} (target <= 0.5)")
+            suffix = "" if ours == "ours unpinned" else "_pinned"
+            record("pd_latency", f"ttft{suffix}_over_stock", ttft, "ratio", "<= 0.5", note=ours)
+            record("pd_latency", f"total{suffix}_over_stock", total, "ratio", "<= 0.5", note=ours)
         elif mine:
             print(f"{ours} / stock pinned: no ratio, the stock pair has no figures"
                   f" ({stock.error if stock else 'not run'})")  # fmt: skip
+
+
+def _report_floor(by_name: dict[str, PairFigures]) -> None:
+    """Our idle CPU against vLLM's own (the plain pair), as a difference and a ratio."""
+    plain = by_name.get("plain unpinned")
+    mine = by_name.get("ours unpinned")
+    if not (plain and mine and plain.idle_cpu_pct and mine.idle_cpu_pct):
+        return
+    above = mine.idle_median - plain.idle_median
+    ratio = mine.idle_median / plain.idle_median if plain.idle_median else float("nan")
+    print(f"idle CPU, ours unpinned - plain vLLM pair: {above:+.1f} points; ours / plain: "
+          f"{ratio:.2f} (plain vLLM's floor: {plain.idle_median:.1f} %)")  # fmt: skip
+    record("pd_latency", "idle_cpu_ours_minus_plain_pct", above, "% of a core")
+    record("pd_latency", "idle_cpu_ours_over_plain", ratio, "ratio")
+    if plain.ttft_s and mine.ttft_s:  # the plain pair's requests went to one server alone
+        ttft = _ratio(mine.ttft_s, plain.ttft_s)
+        print(f"ours unpinned / one server alone: TTFT {ttft:.2f} (target <= 1.5)")
+        record("pd_latency", "ttft_over_single", ttft, "ratio", "<= 1.5")
 
 
 def _ratio(mine: list[float], theirs: list[float]) -> float:
@@ -114,9 +156,10 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=6)
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--idle-s", type=float, default=10.0)
+    parser.add_argument("--idle-windows", type=int, default=3, help="consecutive idle windows")
     parser.add_argument("--start-timeout", type=float, default=300.0)
     parser.add_argument("--request-timeout", type=float, default=120.0)
-    parser.add_argument("--pairs", default="ours unpinned,ours pinned,stock pinned")
+    parser.add_argument("--pairs", default="plain unpinned,ours unpinned,ours pinned,stock pinned")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="kvscope-pd-bench-"))
     model = args.model
@@ -125,6 +168,7 @@ def main() -> None:
 
         model = build_model(workdir / "tiny")
     pairs = {
+        "plain unpinned": lambda: PDPair(model, workdir / "plain-unpinned", plain=True),
         "ours unpinned": lambda: PDPair(model, workdir / "ours-unpinned"),
         "ours pinned": lambda: PDPair(model, workdir / "ours-pinned", cores=(0, 1)),
         "stock pinned": lambda: PDPair(model, workdir / "stock-pinned", stock=True, cores=(0, 1)),

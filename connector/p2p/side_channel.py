@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -23,10 +25,18 @@ MAX_HEADER_BYTES: Final = 64 * 1024
 """Largest JSON header accepted; checked before reading it."""
 MAX_BODY_BYTES: Final = 16 * 1024 * 1024
 """Largest body (NIXL agent metadata) accepted; checked before reading it."""
+MAX_REQUEST_BODY_BYTES: Final = 0
+"""A request carries no body: the server refuses one before reading it."""
+MAX_ERROR_CHARS: Final = 300
+"""An error answer quotes at most this much, so it never outgrows a frame."""
 DEFAULT_HOST: Final = "127.0.0.1"
 
 # magic, protocol version, flags (0, reserved), header length, body length
 _PREFIX: Final = struct.Struct("!4sHHII")
+
+
+class FrameError(ValueError):
+    """A message that is not a well-formed frame of our protocol version; says what is wrong."""
 
 
 class SideChannelError(RuntimeError):
@@ -59,6 +69,8 @@ class PeerInfo:
 
     @classmethod
     def from_frame(cls, frame: Frame) -> PeerInfo:
+        if frame.header["type"] != "peer_info":
+            raise ValueError(f"expected a peer_info answer, got {_quote(frame.header['type'])}")
         agent_name = frame.header.get("agent_name")
         if not isinstance(agent_name, str) or not agent_name or not frame.body:
             raise ValueError("peer_info without an agent name or agent metadata")
@@ -73,34 +85,53 @@ def encode_frame(frame: Frame) -> bytes:
     return prefix + header + frame.body
 
 
-def read_frame(sock: socket.socket) -> Frame:
-    """Read one frame; refuse bad magic, another version or oversized parts before reading them."""
-    magic, version, _flags, header_len, body_len = _PREFIX.unpack(_recv_exact(sock, _PREFIX.size))
+def read_frame(
+    sock: socket.socket, deadline: float | None = None, max_body_bytes: int = MAX_BODY_BYTES
+) -> Frame:
+    """Read one frame; refuse bad magic, another version or oversized parts before reading them.
+
+    `deadline` (time.monotonic()) bounds the whole read, however slowly the peer drips bytes.
+    Raises FrameError for a malformed frame, ConnectionError or TimeoutError for a short one.
+    """
+    prefix = _recv_exact(sock, _PREFIX.size, deadline)
+    magic, version, flags, header_len, body_len = _PREFIX.unpack(prefix)
     if magic != MAGIC:
-        raise ValueError(f"not a kvscope side-channel message (starts with {magic!r})")
+        raise FrameError(f"not a kvscope side-channel message (starts with {magic!r})")
     if version != PROTOCOL_VERSION:
-        raise ValueError(
+        raise FrameError(
             f"side-channel protocol version {version} is not supported (this side speaks"
             f" {PROTOCOL_VERSION}): run the same kvscope version on prefill and decode"
         )
-    if header_len > MAX_HEADER_BYTES or body_len > MAX_BODY_BYTES:
-        raise ValueError(
+    if flags != 0:
+        raise FrameError(f"frame flags must be 0 in protocol version {PROTOCOL_VERSION}")
+    if header_len > MAX_HEADER_BYTES or body_len > max_body_bytes:
+        raise FrameError(
             f"message too large: header {header_len} B (max {MAX_HEADER_BYTES}),"
-            f" body {body_len} B (max {MAX_BODY_BYTES})"
+            f" body {body_len} B (max {max_body_bytes})"
         )
+    header = _parse_header(_recv_exact(sock, header_len, deadline))
+    return Frame(header, _recv_exact(sock, body_len, deadline))
+
+
+def _parse_header(raw: bytes) -> dict[str, Any]:
     try:
-        header = json.loads(_recv_exact(sock, header_len))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"header is not JSON: {exc}") from None
+        header = json.loads(raw)
+    except (ValueError, RecursionError) as exc:  # bad UTF-8 or JSON, huge ints, deep nesting
+        raise FrameError(f"header is not JSON: {_quote(str(exc))}") from None
     if not isinstance(header, dict) or not isinstance(header.get("type"), str):
-        raise ValueError("header must be a JSON object with a 'type'")
-    return Frame(header, _recv_exact(sock, body_len))
+        raise FrameError("header must be a JSON object with a 'type'")
+    return header
 
 
-def _recv_exact(sock: socket.socket, size: int) -> bytes:
+def _recv_exact(sock: socket.socket, size: int, deadline: float | None = None) -> bytes:
     chunks: list[bytes] = []
     received = 0
     while received < size:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"timed out after {received} of {size} bytes")
+            sock.settimeout(left)
         chunk = sock.recv(min(size - received, 1 << 20))
         if not chunk:
             raise ConnectionError(f"connection closed after {received} of {size} bytes")
@@ -109,8 +140,23 @@ def _recv_exact(sock: socket.socket, size: int) -> bytes:
     return b"".join(chunks)
 
 
+def _quote(value: object) -> str:
+    """A peer-supplied value for an error message: its repr, cut to a bounded length."""
+    return _cut(repr(value))
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS] + "...(cut)"
+
+
 class SideChannelServer:
-    """Answers `get_peer_info` requests from a daemon thread; survives any bad client."""
+    """Answers `get_peer_info` requests from a daemon thread; survives any bad client.
+
+    Each connection gets `io_timeout_s` in all to deliver its request, so a client that drips
+    bytes cannot hold one of the `max_connections` slots for long. Anything but a good request
+    gets an error answer saying what was wrong (when the client still reads), then the
+    connection is closed; nothing a client sends is ever executed or unpickled.
+    """
 
     def __init__(
         self,
@@ -166,54 +212,73 @@ class SideChannelServer:
     def _serve_one(self, conn: socket.socket) -> None:
         try:
             with conn:
+                deadline = time.monotonic() + self._io_timeout_s
+                answer = encode_frame(self._answer(conn, deadline))
                 conn.settimeout(self._io_timeout_s)
-                conn.sendall(encode_frame(self._answer(conn)))
+                conn.sendall(answer)
                 conn.shutdown(socket.SHUT_WR)
-                _drain(conn)
+                _drain(conn, self._io_timeout_s)
         except Exception as exc:  # a client that vanished or stalled must not stop the server
             logger.debug("side channel: dropped a connection: %s", exc)
         finally:
             self._connection_slots.release()
 
-    def _answer(self, conn: socket.socket) -> Frame:
+    def _answer(self, conn: socket.socket, deadline: float) -> Frame:
         try:
-            request = read_frame(conn)
+            request = read_frame(conn, deadline, MAX_REQUEST_BODY_BYTES)
             if request.header["type"] != "get_peer_info":
-                raise ValueError(f"unknown request type {request.header['type']!r}")
-            info = self._peer_infos[_tp_rank_of(request.header)]
-        except (ValueError, KeyError, struct.error) as exc:
+                raise FrameError(f"unknown request type {_quote(request.header['type'])}")
+            tp_rank = _tp_rank_of(request.header)
+            info = self._peer_infos.get(tp_rank)
+            if info is None:
+                raise FrameError(
+                    f"no KV served for tp_rank {tp_rank} (ranks {sorted(self._peer_infos)})"
+                )
+        except (FrameError, ConnectionError, TimeoutError, struct.error) as exc:
             self.requests_refused += 1
-            return Frame({"type": "error", "error": str(exc)})
+            reason = f"{type(exc).__name__}: {exc}" if isinstance(exc, OSError) else str(exc)
+            return Frame({"type": "error", "error": _cut(reason)})
         if self._on_request is not None:
             self._on_request()
         self.requests_served += 1
         return info.to_frame()
 
 
-def _drain(conn: socket.socket, limit: int = 64 * 1024) -> None:
-    """Read what the client still sends: closing with unread input resets the connection,
-    which can destroy our answer (e.g. the error for a garbage request) before it is read."""
+def _drain(conn: socket.socket, seconds: float, limit: int = 64 * 1024) -> None:
+    """Read what the client still sends, for a bounded time: closing with unread input resets
+    the connection, which can destroy our answer (e.g. the error for a garbage request)."""
+    deadline = time.monotonic() + seconds
     drained = 0
-    while drained < limit and (chunk := conn.recv(16 * 1024)):
-        drained += len(chunk)
+    with contextlib.suppress(TimeoutError):
+        while drained < limit and (chunk := _recv_some(conn, deadline)):
+            drained += len(chunk)
+
+
+def _recv_some(conn: socket.socket, deadline: float) -> bytes:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError
+    conn.settimeout(left)
+    return conn.recv(16 * 1024)
 
 
 def _tp_rank_of(header: dict[str, Any]) -> int:
     tp_rank = header.get("tp_rank", 0)
-    if not isinstance(tp_rank, int):
-        raise ValueError(f"tp_rank must be an integer, got {tp_rank!r}")
+    if not isinstance(tp_rank, int) or isinstance(tp_rank, bool):
+        raise FrameError(f"tp_rank must be an integer, got {_quote(tp_rank)}")
     return tp_rank
 
 
 def fetch_peer_info(host: str, port: int, tp_rank: int = 0, timeout_s: float = 5.0) -> PeerInfo:
     """Ask the KV owner at host:port for its agent metadata and layout."""
     where = f"side channel {host}:{port}"
+    deadline = time.monotonic() + timeout_s  # for the whole handshake, however slow the peer
     try:
         with socket.create_connection((host, port), timeout=timeout_s) as sock:
             sock.settimeout(timeout_s)
             request = Frame({"type": "get_peer_info", "tp_rank": tp_rank})
             sock.sendall(encode_frame(request))
-            answer = read_frame(sock)
+            answer = read_frame(sock, deadline)
     except TimeoutError:
         raise SideChannelError(
             f"{where} did not answer within {timeout_s} s: is the prefill engine alive?"
@@ -221,7 +286,8 @@ def fetch_peer_info(host: str, port: int, tp_rank: int = 0, timeout_s: float = 5
     except (OSError, ValueError, struct.error) as exc:
         raise SideChannelError(f"{where}: {exc}") from None
     if answer.header["type"] == "error":
-        raise SideChannelError(f"{where} refused the handshake: {answer.header.get('error')}")
+        reason = _cut(str(answer.header.get("error")))
+        raise SideChannelError(f"{where} refused the handshake: {reason}")
     try:
         return PeerInfo.from_frame(answer)
     except ValueError as exc:

@@ -1,5 +1,7 @@
 """The handshake server answers good requests and shrugs off bad clients; the client never hangs."""
 
+import contextlib
+import select
 import socket
 import struct
 import time
@@ -81,11 +83,41 @@ def test_bad_messages_get_an_error_and_the_server_keeps_serving(server, peer_inf
 
 def test_truncated_and_silent_clients_do_not_block_others(server, peer_info):
     truncated = encode_frame(Frame({"type": "get_peer_info"}))[:-3]
-    assert _exchange(server, truncated) is None  # dropped, nothing to answer
+    answer = _exchange(server, truncated)
+    assert answer is not None and "connection closed after" in answer.header["error"]
     with socket.create_connection((server.host, server.port), timeout=3):
         started = time.monotonic()  # a client that connects and says nothing, held open
         assert fetch_peer_info(server.host, server.port, timeout_s=3) == peer_info
         assert time.monotonic() - started < 0.4  # served at once, not after the silent one
+
+
+def test_a_client_dripping_bytes_is_cut_off_at_the_deadline(server, peer_info):
+    """io_timeout_s bounds the whole request, not each recv: a slow drip cannot hold a slot."""
+    request = encode_frame(Frame({"type": "get_peer_info", "padding": "x" * 64}))
+    with socket.create_connection((server.host, server.port), timeout=3) as sock:
+        started = time.monotonic()
+        with contextlib.suppress(OSError):  # the server may close while we still drip
+            for byte in request:  # each byte well inside 0.5 s, the whole far beyond it
+                sock.sendall(bytes([byte]))
+                if select.select([sock], [], [], 0.1)[0] or time.monotonic() - started > 3:
+                    break  # the server answered (or gave up on us)
+        answer = read_frame(sock)
+        assert "TimeoutError" in answer.header["error"]
+        assert time.monotonic() - started < 1.5
+        with pytest.raises(OSError):  # nor is a drip after the answer read for long
+            for _ in range(40):
+                sock.sendall(b"x")
+                time.sleep(0.1)
+        assert time.monotonic() - started < 3.5
+    assert fetch_peer_info(server.host, server.port, timeout_s=3) == peer_info
+
+
+def test_a_request_with_a_body_or_flags_is_refused_before_its_body_is_read(server):
+    with_body = PREFIX.pack(MAGIC, PROTOCOL_VERSION, 0, 2, 1 << 20) + b"{}"
+    answer = _exchange(server, with_body)
+    assert "body 1048576 B (max 0)" in answer.header["error"]
+    flagged = PREFIX.pack(MAGIC, PROTOCOL_VERSION, 1, 2, 0) + b"{}"
+    assert "flags must be 0" in _exchange(server, flagged).header["error"]
 
 
 def test_client_gives_up_on_a_peer_that_never_answers():
