@@ -11,6 +11,7 @@ from kvscope.bench.report.machine import REPO, Machine
 from kvscope.bench.report.markdown import render
 from kvscope.bench.report.plots import plot_ratios, plot_runs
 from kvscope.bench.report.runner import BenchRun, run_bench
+from kvscope.bench.report.saved import RUN_FILE, load_run, save_run
 from kvscope.bench.report.table import build_rows
 from kvscope.bench.results import load
 
@@ -40,7 +41,13 @@ def run_report(
               flush=True)  # fmt: skip
     stop_sampling.set()
     machine.finish()
-    rows = build_rows(runs, load(results_path))
+    save_run(out_dir, machine, runs, command)
+    return write_report(out_dir, machine, runs, command)
+
+
+def write_report(out_dir: Path, machine: Machine, runs: list[BenchRun], command: str) -> Path:
+    """README.md and the plots from a run's results (figure names as FIGURES has them now)."""
+    rows = build_rows(runs, load(out_dir / "results.jsonl"))
     plots = {
         "ratios": plot_ratios(rows, out_dir / "ratios.png"),
         "runs": plot_runs(runs, machine, out_dir / "runs.png"),
@@ -58,7 +65,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="run only these benches (the others show as not run)")  # fmt: skip
     parser.add_argument("--timeout-factor", type=float, default=1.0,
                         help="multiply every bench's timeout (slow machines)")  # fmt: skip
+    parser.add_argument("--rerender", action="store_true",
+                        help="run nothing: rewrite the report in --out from its saved results "
+                             "(after renaming figures in figures.py)")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.rerender:
+        if not (args.out / RUN_FILE).exists():
+            parser.error(f"{args.out / RUN_FILE} is missing: run the benches first (no --rerender)")
+        print(f"report rewritten: {write_report(args.out, *load_run(args.out))}")
+        return 0
     benches = [b for b in BENCHES if not args.only or b.name in args.only]
     command = "python -m kvscope.bench.report " + " ".join(argv if argv is not None
                                                            else sys.argv[1:])  # fmt: skip

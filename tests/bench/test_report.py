@@ -4,9 +4,10 @@ import sys
 import textwrap
 from pathlib import Path
 
-from kvscope.bench.report.__main__ import run_report
+from kvscope.bench.report.__main__ import run_report, write_report
 from kvscope.bench.report.benches import BENCHES, BenchSpec
 from kvscope.bench.report.figures import FIGURES, target_met
+from kvscope.bench.report.saved import load_run
 
 RECORDING = textwrap.dedent("""
     from kvscope.bench.results import record
@@ -47,7 +48,7 @@ def test_report_from_fake_benches(tmp_path: Path) -> None:
     assert "| 0.950 | >= 0.9 | yes | copy_bandwidth | fast |" in met
     assert "| 0.500 | >= 0.9 | **no** |" in row_of(report, "load_over_raw_contiguous")
     assert "| bench failed |" in row_of(report, "ttft_hit_over_recompute")
-    assert "| bench timed out |" in row_of(report, "timeline_p95_ms")
+    assert "| bench timed out |" in row_of(report, "sqlite_timeline_p95_ms")
     assert "| not run |" in row_of(report, "ttft_over_stock")
     assert "### Other recorded figures" in report
     assert "| 1.250 | >= 1 | yes | copy_bandwidth |" in row_of(report, "mystery_ratio")
@@ -65,6 +66,10 @@ def test_report_from_fake_benches(tmp_path: Path) -> None:
     for plot in ("ratios.png", "runs.png"):
         assert (out / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"]({plot})" in report
+
+    # Rewritten from the saved run alone (no bench runs): the same report.
+    (out / "README.md").unlink()
+    assert write_report(out, *load_run(out)).read_text() == report
 
 
 def _is_zombie(pid: int) -> bool:
