@@ -27,6 +27,7 @@ class LoadPlan:
     device_block_ids: tuple[int, ...]  # what this child loads
     hit_block_ids: tuple[int, ...] = ()  # the whole original hit (a fallback may load less)
     failed_children: set[int] = field(default_factory=set)
+    finished: bool = False  # aborted or failed while loading: a failed load is not retried
 
 
 class MultiScheduler:
@@ -102,11 +103,14 @@ class MultiScheduler:
                 child.connector.update_state_after_alloc(request, blocks, tokens)
         if chosen is None:
             return
-        start = self.computed.get(req_id, 0) // self.block_size
-        count = num_external_tokens // self.block_size
-        device = tuple(blocks.get_block_ids()[0][start : start + count])
-        self.loads[req_id] = LoadPlan(request, blocks, self.computed.get(req_id, 0),
-                                      num_external_tokens, chosen, device, device)  # fmt: skip
+        computed = self.computed.get(req_id, 0)
+        # A hit may end inside a block (P2P pulls up to the last prompt token): that block is
+        # loaded too, so a failure there is the child's to report, not vLLM's to see.
+        first = computed // self.block_size
+        end = -(-(computed + num_external_tokens) // self.block_size)
+        device = tuple(blocks.get_block_ids()[0][first:end])
+        self.loads[req_id] = LoadPlan(request, blocks, computed, num_external_tokens, chosen,
+                                      device, device)  # fmt: skip
         self._routes[req_id] = LoadRoute(chosen, device)
         add_event("kvscope.multi.load_routed", **{names.REQUEST_ID: req_id,
                   names.CONNECTOR_CHILD: self.children[chosen].name})  # fmt: skip
@@ -144,6 +148,10 @@ class MultiScheduler:
         plan = self.loads.get(req_id)
         if plan is None:
             return
+        if plan.finished:  # nothing to retry for: vLLM may free the blocks now
+            self.loads.pop(req_id)
+            self._to_fail[req_id] = failed_blocks
+            return
         plan.failed_children.add(failed_child)
         # Only an asynchronous child can load out of band, while the request waits.
         tokens, _, child = self.lookup(
@@ -165,8 +173,10 @@ class MultiScheduler:
         fallback.hit_block_ids = plan.hit_block_ids
         missing = plan.hit_block_ids[len(fallback.device_block_ids) :]
         self._routes[req_id] = LoadRoute(child, fallback.device_block_ids, missing)
+        # Blocks the fallback does not have go to vLLM's policy with the rest of the request.
+        outcome = outcome_of_policy(self.failure_policy) if missing else SERVED_BY_FALLBACK
         add_event(names.EVENT_LOAD_FAILED, **failure, **{
-            names.FAILURE_OUTCOME: SERVED_BY_FALLBACK,
+            names.FAILURE_OUTCOME: outcome, "kvscope.multi.blocks_not_in_fallback": len(missing),
             "kvscope.multi.fallback_child": self.children[child].name})  # fmt: skip
 
     def finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict | None]:
@@ -183,6 +193,8 @@ class MultiScheduler:
                 params = {**(params or {}), **child_params}
         if delayed > 1:
             self._extra_saves[req_id] = delayed - 1
+        if (plan := self.loads.get(req_id)) is not None:
+            plan.finished = True
         self.serving.pop(req_id, None)
         self.computed.pop(req_id, None)
         return delayed > 0, params
