@@ -79,8 +79,8 @@ class BackendProcess:
     def failures(self, since_ns: int, until_ns: int, req_prefix: str) -> list[dict]:
         """Failure rows of one cell: in its time window, of its requests or of no request."""
         rows = self.get("/api/v1/failures", since_ns=since_ns, until_ns=until_ns, limit=500)
-        return [row for row in rows["items"]
-                if row["request_id"] is None or row["request_id"].startswith(req_prefix)]  # fmt: skip
+        mine = lambda row: row["request_id"] is None or row["request_id"].startswith(req_prefix)  # noqa: E731
+        return [row for row in rows["items"] if mine(row)]
 
     def requests(self, req_prefix: str) -> list[dict]:
         rows = self.get("/api/v1/requests", limit=500)["items"]

@@ -1,5 +1,6 @@
 """The fault matrix: (connector, fault, policy) cells, what each must show, and the N/A cells."""
 
+import random
 from dataclasses import dataclass
 
 from kvscope.demo.prompts import long_prompt
@@ -28,8 +29,14 @@ class Case:
     def id(self) -> str:
         return f"{self.connector}-{self.fault}-{self.policy}"
 
-    def prompts(self) -> list[str]:
+    def prompts(self) -> list[str | dict]:
         """Prompts of this cell alone: their first block differs from every other cell's."""
+        if self.fault.endswith("_whole"):
+            # 4 blocks + 1 token: the P2P hit (all but the last token) is whole blocks, all
+            # of which the offload pool holds.
+            draw = random.Random(self.id)
+            return [{"prompt_token_ids": [draw.randrange(10, 2000) for _ in range(4 * 32 + 1)]}
+                    for _ in range(self.num_prompts)]  # fmt: skip
         sentences = 6 if self.fault == "preempted" else 4
         return [f"[{self.id} #{i}] " + long_prompt(i, sentences) for i in range(self.num_prompts)]
 
@@ -47,7 +54,9 @@ def _harmless(connector: str, fault: str, policies=(RECOMPUTE, FAIL), **extra) -
     return [Case(connector, fault, policy, "tokens", **extra) for policy in policies]
 
 
-PREEMPT = {"max_tokens": 160, "num_prompts": 6}  # 6 x 10 blocks on an engine with 24
+PREEMPT = {"max_tokens": 160, "num_prompts": 4}
+"""4 requests of 5 blocks fit 24 (pulled at once, within the prefill lease); grown by 5
+blocks each while decoding, they do not: vLLM preempts."""
 
 CASES: list[Case] = [
     # --- CPU offload (one in-process engine per policy; faults change at runtime) ---
@@ -61,25 +70,27 @@ CASES: list[Case] = [
     *_harmless("offload", "backend_down", (RECOMPUTE,)),
     *_harmless("offload", "queue_full", (RECOMPUTE,)),
     # --- P2P (decode engine in-process, prefill engine in a subprocess) ---
-    # peer_hangs first on each engine: the decode side must not have met the peer yet.
+    # peer_hangs, then aborted, first on each engine: both need a peer not met yet.
     *_failing("p2p", "peer_hangs", "peer_unreachable"),
-    *_failing("p2p", "load_fails", "read_failed"),
-    *_failing("p2p", "lease_expires", "lease_expired"),
-    *_failing("p2p", "peer_killed", "peer"),
     *_harmless("p2p", "aborted"),
+    *_failing("p2p", "load_fails", "read_failed: bad block ids"),
+    *_failing("p2p", "lease_expires", "lease_expired"),
+    *_failing("p2p", "peer_killed", "read_failed|peer_unreachable"),
     *_harmless("p2p", "preempted", **PREEMPT),
     *_harmless("p2p", "backend_down", (RECOMPUTE,)),
     *_harmless("p2p", "queue_full", (RECOMPUTE,)),
     # --- Multi: P2P first, then CPU offload ---
-    *_failing("multi", "peer_hangs", "load_error"),
+    *_failing("multi", "peer_hangs", "peer_unreachable"),
+    *_harmless("multi", "aborted"),
     *_failing("multi", "load_fails", "InjectedFault"),  # the offload child's load
     *_harmless(
-        "multi", "p2p_fails_offload_serves", cause="load_error", outcome="served_by_fallback"
-    ),  # fmt: skip
+        "multi", "p2p_fails_offload_has_whole", cause="load_error", outcome="served_by_fallback"
+    ),
+    # The pool lacks the hit's last, partial block: vLLM's policy takes that part.
+    *_failing("multi", "p2p_fails_offload_has_part", "load_error"),  # fmt: skip
     *_failing("multi", "load_slow", "timeout"),
     *_failing("multi", "lease_expires", "lease_expired"),
-    *_failing("multi", "peer_killed", "load_error"),
-    *_harmless("multi", "aborted"),
+    *_failing("multi", "peer_killed", "read_failed|peer_unreachable"),
     *_harmless("multi", "preempted", **PREEMPT),
     *_harmless("multi", "backend_down", (RECOMPUTE,)),
     *_harmless("multi", "queue_full", (RECOMPUTE,)),

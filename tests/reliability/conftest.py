@@ -10,8 +10,8 @@ from tests.reliability.cases import CASES
 from tests.reliability.prefill_peer import PrefillPeer
 from tests.reliability.record import PEER_LEASE_S, Recorder
 
-EXPORT_QUEUE = 512
-"""This process's export queue to the backend: ample for a cell, overflowed on purpose once."""
+EXPORT_QUEUE = 16384
+"""This process's export queue to the backend: no cell fills it (queue_full cells shrink it)."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -45,10 +45,12 @@ def recorder(span_exporter, backend) -> Recorder:
     from kvscope.traces.sdk.exporters import OtlpJsonHttpExporter
     from kvscope.traces.sdk.settings import TracingSettings
 
-    settings = TracingSettings(max_queue_size=EXPORT_QUEUE, max_batch_size=128,
+    settings = TracingSettings(max_queue_size=EXPORT_QUEUE, max_batch_size=512,
                                schedule_delay_s=0.05)  # fmt: skip
-    assert configure.add_exporter(OtlpJsonHttpExporter(backend.traces_url, timeout_s=5), settings)
-    return Recorder(backend, configure._sequence._origin)
+    exporter = OtlpJsonHttpExporter(backend.traces_url, timeout_s=5)
+    assert configure.add_exporter(exporter, settings)
+    (processor,) = [p for p in configure._processors if p.exporter is exporter]
+    return Recorder(backend, configure._sequence._origin, processor)
 
 
 @pytest.fixture(scope="session")
@@ -66,8 +68,11 @@ def expected(tiny_model) -> dict[str, list[int]]:
 
 def _start_peer(tiny_model, matrix_dir, backend: BackendProcess, name: str) -> PrefillPeer:
     config = p2p_transfer_config(free_port(), lease_timeout_s=PEER_LEASE_S)
-    env = engine_env(KVSCOPE_OTLP_ENDPOINTS=f"http+json://127.0.0.1:{backend.port}/v1/traces",
-                     OTEL_SERVICE_NAME=f"reliability-{name}", OTEL_BSP_SCHEDULE_DELAY="100")  # fmt: skip
+    env = engine_env(
+        KVSCOPE_OTLP_ENDPOINTS=f"http+json://127.0.0.1:{backend.port}/v1/traces",
+        OTEL_SERVICE_NAME=f"reliability-{name}",
+        OTEL_BSP_SCHEDULE_DELAY="100",
+    )
     return PrefillPeer(tiny_model, config, env, matrix_dir / f"{name}.log")
 
 

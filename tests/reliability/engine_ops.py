@@ -104,11 +104,17 @@ def settle(llm: Any, timeout_s: float = 30.0) -> None:
         llm.llm_engine.step()
 
 
-def offload_scheduler(llm: Any) -> Any | None:
-    """The CPU offload scheduler half, alone or as a Multi's child; None if there is none."""
+def connector_core(llm: Any, kind: str) -> Any | None:
+    """The scheduler-side core of that class name, alone or as a Multi's child."""
     connector = scheduler_connector(llm)
     children = [child.connector for child in getattr(connector, "children", [])] or [connector]
-    return next((c.scheduler for c in children if type(c).__name__ == "CpuOffloadCore"), None)
+    return next((core for core in children if type(core).__name__ == kind), None)
+
+
+def offload_scheduler(llm: Any) -> Any | None:
+    """The CPU offload scheduler half, alone or as a Multi's child; None if there is none."""
+    core = connector_core(llm, "CpuOffloadCore")
+    return core.scheduler if core is not None else None
 
 
 def store_then_forget(llm: Any, prompts: list[str], tag: str, max_tokens: int) -> None:

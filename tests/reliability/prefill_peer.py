@@ -29,8 +29,8 @@ def _prefill(llm: Any, prompts: list[str], tag: str) -> list[dict]:
     from vllm import SamplingParams
 
     engine = llm.llm_engine
-    params = SamplingParams(temperature=0.0, max_tokens=1,
-                            extra_args={"kv_transfer_params": {"do_remote_decode": True}})  # fmt: skip
+    remote_decode = {"kv_transfer_params": {"do_remote_decode": True}}
+    params = SamplingParams(temperature=0.0, max_tokens=1, extra_args=remote_decode)
     order = [f"{tag}-{i}" for i in range(len(prompts))]
     for req_id, prompt in zip(order, prompts, strict=True):
         engine.add_request(req_id, prompt, params)
@@ -103,6 +103,7 @@ class PrefillPeer:
         self.log_tail: deque[str] = deque(maxlen=60)
         threading.Thread(target=self._drain, daemon=True).start()
         self._ready = False
+        self.stash: dict = {}  # whatever a test keeps with this peer (params it prefilled)
 
     def wait_ready(self, timeout_s: float = 120) -> "PrefillPeer":
         if not self._ready:

@@ -1,7 +1,8 @@
 """Runs one cell and records everything the checks need, before the next cell can blur it."""
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -22,6 +23,17 @@ class Recorder:
 
     backend: BackendProcess
     origin: str  # this process's kvscope.seq.origin, naming its stream on the backend
+    processor: Any  # the bounded queue of this process's exporter to the backend
+
+    @contextlib.contextmanager
+    def export_queue_limited(self, size: int) -> Iterator[None]:
+        """Shrinks the backend exporter's queue bound (read on every span) for a while:
+        the queue_full cells overflow it without thousands of spans."""
+        saved, self.processor._max_queue_size = self.processor._max_queue_size, size
+        try:
+            yield
+        finally:
+            self.processor._max_queue_size = saved
 
     def record(
         self, case: Case, llm: Any, body: Callable[[], Batch], peer: PrefillPeer | None = None

@@ -23,6 +23,7 @@ class Cell:
     case: Case
     llm: Any
     backend: BackendProcess
+    recorder: Any = None  # the Recorder: its export queue can be shrunk
     faults_path: Path | None = None  # the offload connector's runtime fault plan
     peer: Any = None  # PrefillPeer serving P2P reads
     victim: Any = None  # the PrefillPeer that peer_killed cells kill
@@ -94,7 +95,7 @@ def abort_once(cell: Cell, ready: Callable[[], bool], kv_params: list | None = N
 
 
 def preempted(cell: Cell, kv_params: list[dict] | None = None) -> Batch:
-    """Six long requests on 24 KV blocks: vLLM preempts and resumes them."""
+    """Long requests outgrow the 24 KV blocks while decoding: vLLM preempts and resumes them."""
     return cell.run(kv_params=kv_params)
 
 
@@ -114,6 +115,10 @@ def backend_down(cell: Cell, workload: Callable[[], Batch]) -> Batch:
     return batch
 
 
+QUEUE_FULL_BOUND = 64
+"""The export queue's bound during queue_full cells: a workload round overflows it."""
+
+
 def queue_full(cell: Cell, workload: Callable[[], Batch]) -> Batch:
     """The backend is stopped (SIGSTOP) while spans pile up behind its blocked export."""
     from kvscope.traces.sdk.configure import export_counters
@@ -121,11 +126,12 @@ def queue_full(cell: Cell, workload: Callable[[], Batch]) -> Batch:
     before = export_counters().dropped_queue_full
     cell.backend.pause()
     try:
-        batch = workload()
-        for _ in range(30):  # more work until the bounded queue overflows
-            if export_counters().dropped_queue_full > before:
-                break
-            workload()
+        with cell.recorder.export_queue_limited(QUEUE_FULL_BOUND):
+            batch = workload()
+            for _ in range(10):  # more work until the bounded queue overflows
+                if export_counters().dropped_queue_full > before:
+                    break
+                workload()
     finally:
         cell.backend.resume()
     return batch

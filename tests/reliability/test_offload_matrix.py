@@ -3,27 +3,14 @@
 import pytest
 
 from tests.reliability import scenarios
-from tests.reliability.cases import CHECKS, cases_for
-from tests.reliability.checks import check_backend, check_leaks, check_outcome
+from tests.reliability.cases import cases_for
+from tests.reliability.configs import offload_config
 from tests.reliability.engine_ops import SMALL_ENGINE, EngineSlot
+from tests.reliability.matrix import apply_check, cell_params
 from tests.reliability.record import cell_run
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 CELLS = cases_for("offload")
-
-
-def offload_config(policy: str, faults_path) -> dict:
-    return {
-        "kv_connector": "CpuOffloadConnector",
-        "kv_connector_module_path": "kvscope.connector.cpu_offload.connector",
-        "kv_role": "kv_both",
-        "kv_load_failure_policy": policy,
-        "kv_connector_extra_config": {
-            "cpu_bytes_to_use": 8 << 20,
-            "load_timeout_s": 1.5,
-            "faults_path": str(faults_path),
-        },  # fmt: skip
-    }
 
 
 def workload(cell: scenarios.Cell):
@@ -59,21 +46,11 @@ def runs() -> dict:
     return {}
 
 
-@pytest.mark.parametrize(
-    ("case", "check"),
-    [pytest.param(case, check, id=f"{case.fault}-{case.policy}-{check}")
-     for case in CELLS for check in CHECKS],
-)  # fmt: skip
+@pytest.mark.parametrize(("case", "check"), cell_params(CELLS))
 def test_cell(case, check, engines, runs, recorder, expected):
     def make():
         llm = engines.get(case.policy)
-        cell = scenarios.Cell(case, llm, recorder.backend, engines.faults_path)
+        cell = scenarios.Cell(case, llm, recorder.backend, recorder, engines.faults_path)
         return recorder.record(case, llm, lambda: SCENARIOS[case.fault](cell))
 
-    run = cell_run(runs, case, make)
-    if check == "outcome":
-        check_outcome(run, expected)
-    elif check == "leaks":
-        check_leaks(run)
-    else:
-        check_backend(run)
+    apply_check(check, cell_run(runs, case, make), expected)
