@@ -3,8 +3,9 @@
 Same tiny model, prompts and proxy for every pair. The stock pair is pinned one core per
 server (unpinned it takes tens of seconds per request, PLATFORM.md); ours runs pinned and
 unpinned. Also the idle CPU of each pair in % of one core, over consecutive 10 s windows from
-the end of the last request, and that of a plain pair (two servers without any connector,
-requests straight to one of them): vLLM's own idle cost, the floor no connector can go under.
+the end of the last request, and that of a plain pair (two servers without any connector, each
+request prefilled on one and then run whole on the other): vLLM's own idle cost, the floor no
+connector can go under; its decode-side times are those of one server alone.
 """
 
 import argparse
@@ -65,8 +66,8 @@ def measure(name: str, pair: PDPair, args: argparse.Namespace) -> PairFigures:
     try:
         pair.start(args.start_timeout)
         figures.start_s = time.perf_counter() - start
-        if pair.plain:  # no P/D: the same requests to one server, for vLLM's own idle cost
-            _requests(name, pair, pair.decode.url, args, figures)
+        if pair.plain:  # no connector: both servers do their share, timed on decode alone
+            _requests(name, pair, pair.decode.url, args, figures, prefill_first=pair.prefill.url)
         else:
             proxy = ProxyThread(pair.prefill.url, pair.decode.url)
             try:
@@ -86,12 +87,18 @@ def measure(name: str, pair: PDPair, args: argparse.Namespace) -> PairFigures:
     return figures
 
 
-def _requests(name: str, pair: PDPair, proxy_url: str, args, figures: PairFigures) -> None:
+def _requests(
+    name: str, pair: PDPair, url: str, args, figures: PairFigures, prefill_first: str = ""
+) -> None:
+    """Timed streamed requests to `url`; `prefill_first`: an untimed 1-token request to that
+    server first, so that a plain pair's two servers both work as a P/D pair's do."""
     for i in range(args.requests + 1):  # the first one warms up (handshake, connection)
         prompt = f"Request {i} of {name}: " + long_prompt(i, sentences=4)
         body = {"model": str(pair.model), "prompt": prompt, "max_tokens": args.max_tokens,
                 "temperature": 0, "ignore_eos": True}  # fmt: skip
-        ttft, total = timed_stream(proxy_url, body, args.request_timeout)
+        if prefill_first:
+            timed_stream(prefill_first, {**body, "max_tokens": 1}, args.request_timeout)
+        ttft, total = timed_stream(url, body, args.request_timeout)
         print(f"[{name}] request {i}: TTFT {ttft:.3f} s, total {total:.3f} s", flush=True)
         if i:
             figures.ttft_s.append(ttft)
@@ -140,7 +147,7 @@ def _report_floor(by_name: dict[str, PairFigures]) -> None:
           f"{ratio:.2f} (plain vLLM's floor: {plain.idle_median:.1f} %)")  # fmt: skip
     record("pd_latency", "idle_cpu_ours_minus_plain_pct", above, "% of a core")
     record("pd_latency", "idle_cpu_ours_over_plain", ratio, "ratio")
-    if plain.ttft_s and mine.ttft_s:  # the plain pair's requests went to one server alone
+    if plain.ttft_s and mine.ttft_s:  # the plain pair's timed requests ran on one server alone
         ttft = _ratio(mine.ttft_s, plain.ttft_s)
         print(f"ours unpinned / one server alone: TTFT {ttft:.2f} (target <= 1.5)")
         record("pd_latency", "ttft_over_single", ttft, "ratio", "<= 1.5")
