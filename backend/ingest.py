@@ -54,7 +54,7 @@ class IngestService:
                 raise StoreUnavailable(f"database unavailable, retry later: {reason}") from None
             self.spans_stored += len(facts.spans)
             if time.monotonic() - self._last_prune >= self.settings.retention_interval_s:
-                self._prune(now_ns)
+                self._prune_quietly(now_ns)
         if self.on_batch is not None and self.hub.has_clients:
             self.on_batch(facts)
         return decoded
@@ -63,6 +63,14 @@ class IngestService:
         """Applies the retention limits now; returns how many spans were removed."""
         with self._write_lock:
             return self._prune(now_ns or time.time_ns())
+
+    def _prune_quietly(self, now_ns: int) -> None:
+        """Retention after a batch: the batch is committed, so a failure here is only logged
+        (an error answer would make the exporter send the stored batch again)."""
+        try:
+            self._prune(now_ns)
+        except Exception:
+            logger.exception("retention pass failed; the next batch tries again")
 
     def _prune(self, now_ns: int) -> int:
         self._last_prune = time.monotonic()

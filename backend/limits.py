@@ -8,7 +8,8 @@ TRUNCATED_KEYS = "kvscope.backend.truncated"
 
 _ZERO_TRACE = bytes(16)
 _ZERO_SPAN = bytes(8)
-_MAX_NS = 2**63  # times are stored as signed 64-bit integers
+MAX_NS = 2**63
+"""Times are stored as signed 64-bit integers: this and later cannot be."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +43,7 @@ def invalid_reason(
         return "span rejected: parentSpanId must be empty or 8 bytes"
     if not name:
         return "span rejected: name is empty"
-    if end_ns >= _MAX_NS:
+    if end_ns >= MAX_NS:
         return "span rejected: endTimeUnixNano is beyond the year 2262"
     if end_ns < start_ns:
         return "span rejected: endTimeUnixNano is before startTimeUnixNano"

@@ -10,7 +10,7 @@ from google.protobuf.message import DecodeError
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as pb
 
-from kvscope.backend.limits import Limits, SpanChecker, invalid_reason
+from kvscope.backend.limits import MAX_NS, Limits, SpanChecker, invalid_reason
 from kvscope.traces import names
 
 PROTOBUF = "application/x-protobuf"
@@ -107,6 +107,8 @@ def _parse_json(body: bytes) -> pb.ExportTraceServiceRequest:
         document = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise PayloadError(f"body is not valid JSON: {error}") from None
+    except RecursionError:
+        raise PayloadError("body is JSON nested too deeply for an OTLP request") from None
     if not isinstance(document, dict):
         raise PayloadError("OTLP JSON body must be an object with a resourceSpans list")
     _hex_ids_to_base64(document)
@@ -114,7 +116,7 @@ def _parse_json(body: bytes) -> pb.ExportTraceServiceRequest:
         return json_format.ParseDict(
             document, pb.ExportTraceServiceRequest(), ignore_unknown_fields=True
         )
-    except (json_format.ParseError, TypeError, ValueError) as error:
+    except (json_format.ParseError, TypeError, ValueError, RecursionError) as error:
         raise PayloadError(f"body is not an OTLP JSON trace export request: {error}") from None
 
 
@@ -212,7 +214,7 @@ def _record(span, checker: SpanChecker, instance_id, service_name, engine_id):
         status_code=status.code,
         status_message=clean(status_message) if status_message else None,
         attributes=attributes,
-        events=[_event(event, checker, small, name) for event in events] if events else [],
+        events=_events(events, checker, small, name) if events else [],
         links=[_link(link, checker, small, name) for link in links] if links else [],
         instance_id=instance_id,
         service_name=service_name,
@@ -220,13 +222,22 @@ def _record(span, checker: SpanChecker, instance_id, service_name, engine_id):
     )
 
 
-def _event(event, checker: SpanChecker, small: bool, span_name: str) -> dict:
-    attributes = attributes_of(event.attributes)
-    return {
-        "name": event.name,
-        "time_ns": event.time_unix_nano,
-        "attributes": attributes if small else checker.bounded(attributes, span_name),
-    }
+def _events(events, checker: SpanChecker, small: bool, span_name: str) -> list[dict]:
+    kept = []
+    for event in events:
+        time_ns = event.time_unix_nano
+        if time_ns >= MAX_NS:  # times are stored as signed 64-bit integers
+            checker.note("events dated beyond the year 2262 dropped", f"first on {span_name!r}")
+            continue
+        attributes = attributes_of(event.attributes)
+        kept.append(
+            {
+                "name": event.name,
+                "time_ns": time_ns,
+                "attributes": attributes if small else checker.bounded(attributes, span_name),
+            }
+        )
+    return kept
 
 
 def _link(link, checker: SpanChecker, small: bool, span_name: str) -> dict:

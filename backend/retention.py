@@ -4,11 +4,15 @@ from sqlalchemy import Connection, and_, delete, func, select
 
 from kvscope.backend.models import Block, Failure, Lease, Request, Span, TimelinePoint, Transfer
 
+MAX_AGE_S = 1e11
+"""Longer than anything a signed 64-bit nanosecond time can hold back from now."""
+
 
 def prune(connection: Connection, max_spans: int, max_age_s: float, now_ns: int) -> int:
     """Deletes the oldest spans beyond either limit; returns how many spans went."""
     spans = Span.__table__
-    cutoff_ns = now_ns - int(max_age_s * 1e9)
+    # Clamped to what a 64-bit column can compare with (an age may be set to 'inf').
+    cutoff_ns = max(0, now_ns - int(min(max_age_s, MAX_AGE_S) * 1e9))
     removed = connection.execute(delete(spans).where(spans.c.start_ns < cutoff_ns)).rowcount
     # Spans are numbered in arrival order: keep the newest max_spans ids. The OFFSET walks
     # the rows it skips, so it runs only when the id range shows there may be too many.

@@ -1,5 +1,6 @@
 """Leases: who pins which host blocks, for how long, and how each lease ended."""
 
+import math
 import time
 
 from fastapi import APIRouter, Query
@@ -42,7 +43,9 @@ def lease_public(lease: Lease, now_ns: int, reasons: dict[str, str]) -> LeasePub
     active = lease.ended_ns is None
     expires_ns = None
     if lease.acquired_ns is not None and lease.timeout_s is not None:
-        expires_ns = lease.acquired_ns + int(lease.timeout_s * 1e9)
+        timeout_ns = lease.timeout_s * 1e9
+        if math.isfinite(timeout_ns):  # a span may claim any timeout, even 1e308 s
+            expires_ns = lease.acquired_ns + int(timeout_ns)
     age_s = None
     if lease.acquired_ns is not None:
         age_s = ((lease.ended_ns or now_ns) - lease.acquired_ns) / 1e9

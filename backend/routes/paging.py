@@ -2,13 +2,31 @@
 
 from typing import Annotated
 
-from fastapi import Query
+from fastapi import Path, Query
 from sqlmodel import Session, func, select
 
-Offset = Annotated[int, Query(ge=0, description="rows to skip")]
+MAX_INT64 = 2**63 - 1
+"""Databases store 64-bit integers: a larger number in a query is a 422, not a crash."""
+
+Offset = Annotated[int, Query(ge=0, le=MAX_INT64, description="rows to skip")]
 Limit = Annotated[int, Query(ge=1, le=1000, description="rows to return")]
-SinceNs = Annotated[int | None, Query(description="only rows at or after this time (ns)")]
-UntilNs = Annotated[int | None, Query(description="only rows before this time (ns)")]
+SinceNs = Annotated[
+    int | None,
+    Query(ge=-MAX_INT64, le=MAX_INT64, description="only rows at or after this time (ns)"),
+]
+UntilNs = Annotated[
+    int | None, Query(ge=-MAX_INT64, le=MAX_INT64, description="only rows before this time (ns)")
+]
+RowId = Annotated[int, Path(ge=-MAX_INT64, le=MAX_INT64, description="the row's id")]
+WindowS = Annotated[
+    float,
+    Query(
+        gt=0,
+        le=100 * 365 * 24 * 3600,
+        allow_inf_nan=False,
+        description="seconds back from now (at most a century)",
+    ),
+]
 
 
 def page(session: Session, query, offset: int, limit: int) -> dict:

@@ -8,7 +8,16 @@ from sqlmodel import Session, select
 from kvscope.backend import certainty as certainty_module
 from kvscope.backend.deps import SessionDep, SettingsDep, TokenDep
 from kvscope.backend.models import Request, RequestPublic, Span, SpanPublic
-from kvscope.backend.routes.paging import Limit, Offset, SinceNs, UntilNs, equal, in_window, page
+from kvscope.backend.routes.paging import (
+    Limit,
+    Offset,
+    RowId,
+    SinceNs,
+    UntilNs,
+    equal,
+    in_window,
+    page,
+)
 from kvscope.backend.schemas import Page, Timeline
 from kvscope.backend.timeline import build, request_public
 
@@ -45,7 +54,7 @@ def get_request(session: Session, request_key: int) -> Request:
 
 
 @router.get("/{request_key}", response_model=RequestPublic)
-def read_request(session: SessionDep, request_key: int):
+def read_request(session: SessionDep, request_key: RowId):
     return request_public(get_request(session, request_key))
 
 
@@ -54,7 +63,7 @@ def read_request(session: SessionDep, request_key: int):
     response_model=Timeline,
     summary="KV timeline points and time-to-first-token breakdown",
 )
-def read_timeline(session: SessionDep, settings: SettingsDep, request_key: int):
+def read_timeline(session: SessionDep, settings: SettingsDep, request_key: RowId):
     request = get_request(session, request_key)
     origins = session.exec(
         select(Span.instance_id).where(Span.trace_id == request.trace_id).distinct()
@@ -70,7 +79,7 @@ def read_timeline(session: SessionDep, settings: SettingsDep, request_key: int):
     response_model=list[SpanPublic],
     summary="Every stored span of the request's trace, in start order",
 )
-def read_spans(session: SessionDep, request_key: int, limit: Limit = 1000):
+def read_spans(session: SessionDep, request_key: RowId, limit: Limit = 1000):
     request = get_request(session, request_key)
     spans = session.exec(
         select(Span).where(Span.trace_id == request.trace_id).order_by(Span.start_ns).limit(limit)

@@ -4,13 +4,14 @@ import json
 import statistics
 import time
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter
 from sqlalchemy import case
 from sqlmodel import Session, func, select
 
 from kvscope.backend import certainty
 from kvscope.backend.deps import SessionDep, SettingsDep, TokenDep
 from kvscope.backend.models import Block, Failure, Lease, Request, Span, TimelinePoint, Transfer
+from kvscope.backend.routes.paging import WindowS
 from kvscope.backend.schemas import HitRate, Summary
 from kvscope.backend.timeline import LLM_REQUEST, TTFT_S
 from kvscope.traces import names
@@ -25,7 +26,7 @@ LOOKUP_HOOK = names.SPAN_HOOK_PREFIX + "get_num_new_matched_tokens"
 def summary(
     session: SessionDep,
     settings: SettingsDep,
-    window_s: float = Query(300.0, gt=0, description="seconds back from now"),
+    window_s: WindowS = 300.0,
 ):
     since_ns = time.time_ns() - int(window_s * 1e9)
     p50, p95 = _ttft_percentiles(session, since_ns)
@@ -58,7 +59,7 @@ def summary(
 )
 def hits(
     session: SessionDep,
-    window_s: float = Query(300.0, gt=0, description="seconds back from now"),
+    window_s: WindowS = 300.0,
 ):
     """Each request's last decided lookup in the window, grouped by connector and child."""
     since_ns = time.time_ns() - int(window_s * 1e9)

@@ -146,3 +146,34 @@ def test_token_guards_ingest_reads_and_websocket(make_backend):
     with backend.client() as client:
         engine_id = spans[0].attributes[names.ENGINE_ID]
         assert _stored_requests(client, engine_id) == 1
+
+
+def test_events_dated_beyond_2262_are_dropped_and_the_span_kept(backend):
+    """Found by fuzzing: such a timestamp overflowed a 64-bit column and failed the batch."""
+    engine_id = f"engine-{uuid.uuid4().hex[:6]}"
+    request = encode_spans(_story(engine_id))
+    span = request.resource_spans[0].scope_spans[0].spans[0]
+    span.events.add(name=names.EVENT_TIMELINE, time_unix_nano=2**64 - 1).attributes.add(
+        key=names.TIMELINE_POINT
+    ).value.string_value = "lookup_start"
+    with backend.client() as client:
+        response = client.post("/v1/traces", content=request.SerializeToString(), headers=PROTOBUF)
+        assert response.status_code == 200, response.text
+        partial = pb.ExportTraceServiceResponse.FromString(response.content).partial_success
+        assert partial.rejected_spans == 0
+        assert "events dated beyond the year 2262 dropped" in partial.error_message
+        assert _stored_requests(client, engine_id) == 1
+
+
+def test_out_of_range_query_numbers_get_422(backend):
+    """Found by fuzzing: numbers beyond 64 bits (or an infinite window) crashed the query."""
+    with backend.client() as client:
+        for path, params in [
+            ("/api/v1/requests/9223372036854775808", {}),
+            ("/api/v1/requests", {"since_ns": 2**63}),
+            ("/api/v1/failures", {"offset": 2**64}),
+            ("/api/v1/stats/summary", {"window_s": "inf"}),
+            ("/api/v1/stats/hits", {"window_s": 1e12}),
+        ]:
+            response = client.get(path, params=params)
+            assert response.status_code == 422, (path, params, response.text)
