@@ -43,9 +43,10 @@ SMALL_LIMITS = {
 
 @contextmanager
 def backend_client(tmp_path, **overrides):
-    """A TestClient on a fresh SQLite file; the app's lifespan runs around it."""
+    """A TestClient on a fresh SQLite file (or KVSCOPE_FUZZ_DATABASE_URL); lifespan runs."""
     options = {**SMALL_LIMITS, **overrides}
-    app = create_app(Settings(database_url=f"sqlite:///{tmp_path}/fuzz.db", **options))
+    database_url = os.environ.get("KVSCOPE_FUZZ_DATABASE_URL", f"sqlite:///{tmp_path}/fuzz.db")
+    app = create_app(Settings(database_url=database_url, **options))
     with TestClient(app, raise_server_exceptions=False) as client:
         yield client
 

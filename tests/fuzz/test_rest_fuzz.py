@@ -102,4 +102,4 @@ def test_generated_parameters_never_fail_the_server(client, data):
 
 def test_the_server_serves_after_the_fuzzing(client):
     assert_serving(client)
-    assert client.get("/api/v1/requests").json()["total"] == 6
+    assert client.get("/api/v1/requests").json()["total"] >= 6  # the seeded stories
