@@ -1,5 +1,6 @@
 """What an engine still holds after a cell, read from the connectors' own state and vLLM's."""
 
+import time
 from typing import Any
 
 from kvscope.demo.inspect import (
@@ -48,6 +49,10 @@ def _nonempty(**things: Any) -> list[str]:
 
 
 def _offload(scheduler: Any, worker: Any) -> list[str]:
+    # A cancelled copy leaves the copy thread's queue when that thread next runs: give it time.
+    deadline = time.monotonic() + 5
+    while worker.copies and worker.copies.num_pending and time.monotonic() < deadline:
+        time.sleep(0.02)
     return _nonempty(
         active_leases=[lease.lease_id for lease in scheduler.leases.active()],
         pinned_host_blocks=scheduler.pool.stats().pinned,
