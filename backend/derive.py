@@ -72,6 +72,14 @@ def derive(decoded: Decoded, received_ns: int) -> Facts:
         _by_name(facts, span, attributes)
         if span.events:
             _events(facts, span, attributes)
+    if facts.requests and facts.request_stubs:
+        # A request whose own span is in this batch needs no 'running' stub first.
+        finished = {(row["trace_id"], row["span_id"]) for row in facts.requests}
+        facts.request_stubs = [
+            stub
+            for stub in facts.request_stubs
+            if (stub["trace_id"], stub["span_id"]) not in finished
+        ]
     return facts
 
 
