@@ -294,7 +294,7 @@ class NixlTransport:
         for peer, messages in notifs.items():
             for message in messages:
                 self._inbox.receive(as_str(peer), message)
-        if notifs:
+        if any(notifs.values()):
             self._last_event = time.monotonic()
 
     def _check(self, xfer: _Inflight, now: float) -> None:
