@@ -1,5 +1,4 @@
-"""Prefill/decode faults: the prefill peer hangs, dies, lets its lease run out, or serves
-blocks the read cannot use; the decode engine (P2P alone, or P2P in the Multi) must cope."""
+"""Prefill/decode faults: the prefill peer hangs, dies, outlives its lease or sends bad ids."""
 
 import time
 

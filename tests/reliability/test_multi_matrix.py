@@ -1,5 +1,4 @@
-"""The fault matrix for the Multi (P2P first, then CPU offload): decode engine here (one per
-policy), prefill peers in subprocesses; the offload child's faults change at runtime."""
+"""The fault matrix for the Multi (P2P, then CPU offload): decode here, prefill peers apart."""
 
 import pytest
 

@@ -1,5 +1,4 @@
-"""The fault matrix for the P2P connector: decode engine here (one per policy), prefill peers
-in subprocesses."""
+"""The fault matrix for the P2P connector: decode engine here, prefill peers in subprocesses."""
 
 import pytest
 
