@@ -54,11 +54,12 @@ class BulkWriter:
         with self.cursor.copy(f"COPY {stage} ({names}) FROM STDIN") as copy:
             for row in rows:
                 copy.write_row(row)
-        # DO NOTHING also skips a row repeated within the batch; the stage empties on commit.
+        # DO NOTHING also skips a row repeated within the batch. The stage is emptied by
+        # truncation at commit (a DELETE would leave dead rows that no autovacuum of a
+        # temporary table ever removes, and every later batch would scan them).
         self.cursor.execute(
             f"INSERT INTO {table.name} ({names}) SELECT {names} FROM {stage} {on_conflict}"
         )
-        self.cursor.execute(f"DELETE FROM {stage}")
 
     def execute(self, sql: str, parameters: Sequence = ()) -> list[tuple]:
         """One statement written with '?' markers; returns its rows (empty for writes)."""
@@ -77,7 +78,7 @@ def add_postgres_stages(engine: Engine, tables: Sequence[Table]) -> None:
     """Every new PostgreSQL connection gets a staging table per bulk-loaded table.
 
     They are created and committed when the connection opens, so no rolled-back batch
-    can take them away; rows COPYed into them are deleted within the same transaction.
+    can take them away; the rows COPYed into them go at commit or rollback.
     """
     if engine.dialect.name != "postgresql":
         return
@@ -97,4 +98,7 @@ def _stage_ddl(table: Table, engine: Engine) -> str:
         for column in table.columns
         if not column.primary_key
     )
-    return f"CREATE TEMPORARY TABLE IF NOT EXISTS {STAGE_PREFIX}{table.name} ({columns})"
+    return (
+        f"CREATE TEMPORARY TABLE IF NOT EXISTS {STAGE_PREFIX}{table.name} ({columns}) "
+        "ON COMMIT DELETE ROWS"
+    )
