@@ -7,6 +7,10 @@ from dataclasses import dataclass, field
 
 from kvscope.connector.common.host_pool import HostBlockPool
 
+next_lease_id: Callable[[], int] = itertools.count(1).__next__
+"""Lease ids, unique within a process: connectors composed in one engine (the offload and
+P2P children of a Multi) report leases under one engine id, so they must not reuse numbers."""
+
 
 @dataclass(frozen=True)
 class Lease:
@@ -40,7 +44,6 @@ class LeaseTable:
     clock: Callable[[], float] = time.monotonic
     _leases: dict[int, Lease] = field(default_factory=dict)
     _lease_ids_of_req: dict[str, set[int]] = field(default_factory=dict)
-    _next_lease_id: itertools.count = field(default_factory=lambda: itertools.count(1))
     _counters: LeaseCounters = field(default_factory=LeaseCounters)
 
     def lookup(
@@ -67,7 +70,7 @@ class LeaseTable:
         now = self.clock() if now is None else now
         self.pool.pin(host_block_ids)
         lease = Lease(
-            lease_id=next(self._next_lease_id),
+            lease_id=next_lease_id(),
             req_id=req_id,
             host_block_ids=tuple(host_block_ids),
             block_keys=tuple(self.pool.key_of(b) for b in host_block_ids),

@@ -6,11 +6,11 @@ with do_remote_prefill reports its prompt (less local hits, never the last token
 asynchronous external hit, and the worker pulls the blocks once vLLM has bound them.
 """
 
-import itertools
 import logging
 import time
 from typing import Any
 
+from kvscope.connector.common.leases import next_lease_id
 from kvscope.connector.p2p.config import P2PConfig
 from kvscope.connector.p2p.metadata import (
     BlockPull,
@@ -37,7 +37,6 @@ class P2PScheduler:
         self.block_size = block_size
         self.held: dict[str, HeldBlocks] = {}  # prefill: req_id -> blocks kept for a reader
         self._lease_ids: dict[str, int] = {}
-        self._next_lease_id = itertools.count(1)
         self.lookups: dict[str, tuple[RemotePrefill, int]] = {}  # decode: (remote, computed)
         self.pulling: set[str] = set()  # decode: pulls handed to the worker, not finished
         self._to_send: list[HeldBlocks] = []
@@ -120,7 +119,7 @@ class P2PScheduler:
         deadline = time.time() + self.config.lease_timeout_s
         held = HeldBlocks(req_id, tuple(block_ids), deadline)
         self.held[req_id] = held
-        self._lease_ids[req_id] = next(self._next_lease_id)
+        self._lease_ids[req_id] = next_lease_id()
         self._to_send.append(held)
         self.stats["held"] += 1
         add_event(names.EVENT_LEASE_ACQUIRED, **self._lease_attributes(held))

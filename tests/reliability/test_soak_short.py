@@ -42,17 +42,11 @@ def soak(tiny_model, tmp_path_factory):
     return code, output, json.loads(results_path.read_text())
 
 
-KNOWN_BUG = "leases missing in the backend"
-"""Offload and P2P leases in one Multi share the engine id and both number leases from 1; the
-backend keys a lease by (engine id, lease id), so two leases become one row (see the soak's
-report); that check is expected to fail until the ids or the key are fixed."""
-
-
 def test_the_soak_passes_every_check(soak):
     code, output, results = soak
     failed = {name for name, check in results["checks"].items() if not check["ok"]}
-    assert failed <= {KNOWN_BUG}, output[-5000:]
-    assert code == (1 if failed else 0), output[-5000:]
+    assert not failed, output[-5000:]
+    assert code == 0, output[-5000:]
 
 
 def test_greedy_tokens_equal_the_reference(soak):
@@ -82,10 +76,11 @@ def test_the_backend_rebuilt_the_servers_own_state(soak):
     assert any("equal" in line for line in check["details"]), check["details"]
 
 
-@pytest.mark.xfail(reason=KNOWN_BUG + ": lease ids collide between Multi children", strict=False)
 def test_every_lease_is_one_row_in_the_backend(soak):
+    # The offload and P2P children of one Multi report leases under one engine id: their lease
+    # ids come from one process-wide sequence, so each lease is a row of its own.
     *_, results = soak
-    check = results["checks"][KNOWN_BUG]
+    check = results["checks"]["leases missing in the backend"]
     assert check["ok"], check["details"]
 
 
