@@ -226,7 +226,9 @@ FAILURE_POLICY: Final = "kvscope.failure.policy"
 """vLLM's kv_load_failure_policy applied: 'recompute' or 'fail'."""
 
 FAILURE_OUTCOME: Final = "kvscope.failure.outcome"
-"""What happened to the request: 'recomputed', 'failed' or 'served_by_fallback'."""
+"""What became of the request or its hit: 'recomputed', 'failed' or 'served_by_fallback' after
+a failed load; 'kept_pinned' (its blocks stay until the load ends) or 'released' (the hit is
+given up) when a lease runs out (connector/common/outcomes.py)."""
 
 # --- Tracing pipeline self-report -------------------------------------------------------------
 
