@@ -228,7 +228,7 @@ FAILURE_POLICY: Final = "kvscope.failure.policy"
 FAILURE_OUTCOME: Final = "kvscope.failure.outcome"
 """What became of the request or its hit: 'recomputed', 'failed' or 'served_by_fallback' after
 a failed load; 'kept_pinned' (its blocks stay until the load ends) or 'released' (the hit is
-given up) when a lease runs out (connector/common/outcomes.py)."""
+given up) when a lease runs out (traces/outcomes.py)."""
 
 # --- Tracing pipeline self-report -------------------------------------------------------------
 

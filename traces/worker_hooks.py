@@ -12,6 +12,7 @@ from kvscope.traces.attributes import (
 )
 from kvscope.traces.events import add_events
 from kvscope.traces.metadata import TracedMetadata
+from kvscope.traces.outcomes import outcome_of_policy
 
 
 class WorkerHooks:
@@ -164,6 +165,7 @@ class WorkerHooks:
                     {
                         names.FAILURE_CAUSE: "load_error",
                         names.FAILURE_POLICY: self._failure_policy,
+                        names.FAILURE_OUTCOME: outcome_of_policy(self._failure_policy),
                         names.BLOCK_COUNT: len(result),
                     },
                 )

@@ -11,12 +11,12 @@ from typing import Any
 from kvscope.connector.common.faults import FaultInjector
 from kvscope.connector.common.host_pool import HostBlockPool, KVNamespace
 from kvscope.connector.common.leases import Lease, LeaseTable
-from kvscope.connector.common.outcomes import KEPT_PINNED, RELEASED
 from kvscope.connector.cpu_offload.config import OffloadConfig
 from kvscope.connector.cpu_offload.metadata import BlockTransfer, OffloadMetadata, OffloadWorkerMeta
 from kvscope.traces import names
 from kvscope.traces.attributes import compact_hash
 from kvscope.traces.events import add_event
+from kvscope.traces.outcomes import KEPT_PINNED, RELEASED
 
 
 @dataclass

@@ -12,11 +12,11 @@ import torch
 from kvscope.connector.common.copy_engine import CopyResult, Direction, make_copy_engine
 from kvscope.connector.common.faults import FaultInjector
 from kvscope.connector.common.host_buffer import BlockLayout, HostBuffer, find_block_dim
-from kvscope.connector.common.outcomes import outcome_of_policy
 from kvscope.connector.cpu_offload.config import OffloadConfig
 from kvscope.connector.cpu_offload.metadata import BlockTransfer, OffloadMetadata, OffloadWorkerMeta
 from kvscope.traces import names
 from kvscope.traces.events import add_event, record_transfer
+from kvscope.traces.outcomes import outcome_of_policy
 
 
 @dataclass

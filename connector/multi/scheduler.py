@@ -6,12 +6,12 @@ from typing import Any
 
 from opentelemetry import trace
 
-from kvscope.connector.common.outcomes import SERVED_BY_FALLBACK, outcome_of_policy
 from kvscope.connector.multi.children import Child
 from kvscope.connector.multi.metadata import LoadRoute, MultiMetadata, MultiWorkerMeta
 from kvscope.traces import names
 from kvscope.traces.attributes import lookup_attributes
 from kvscope.traces.events import add_event
+from kvscope.traces.outcomes import SERVED_BY_FALLBACK, outcome_of_policy
 from kvscope.traces.spans import child_hook_span
 
 
