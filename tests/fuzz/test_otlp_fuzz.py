@@ -16,8 +16,11 @@ from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as pb
 from sqlalchemy import text
 
+from kvscope.backend.limits import Limits, SpanChecker
+from kvscope.backend.otlp import attributes_of
+
 from . import EXAMPLES, FUZZ, TIMEOUT_S, assert_serving, backend_client
-from .otlp_strategies import MAX_NS, export_requests, json_documents
+from .otlp_strategies import MAX_NS, export_requests, json_documents, spans
 
 pytestmark = pytest.mark.timeout(TIMEOUT_S)
 
@@ -213,3 +216,26 @@ def test_everything_fuzzed_in_can_be_read_back(client):
             response = client.get(f"/api/v1/requests/{request['id']}{tail}")
             assert response.status_code == 200, (request, tail, response.text)
     assert_serving(client)
+
+
+@FUZZ
+@given(
+    span=spans(),
+    limits=st.sampled_from(
+        [
+            Limits(),
+            Limits(max_attribute_value_bytes=160, max_attribute_array_len=8),
+            Limits(max_attribute_value_bytes=4096, max_attribute_array_len=6),
+        ]
+    ),
+)
+def test_the_size_shortcut_never_skips_a_span_that_needed_cutting(span, limits):
+    """decode skips the per-value limit checks for small spans; they would have cut nothing."""
+    checker = SpanChecker(limits)
+    if not checker.surely_within_limits(span, span.events):
+        return
+    for key_values in [span.attributes, *(event.attributes for event in span.events)]:
+        attributes = attributes_of(key_values)
+        assert checker.bounded(dict(attributes), span.name) == attributes
+    assert list(checker.bounded_events(span)) == list(span.events)
+    assert not checker.counts
