@@ -37,7 +37,8 @@ class BatchTiming:
 
     tokens: int
     wall_s: float
-    cpu_s: float
+    cpu_s: float  # the whole process
+    main_cpu_s: float  # the engine's thread alone (the rest: span export and other threads)
 
     @property
     def tokens_per_s(self) -> float:
@@ -52,11 +53,7 @@ def _serve(
     spec: EngineSpec, model: str, prompts: list[str], max_tokens: int, reuse: bool, conn: Connection
 ):
     """Worker process: one engine; answers ('batch', i) with a BatchTiming, ('stats',) with the
-    span export counters, ('stop',) by exiting."""
-    from kvscope.demo.engine import use_in_process_engine
-
-    use_in_process_engine()
-    os.environ.update(spec.env)
+    span export counters, ('stop',) by exiting. Its environment was set before it started."""
     from kvscope.demo.engine import in_process_llm
     from kvscope.demo.oracle import greedy_params
     from kvscope.traces.sdk.configure import configure_tracing, export_counters, flush
@@ -79,11 +76,26 @@ def _serve(
                 llm.reset_prefix_cache()
             else:  # a new first block: every prompt misses everywhere
                 batch = [f"Batch {args[0]}. {prompt}" for prompt in prompts]
-            wall, cpu = time.perf_counter(), time.process_time()
+            wall, cpu, main = time.perf_counter(), time.process_time(), time.thread_time()
             outputs = llm.generate(batch, params, use_tqdm=False)
+            main = time.thread_time() - main
             wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
             tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-            conn.send(BatchTiming(tokens, wall, cpu))
+            conn.send(BatchTiming(tokens, wall, cpu, main))
+
+
+@contextlib.contextmanager
+def _environment(extra: dict[str, str]):
+    """os.environ with the in-process engine settings and `extra`, restored afterwards."""
+    from kvscope.demo.engine import ENGINE_ENV
+
+    saved = dict(os.environ)
+    os.environ.update({**ENGINE_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", **extra})
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 class PairedEngines:
@@ -114,7 +126,10 @@ class PairedEngines:
                 process = context.Process(
                     target=_serve, args=(spec, *self._args, theirs), name=f"engine-{spec.name}"
                 )
-                process.start()
+                # A spawned child imports this program's modules (torch among them) before it
+                # runs _serve: OMP_NUM_THREADS and the rest must be in its environment at birth.
+                with _environment(spec.env):
+                    process.start()
                 self._workers[spec.name] = (process, ours)
                 self._receive(spec.name, START_TIMEOUT_S)
         except BaseException:

@@ -1,12 +1,13 @@
 """Tracing overhead: tokens/s with TracedConnector (aggregated and per-layer) over the same
 connector untraced, measured side by side in one run, plus the median cost of one span.
 
-    python -m kvscope.bench.tracing_overhead [--rounds 12] [--prompts 16] [--max-tokens 64]
+    python -m kvscope.bench.tracing_overhead [--rounds 30] [--prompts 16] [--max-tokens 64]
 
-Three engines (ExampleConnector; TracedConnector around it, aggregated; the same, per-layer)
-stay alive in their own processes and take the same batches in turn (bench/paired_engines.py).
-Every engine exports to one local OTLP/HTTP receiver, so the traced ones pay for encoding and
-sending their spans as they would in production.
+Four engines (ExampleConnector; TracedConnector around it, aggregated; the same, per-layer; and
+ExampleConnector again as a control, whose ratio to the first shows the run's noise) stay alive
+in their own processes and take the same batches in turn (bench/paired_engines.py). Every
+engine exports to one local OTLP/HTTP receiver, so the traced ones pay for encoding and sending
+their spans as they would in production.
 """
 
 import argparse
@@ -21,12 +22,14 @@ from kvscope.bench.results import record
 from kvscope.demo.quickstart import traced_example_config
 
 TRACED = ("aggregated", "per_layer")
+CONTROL = "control"
+"""A second untraced engine: its ratio to the first is what noise alone gives in this run."""
 TARGET = ">= 0.98"
 
 
 def connector_config(mode: str, storage: Path) -> dict:
     """ExampleConnector itself, or wrapped by TracedConnector in one of the layer modes."""
-    if mode == "untraced":
+    if mode in ("untraced", CONTROL):
         return {"kv_connector": "ExampleConnector", "kv_role": "kv_both",
                 "kv_connector_extra_config": {"shared_storage_path": str(storage)}}  # fmt: skip
     return traced_example_config(storage, trace_layer_mode=mode)
@@ -69,11 +72,15 @@ def summarize(engines: PairedEngines) -> None:
     print("\n| config | tokens/s (median) | ratio to untraced, median of rounds (min-max) "
           "| per CPU-second |\n| --- | --- | --- | --- |")  # fmt: skip
     print(f"| untraced | {engines.median_rate('untraced'):.1f} | 1.000 | 1.000 |")
-    for mode in TRACED:
+    for mode in (*TRACED, CONTROL):
         wall = engines.ratios(mode, "untraced")
         cpu = engines.ratios(mode, "untraced", cpu=True)
         print(f"| {mode} | {engines.median_rate(mode):.1f} | {statistics.median(wall):.3f} "
               f"({min(wall):.3f}-{max(wall):.3f}) | {statistics.median(cpu):.3f} |")  # fmt: skip
+        if mode == CONTROL:
+            record("tracing_overhead", "tokens_per_s_control_over_untraced",
+                   statistics.median(wall), note="untraced against itself: the noise")  # fmt: skip
+            continue
         target = TARGET if mode == "aggregated" else ""
         record("tracing_overhead", f"tokens_per_s_{mode}_over_untraced",
                statistics.median(wall), target=target)  # fmt: skip
@@ -83,7 +90,7 @@ def summarize(engines: PairedEngines) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--rounds", type=int, default=12, help="timed batches per engine")
+    parser.add_argument("--rounds", type=int, default=30, help="timed batches per engine")
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--model", type=Path, default=None)
@@ -98,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     env = {"KVSCOPE_OTLP_ENDPOINTS": sink.endpoint}
     with tempfile.TemporaryDirectory() as storage:
         specs = [EngineSpec(mode, connector_config(mode, Path(storage) / mode), env)
-                 for mode in ("untraced", *TRACED)]  # fmt: skip
+                 for mode in ("untraced", *TRACED, CONTROL)]  # fmt: skip
         print(f"starting {len(specs)} engines ...", flush=True)
         with PairedEngines(specs, model, prompts_for(args.prompts), args.max_tokens) as engines:
             engines.run_rounds(args.rounds, print_round)
