@@ -1,7 +1,7 @@
 """Telemetry isolation: engine tokens/s with the span destinations down or slow over up, side by
 side in one run, with the spans each engine dropped.
 
-    python -m kvscope.bench.telemetry_isolation [--rounds 12] [--prompts 16] [--slow-s 2]
+    python -m kvscope.bench.telemetry_isolation [--rounds 30] [--prompts 16] [--slow-s 2]
 
 Three engines run the CPU offload connector (traced, aggregated layer spans) and export to two
 destinations, as a deployment sends to the kvscope backend (OTLP/HTTP) and to Jaeger (OTLP/gRPC):
@@ -38,7 +38,7 @@ def destinations(slow_s: float) -> tuple[dict[str, str], list]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--rounds", type=int, default=12, help="timed batches per engine")
+    parser.add_argument("--rounds", type=int, default=30, help="timed batches per engine")
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--slow-s", type=float, default=2.0, help="a slow receiver's delay")

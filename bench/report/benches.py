@@ -31,7 +31,7 @@ def module_bench(name: str, **sizes) -> BenchSpec:
 
 BENCHES: list[BenchSpec] = [
     module_bench("tracing_overhead",
-                 quick_args=["--rounds", "4", "--prompts", "8", "--max-tokens", "32"],
+                 quick_args=["--rounds", "16"],
                  quick_timeout_s=600, full_timeout_s=2400),
     module_bench("copy_bandwidth", quick_args=["--repeats", "7"],
                  quick_timeout_s=300, full_timeout_s=900),
@@ -48,7 +48,7 @@ BENCHES: list[BenchSpec] = [
     module_bench("ingest", quick_args=["--spans", "10000", "--samples", "50"],
                  full_args=["--spans", "1000000"], quick_timeout_s=300, full_timeout_s=3600),
     module_bench("telemetry_isolation",
-                 quick_args=["--rounds", "4", "--prompts", "8", "--max-tokens", "32"],
+                 quick_args=["--rounds", "16"],
                  quick_timeout_s=600, full_timeout_s=2400),
     module_bench("soak", quick_args=["--requests", "150"],
                  quick_timeout_s=600, full_timeout_s=6 * 3600),
