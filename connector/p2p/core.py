@@ -33,7 +33,12 @@ class P2PCore(KVConnectorBase_V1):
             self.scheduler = P2PScheduler(config, engine_id, vllm_config.cache_config.block_size)
         else:
             serves = ktc.kv_role in ("kv_producer", "kv_both")
-            self.worker = P2PWorker(config, engine_id, serves)
+            self.worker = P2PWorker(config, engine_id, serves, ktc.kv_load_failure_policy)
+
+    def leave_failure_outcome_to_parent(self) -> None:
+        """Inside a Multi, which says what a failed load became (a fallback, or the policy)."""
+        if self.worker is not None:
+            self.worker.failure_outcome = None
 
     # --- scheduler side -----------------------------------------------------------------------
 

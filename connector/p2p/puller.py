@@ -34,9 +34,17 @@ class _Handshake:
 class BlockPuller:
     """Owns the decode side's peers, handshakes and reads; reports them per poll."""
 
-    def __init__(self, transport: NixlTransport, config: P2PConfig) -> None:
+    def __init__(
+        self,
+        transport: NixlTransport,
+        config: P2PConfig,
+        failure_policy: str = "recompute",
+        failure_outcome: str | None = None,
+    ) -> None:
         self.transport = transport
         self.config = config
+        self.failure_policy = failure_policy
+        self.failure_outcome = failure_outcome  # None inside a Multi, which says it
         self._peers: dict[PeerKey, str] = {}  # -> NIXL agent name
         self._handshakes: dict[PeerKey, _Handshake] = {}
         self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvscope-p2p-hs")
@@ -143,6 +151,8 @@ class BlockPuller:
         self._recving.add(item.req_id)
         add_event(names.EVENT_LOAD_FAILED, **{names.REQUEST_ID: item.req_id,
                   names.FAILURE_CAUSE: f"{kind}: {cause}",
+                  names.FAILURE_POLICY: self.failure_policy,
+                  names.FAILURE_OUTCOME: self.failure_outcome,
                   names.BLOCK_IDS: list(item.local_block_ids),
                   names.BLOCK_COUNT: len(item.local_block_ids)})  # fmt: skip
 

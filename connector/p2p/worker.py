@@ -14,6 +14,7 @@ from kvscope.connector.p2p.metadata import P2P_METADATA_VERSION, P2PMetadata, P2
 from kvscope.connector.p2p.puller import BlockPuller
 from kvscope.connector.p2p.side_channel import SideChannelServer
 from kvscope.connector.p2p.transport import NixlTransport, TransportConfig
+from kvscope.traces.outcomes import outcome_of_policy
 
 logger = logging.getLogger(__name__)
 
@@ -23,10 +24,14 @@ _HOT_AFTER_HANDSHAKE_S = 2.0  # the peer usually connects and reads right after 
 class P2PWorker:
     """One worker's P2P state; `serves` when this engine may prefill for others."""
 
-    def __init__(self, config: P2PConfig, engine_id: str, serves: bool) -> None:
+    def __init__(
+        self, config: P2PConfig, engine_id: str, serves: bool, failure_policy: str | None = None
+    ) -> None:
         self.config = config
         self.engine_id = engine_id
         self.serves = serves
+        self.failure_policy = failure_policy or "recompute"
+        self.failure_outcome: str | None = outcome_of_policy(failure_policy)
         self.transport: NixlTransport | None = None
         self.side_channel: SideChannelServer | None = None
         self.lender: BlockLender | None = None
@@ -36,7 +41,9 @@ class P2PWorker:
         transport_config = TransportConfig(transfer_timeout_s=self.config.read_timeout_s)
         self.transport = NixlTransport(self.engine_id, kv_caches, config=transport_config)
         self.lender = BlockLender(self.transport)
-        self.puller = BlockPuller(self.transport, self.config)
+        self.puller = BlockPuller(
+            self.transport, self.config, self.failure_policy, self.failure_outcome
+        )
         if self.serves:
             self._serve_side_channel()
 

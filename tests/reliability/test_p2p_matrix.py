@@ -14,16 +14,6 @@ pytestmark = [pytest.mark.engine, pytest.mark.slow]
 CELLS = cases_for("p2p")
 
 
-def known_bug(case, check) -> str | None:
-    if check == "backend" and case.cause is not None:
-        return (
-            "connector/p2p/puller.py BlockPuller._fail: the load_failed event has the cause but"
-            " no kvscope.failure.outcome (nor policy), so the backend cannot say the request was"
-            " recomputed or failed"
-        )
-    return None
-
-
 @pytest.fixture(scope="module")
 def engines(tiny_model):
     slot = EngineSlot(tiny_model, p2p_config, **SMALL_ENGINE)
@@ -36,7 +26,7 @@ def runs() -> dict:
     return {}
 
 
-@pytest.mark.parametrize(("case", "check"), cell_params(CELLS, known_bug))
+@pytest.mark.parametrize(("case", "check"), cell_params(CELLS))
 def test_cell(case, check, engines, runs, recorder, expected, prefill, victim):
     def make():
         llm = engines.get(case.policy)
