@@ -118,6 +118,10 @@ def _parse_json(body: bytes) -> pb.ExportTraceServiceRequest:
         )
     except (json_format.ParseError, TypeError, ValueError, RecursionError) as error:
         raise PayloadError(f"body is not an OTLP JSON trace export request: {error}") from None
+    except SystemError:
+        # upb raises this when a name or value holds a lone UTF-16 surrogate ("\ud800"), which
+        # JSON's escapes allow and UTF-8 cannot carry.
+        raise PayloadError("body has text that is not valid Unicode (a lone surrogate)") from None
 
 
 def _pick(obj: dict, camel: str, snake: str) -> list:

@@ -53,6 +53,13 @@ def test_bad_bodies_get_4xx_and_keep_what_was_stored(make_backend):
         "unknown encoding": (body, {**PROTOBUF, "Content-Encoding": "br"}, 415),
         "broken json": (b'{"resourceSpans": [', {"Content-Type": "application/json"}, 400),
         "json of wrong shape": (b'{"resourceSpans": 5}', {"Content-Type": "application/json"}, 400),
+        # JSON escapes allow lone UTF-16 surrogates, which no protobuf string can hold.
+        "lone surrogate": (
+            b'{"resourceSpans": ["\\ud800"]}',
+            {"Content-Type": "application/json"},
+            400,
+        ),
+        "lone surrogate key": (b'{"\\udfff": 1}', {"Content-Type": "application/json"}, 400),
     }
     with backend.client() as client:
         for label, (content, headers, expected) in cases.items():
