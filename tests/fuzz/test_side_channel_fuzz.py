@@ -35,12 +35,15 @@ from kvscope.connector.p2p.side_channel import (
     read_frame,
 )
 
+from . import DERANDOMIZE
+
 pytestmark = pytest.mark.timeout(300)
 
 FUZZ = settings(
     max_examples=int(os.environ.get("KVSCOPE_FUZZ_EXAMPLES", "600")),
     deadline=None,  # neighbours on a shared machine make any per-case deadline flaky
     database=None,  # nothing written into the working tree
+    derandomize=DERANDOMIZE,  # the same cases every run; KVSCOPE_FUZZ_RANDOM=1 draws new ones
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 PREFIX = struct.Struct("!4sHHII")
