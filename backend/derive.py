@@ -202,7 +202,9 @@ def _hook(facts: Facts, span: SpanRecord, attributes: dict) -> None:
     name = span.name
     request_id = attributes.get(names.REQUEST_ID)
     is_scheduler = attributes.get(names.CONNECTOR_ROLE) != "worker"
-    if request_id is not None and span.parent_span_id and is_scheduler:
+    # A composite's child hook is the child of the composite's hook span, not of the request.
+    of_request = span.parent_span_id and names.CONNECTOR_CHILD not in attributes
+    if request_id is not None and of_request and is_scheduler:
         # A hook seen before its request span ended: the request is running.
         key = (span.trace_id, span.parent_span_id)
         if key not in facts.stub_keys:

@@ -117,3 +117,33 @@ def test_protobuf_response_is_an_export_trace_service_response(backend):
     assert response.status_code == 200
     parsed = pb.ExportTraceServiceResponse.FromString(response.content)
     assert not parsed.HasField("partial_success")
+
+
+def test_a_composite_childs_hooks_make_no_request_of_their_own(backend):
+    """A MultiConnector's child hook span hangs under the Multi's hook span: it marks the
+    request running (before its span ends) through that parent, never adds a request row."""
+    engine_id = f"engine-{uuid.uuid4().hex[:6]}"
+    scheduler, _, _ = _processes(engine_id)
+    t0 = time.time_ns()
+    request = scheduler.start(names.SPAN_REQUEST, t0, **{names.REQUEST_ID: "multi-req"})
+    lookup = scheduler.start(
+        names.SPAN_HOOK_PREFIX + "get_num_new_matched_tokens", t0 + MS, request,
+        **{names.REQUEST_ID: "multi-req"},
+    )  # fmt: skip
+    scheduler.hook(
+        "get_num_new_matched_tokens", lookup, t0 + MS, t0 + 2 * MS,
+        **{names.REQUEST_ID: "multi-req", names.CONNECTOR_CHILD: "offload"},
+    )  # fmt: skip
+    lookup.end(end_time=t0 + 2 * MS)
+    assert backend.export(scheduler.spans()) == SpanExportResult.SUCCESS
+    with backend.client() as client:
+        running = _request(client, engine_id)
+        assert running["status"] == "running" and running["span_id"] == request_span_id(request)
+        request.set_attribute("kvscope.request.status", "FINISHED_LENGTH_CAPPED")
+        request.end(end_time=t0 + 3 * MS)
+        assert backend.export(scheduler.spans()[-1:]) == SpanExportResult.SUCCESS
+        assert _request(client, engine_id)["status"] == "finished_length_capped"
+
+
+def request_span_id(span) -> str:
+    return f"{span.get_span_context().span_id:016x}"
