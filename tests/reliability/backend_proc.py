@@ -82,8 +82,9 @@ class BackendProcess:
         mine = lambda row: row["request_id"] is None or row["request_id"].startswith(req_prefix)  # noqa: E731
         return [row for row in rows["items"] if mine(row)]
 
-    def requests(self, req_prefix: str) -> list[dict]:
-        rows = self.get("/api/v1/requests", limit=500)["items"]
+    def requests(self, req_prefix: str, since_ns: int) -> list[dict]:
+        """Request rows of one cell: started in its window, of its requests."""
+        rows = self.get("/api/v1/requests", since_ns=since_ns, limit=500)["items"]
         return [row for row in rows if (row["request_id"] or "").startswith(req_prefix)]
 
     def active_leases(self) -> list[dict]:

@@ -99,7 +99,7 @@ def wait_for_backend(backend: BackendProcess, run: CellRun, timeout_s: float = 1
     deadline = time.monotonic() + timeout_s
     while True:
         run.failures = backend.failures(run.start_ns, run.end_ns, prefix)
-        run.requests = backend.requests(prefix)
+        run.requests = backend.requests(prefix, run.start_ns)
         run.active_leases = [lease for lease in backend.active_leases()
                              if (lease["holder"] or "").startswith(prefix)]  # fmt: skip
         done = [row for row in run.requests if row["status"] != "running"]
