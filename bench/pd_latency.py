@@ -6,9 +6,16 @@ unpinned. Also the idle CPU of each pair in % of one core, over consecutive 10 s
 the end of the last request, and that of a plain pair (two servers without any connector, each
 request prefilled on one and then run whole on the other): vLLM's own idle cost, the floor no
 connector can go under; its decode-side times are those of one server alone.
+
+Times are medians with their spread (IQR, range) over --requests timed requests, sent through
+one kept-alive HTTP client (a new client per request spent 45-110 ms, more under load, building
+its TLS context inside the timed region); ratios come with a 90 % bootstrap interval, and each
+pair's load average is shown: the pairs run one after another on a shared machine, so the load
+may differ between them. --phases breaks our pairs' requests down by their spans (pd_phases).
 """
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -18,7 +25,9 @@ from pathlib import Path
 import httpx
 
 from kvscope.bench.pd_pair import PDPair, ProxyThread, pid_cpu_seconds
+from kvscope.bench.pd_phases import TimedRequest, report_phases
 from kvscope.bench.results import record
+from kvscope.bench.spread import Spread, median_ratio_interval
 from kvscope.demo.prompts import long_prompt
 
 
@@ -30,6 +39,8 @@ class PairFigures:
     ttft_s: list[float] = field(default_factory=list)
     total_s: list[float] = field(default_factory=list)
     idle_cpu_pct: list[float] = field(default_factory=list)  # one per window
+    load_avg: list[float] = field(default_factory=list)  # 1-min load before and after requests
+    timed: list[TimedRequest] = field(default_factory=list)  # for the phase breakdown
     start_s: float = float("nan")
     error: str = ""
 
@@ -38,12 +49,11 @@ class PairFigures:
         return statistics.median(self.idle_cpu_pct) if self.idle_cpu_pct else float("nan")
 
 
-def timed_stream(url: str, body: dict, timeout_s: float) -> tuple[float, float]:
+def timed_stream(client: httpx.Client, url: str, body: dict) -> tuple[float, float]:
     """(time to first token, whole-request time) of one streamed completion."""
     start = time.perf_counter()
     first = None
-    with httpx.stream("POST", url + "/v1/completions", json={**body, "stream": True},
-                      timeout=timeout_s) as answer:  # fmt: skip
+    with client.stream("POST", url + "/v1/completions", json={**body, "stream": True}) as answer:
         answer.raise_for_status()
         for line in answer.iter_lines():
             if first is None and line.startswith("data: ") and '"text"' in line:
@@ -66,14 +76,18 @@ def measure(name: str, pair: PDPair, args: argparse.Namespace) -> PairFigures:
     try:
         pair.start(args.start_timeout)
         figures.start_s = time.perf_counter() - start
-        if pair.plain:  # no connector: both servers do their share, timed on decode alone
-            _requests(name, pair, pair.decode.url, args, figures, prefill_first=pair.prefill.url)
-        else:
-            proxy = ProxyThread(pair.prefill.url, pair.decode.url)
-            try:
-                _requests(name, pair, proxy.url, args, figures)
-            finally:
-                proxy.stop()
+        figures.load_avg.append(os.getloadavg()[0])
+        with httpx.Client(timeout=args.request_timeout) as client:
+            if pair.plain:  # no connector: both servers do their share, timed on decode alone
+                prefill_url = pair.prefill.url
+                _requests(name, pair, client, pair.decode.url, args, figures, prefill_url)
+            else:
+                proxy = ProxyThread(pair.prefill.url, pair.decode.url)
+                try:
+                    _requests(name, pair, client, proxy.url, args, figures)
+                finally:
+                    proxy.stop()
+        figures.load_avg.append(os.getloadavg()[0])
         for window in range(args.idle_windows):
             idle = idle_cpu_percent(pair, args.idle_s)
             figures.idle_cpu_pct.append(idle)
@@ -84,55 +98,87 @@ def measure(name: str, pair: PDPair, args: argparse.Namespace) -> PairFigures:
         print(f"[{name}] failed: {figures.error} (logs in {pair.workdir})", flush=True)
     finally:
         pair.stop()
+    if pair.spans_to_files:  # after stop: the servers flushed their spans
+        report_phases(figures.timed, pair.workdir, name)
     return figures
 
 
 def _requests(
-    name: str, pair: PDPair, url: str, args, figures: PairFigures, prefill_first: str = ""
+    name: str,
+    pair: PDPair,
+    client: httpx.Client,
+    url: str,
+    args: argparse.Namespace,
+    figures: PairFigures,
+    prefill_first: str = "",
 ) -> None:
-    """Timed streamed requests to `url`; `prefill_first`: an untimed 1-token request to that
-    server first, so that a plain pair's two servers both work as a P/D pair's do."""
-    for i in range(args.requests + 1):  # the first one warms up (handshake, connection)
+    """Timed streamed requests to `url` after --warmup untimed ones (handshake, connections);
+    `prefill_first`: an untimed 1-token request to that server first, so that a plain pair's
+    two servers both work as a P/D pair's do."""
+    for i in range(args.warmup + args.requests):
         prompt = f"Request {i} of {name}: " + long_prompt(i, sentences=4)
         body = {"model": str(pair.model), "prompt": prompt, "max_tokens": args.max_tokens,
                 "temperature": 0, "ignore_eos": True}  # fmt: skip
         if prefill_first:
-            timed_stream(prefill_first, {**body, "max_tokens": 1}, args.request_timeout)
-        ttft, total = timed_stream(url, body, args.request_timeout)
-        print(f"[{name}] request {i}: TTFT {ttft:.3f} s, total {total:.3f} s", flush=True)
-        if i:
+            timed_stream(client, prefill_first, {**body, "max_tokens": 1})
+        sent = time.time()
+        ttft, total = timed_stream(client, url, body)
+        warm = " (warm-up, untimed)" if i < args.warmup else ""
+        print(f"[{name}] request {i}: TTFT {ttft:.3f} s, total {total:.3f} s{warm}", flush=True)
+        if i >= args.warmup:
+            figures.timed.append(TimedRequest(sent, sent + ttft, sent + total))
             figures.ttft_s.append(ttft)
             figures.total_s.append(total)
 
 
 def report(results: list[PairFigures]) -> None:
-    print(f"\n{'pair':<22}{'start s':>9}{'TTFT s':>9}{'total s':>9}{'idle CPU %':>12}"
-          f"{'(windows)':>22}  note")  # fmt: skip
+    print(f"\n{'pair':<22}{'start s':>9}{'TTFT s':>9}{'TTFT IQR':>15}{'total s':>9}"
+          f"{'idle CPU %':>12}{'(windows)':>22}{'load':>11}  note")  # fmt: skip
     for r in results:
-        ttft = statistics.median(r.ttft_s) if r.ttft_s else float("nan")
-        total = statistics.median(r.total_s) if r.total_s else float("nan")
+        ttft, total = Spread.of(r.ttft_s), Spread.of(r.total_s)
         windows = " ".join(f"{w:.1f}" for w in r.idle_cpu_pct)
-        print(f"{r.name:<22}{r.start_s:>9.1f}{ttft:>9.3f}{total:>9.3f}{r.idle_median:>12.1f}"
-              f"{windows:>22}  {r.error}")  # fmt: skip
+        iqr = f"{ttft.q1:.3f}-{ttft.q3:.3f}"
+        print(f"{r.name:<22}{r.start_s:>9.1f}{ttft.median:>9.3f}{iqr:>15}{total.median:>9.3f}"
+              f"{r.idle_median:>12.1f}{windows:>22}{_load_text(r):>11}  {r.error}")  # fmt: skip
         if r.idle_cpu_pct:
             kind = r.name.split()[0] + ("" if r.name.endswith("unpinned") else "_pinned")
             target = "< 5" if kind == "ours" else ""
             note = f"{r.name}, median of the windows {windows}"
             record("pd_latency", f"idle_cpu_{kind}_pct", r.idle_median, "% of a core", target, note)
+    for r in results:
+        if r.ttft_s:
+            print(f"{r.name}: TTFT {Spread.of(r.ttft_s).text(1000, ' ms')};"
+                  f" total {Spread.of(r.total_s).text(1000, ' ms')}")  # fmt: skip
     by_name = {r.name: r for r in results}
     _report_floor(by_name)
     stock = by_name.get("stock pinned")
     for ours in ("ours unpinned", "ours pinned"):
         mine = by_name.get(ours)
         if stock and mine and stock.ttft_s and mine.ttft_s:
-            ttft, total = _ratio(mine.ttft_s, stock.ttft_s), _ratio(mine.total_s, stock.total_s)
-            print(f"{ours} / stock pinned: TTFT {ttft:.2f}, total {total:.2f} (target <= 0.5)")
-            suffix = "" if ours == "ours unpinned" else "_pinned"
-            record("pd_latency", f"ttft{suffix}_over_stock", ttft, "ratio", "<= 0.5", note=ours)
-            record("pd_latency", f"total{suffix}_over_stock", total, "ratio", "<= 0.5", note=ours)
+            _report_ratios(ours, mine, stock)
         elif mine:
             print(f"{ours} / stock pinned: no ratio, the stock pair has no figures"
                   f" ({stock.error if stock else 'not run'})")  # fmt: skip
+
+
+def _report_ratios(ours: str, mine: PairFigures, stock: PairFigures) -> None:
+    """Ratios of medians, each with its 90 % bootstrap interval and both pairs' load."""
+    suffix = "" if ours == "ours unpinned" else "_pinned"
+    loads = f"load {_load_text(mine)} vs {_load_text(stock)}"
+    parts = []
+    for what, theirs_s, mine_s in (("ttft", stock.ttft_s, mine.ttft_s),
+                                   ("total", stock.total_s, mine.total_s)):  # fmt: skip
+        ratio = _ratio(mine_s, theirs_s)
+        low, high = median_ratio_interval(mine_s, theirs_s)
+        interval = f"90% interval {low:.2f}-{high:.2f}"
+        parts.append(f"{what.upper() if what == 'ttft' else what} {ratio:.2f} ({interval})")
+        note = f"{ours}; {interval}; n={len(mine_s)}/{len(theirs_s)}; {loads}"
+        record("pd_latency", f"{what}{suffix}_over_stock", ratio, "ratio", "<= 0.5", note=note)
+    print(f"{ours} / stock pinned: {', '.join(parts)} (target <= 0.5; {loads})")
+
+
+def _load_text(figures: PairFigures) -> str:
+    return "-".join(f"{load:.1f}" for load in figures.load_avg)
 
 
 def _report_floor(by_name: dict[str, PairFigures]) -> None:
@@ -149,24 +195,31 @@ def _report_floor(by_name: dict[str, PairFigures]) -> None:
     record("pd_latency", "idle_cpu_ours_over_plain", ratio, "ratio")
     if plain.ttft_s and mine.ttft_s:  # the plain pair's timed requests ran on one server alone
         ttft = _ratio(mine.ttft_s, plain.ttft_s)
-        print(f"ours unpinned / one server alone: TTFT {ttft:.2f} (target <= 1.5)")
-        record("pd_latency", "ttft_over_single", ttft, "ratio", "<= 1.5")
+        low, high = median_ratio_interval(mine.ttft_s, plain.ttft_s)
+        print(
+            f"ours unpinned / one server alone: TTFT {ttft:.2f} (90% interval {low:.2f}-"
+            f"{high:.2f}; target <= 1.5; load {_load_text(mine)} vs {_load_text(plain)})"
+        )
+        note = f"90% interval {low:.2f}-{high:.2f}"
+        record("pd_latency", "ttft_over_single", ttft, "ratio", "<= 1.5", note=note)
 
 
 def _ratio(mine: list[float], theirs: list[float]) -> float:
-    return statistics.median(mine) / statistics.median(theirs)
+    return Spread.of(mine).median / Spread.of(theirs).median
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, help="model dir (default: build the tiny model)")
-    parser.add_argument("--requests", type=int, default=6)
+    parser.add_argument("--requests", type=int, default=15, help="timed requests per pair")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed requests first")
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--idle-s", type=float, default=10.0)
     parser.add_argument("--idle-windows", type=int, default=3, help="consecutive idle windows")
     parser.add_argument("--start-timeout", type=float, default=300.0)
     parser.add_argument("--request-timeout", type=float, default=120.0)
     parser.add_argument("--pairs", default="plain unpinned,ours unpinned,ours pinned,stock pinned")
+    parser.add_argument("--phases", action="store_true", help="where our pairs' time went")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="kvscope-pd-bench-"))
     model = args.model
@@ -174,10 +227,13 @@ def main() -> None:
         from kvscope.model.build import build_model
 
         model = build_model(workdir / "tiny")
+    spans = args.phases
     pairs = {
         "plain unpinned": lambda: PDPair(model, workdir / "plain-unpinned", plain=True),
-        "ours unpinned": lambda: PDPair(model, workdir / "ours-unpinned"),
-        "ours pinned": lambda: PDPair(model, workdir / "ours-pinned", cores=(0, 1)),
+        "ours unpinned": lambda: PDPair(model, workdir / "ours-unpinned", spans_to_files=spans),
+        "ours pinned": lambda: PDPair(
+            model, workdir / "ours-pinned", cores=(0, 1), spans_to_files=spans
+        ),  # fmt: skip
         "stock pinned": lambda: PDPair(model, workdir / "stock-pinned", stock=True, cores=(0, 1)),
     }
     names = [n.strip() for n in args.pairs.split(",")]

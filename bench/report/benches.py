@@ -43,7 +43,7 @@ BENCHES: list[BenchSpec] = [
                  quick_args=["--prefix-sentences", "40", "--repeats", "3", "--rounds", "1"],
                  quick_timeout_s=400, full_timeout_s=1200),
     module_bench("pd_latency",
-                 quick_args=["--requests", "3", "--idle-s", "2", "--start-timeout", "240"],
+                 quick_args=["--requests", "10", "--idle-s", "2", "--start-timeout", "240"],
                  quick_timeout_s=900, full_timeout_s=3000),
     module_bench("ingest", quick_args=["--spans", "10000", "--samples", "50"],
                  full_args=["--spans", "1000000"], quick_timeout_s=300, full_timeout_s=3600),
