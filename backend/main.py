@@ -37,7 +37,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         app.state.hub.bind(asyncio.get_running_loop())
+        app.state.ingest.warm_up()
         yield
+        app.state.ingest.close()
         engine.dispose()
 
     app = FastAPI(

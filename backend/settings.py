@@ -1,5 +1,6 @@
 """Backend settings, read once from the environment (pydantic-settings singleton)."""
 
+import os
 from functools import lru_cache
 from ipaddress import ip_address
 
@@ -34,6 +35,15 @@ class Settings(BaseSettings):
     # Finished requests whose timelines are pushed on the WebSocket per ingest batch.
     ws_max_timelines_per_batch: int = 50
     log_level: str = "info"
+    # Worker processes that decode batches (Python work runs on one core per
+    # process); None: one per core, at most 4, and none on a single core; 0: in the server.
+    ingest_workers: int | None = Field(None, ge=0, le=64)
+
+    def resolved_ingest_workers(self) -> int:
+        if self.ingest_workers is not None:
+            return self.ingest_workers
+        cores = len(os.sched_getaffinity(0))
+        return 0 if cores < 2 else min(cores, 4)
 
 
 @lru_cache

@@ -22,4 +22,8 @@ def health(session: SessionDep, ingest: IngestDep, response: Response) -> dict:
         "database": ingest.engine.dialect.name,
         "schema_version": version,
         "spans_stored_since_start": ingest.spans_stored,
+        "ingest_workers": {
+            "count": ingest.pool.workers if ingest.pool else 0,
+            "ready": ingest.pool.ready if ingest.pool else True,
+        },
     }

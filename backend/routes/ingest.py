@@ -5,8 +5,8 @@ from starlette.concurrency import run_in_threadpool
 
 from kvscope.backend.body import BodyError, content_type_of, read_body
 from kvscope.backend.deps import IngestDep, SettingsDep, token_matches
-from kvscope.backend.ingest import StoreUnavailable
 from kvscope.backend.otlp import JSON, PROTOBUF, PayloadError, encode_response, encode_status
+from kvscope.backend.writer import StoreUnavailable
 
 router = APIRouter(tags=["ingest"])
 
@@ -48,7 +48,7 @@ async def export_traces(request: Request, settings: SettingsDep, ingest: IngestD
     try:
         content_type = content_type_of(request)
         body = await read_body(request, settings.max_body_bytes, settings.max_decompressed_bytes)
-        decoded = await run_in_threadpool(ingest.ingest, body, content_type)
+        stored = await run_in_threadpool(ingest.ingest, body, content_type)
     except BodyError as error:
         return _error(reply_type, error.status, error.message)
     except PayloadError as error:
@@ -56,10 +56,8 @@ async def export_traces(request: Request, settings: SettingsDep, ingest: IngestD
     except StoreUnavailable as error:
         # 503 with Retry-After is what OTLP exporters retry on: the batch is not lost.
         return _error(reply_type, 503, str(error), {"Retry-After": "1"})
-    if decoded.rejected and not decoded.spans:
-        return _error(
-            content_type, 400, f"all {decoded.rejected} spans rejected: {decoded.message}"
-        )
+    if stored.rejected and not stored.spans:
+        return _error(content_type, 400, f"all {stored.rejected} spans rejected: {stored.message}")
     return Response(
-        encode_response(content_type, decoded.rejected, decoded.message), media_type=content_type
+        encode_response(content_type, stored.rejected, stored.message), media_type=content_type
     )

@@ -8,10 +8,9 @@ from sqlmodel import Session, select
 
 from kvscope.backend import certainty
 from kvscope.backend.deps import token_matches
-from kvscope.backend.derive import Facts
-from kvscope.backend.ingest import batch_message
 from kvscope.backend.models import Request
 from kvscope.backend.timeline import build
+from kvscope.backend.writer import LiveUpdate
 
 router = APIRouter(tags=["live"])
 logger = logging.getLogger(__name__)
@@ -59,22 +58,22 @@ async def _until_closed(websocket: WebSocket) -> None:
 def make_publisher(app):
     """The ingest service's on_batch hook: called in the ingest thread after each commit."""
 
-    def publish(facts: Facts) -> None:
+    def publish(update: LiveUpdate) -> None:
         hub = app.state.hub
-        hub.publish(batch_message(facts))
-        settings = app.state.settings
-        finished = facts.requests[: settings.ws_max_timelines_per_batch]
-        if not finished:
+        hub.publish(update.message)
+        if not update.finished:
             return
         try:
             with Session(app.state.engine) as session:
                 sure = certainty.certainty(
-                    session, settings.gap_grace_s, {r["instance_id"] for r in finished}
+                    session,
+                    app.state.settings.gap_grace_s,
+                    {instance_id for _, _, instance_id in update.finished},
                 )
-                for row in finished:
+                for trace_id, span_id, _ in update.finished:
                     request = session.exec(
                         select(Request).where(
-                            Request.trace_id == row["trace_id"], Request.span_id == row["span_id"]
+                            Request.trace_id == trace_id, Request.span_id == span_id
                         )
                     ).first()
                     if request is not None:

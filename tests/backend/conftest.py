@@ -117,7 +117,8 @@ def _throwaway_postgres_database(url: str):
 
 @pytest.fixture(scope="module")
 def backend(database_url):
-    settings = Settings(database_url=database_url, gap_grace_s=30.0)
+    # Two ingest worker processes, as on a 2-core server; make_backend stores in-process.
+    settings = Settings(database_url=database_url, gap_grace_s=30.0, ingest_workers=2)
     with RunningBackend(settings) as running:
         yield running
 
@@ -135,7 +136,8 @@ def make_backend(database_url):
         else:
             databases.append(_throwaway_postgres_database(POSTGRES_URL))
             url = next(databases[-1])
-        running = RunningBackend(Settings(database_url=url, **overrides)).__enter__()
+        settings = Settings(database_url=url, **{"ingest_workers": 0, **overrides})
+        running = RunningBackend(settings).__enter__()
         started.append(running)
         return running
 

@@ -1,0 +1,55 @@
+"""Ingest worker processes: batches decoded off the server's process, a killed worker replaced."""
+
+import os
+import signal
+import time
+import uuid
+
+import pytest
+from opentelemetry.sdk.trace.export import SpanExportResult
+
+from .story import Process, load_story
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _story_spans(engine_id: str, count: int) -> list:
+    scheduler, worker = Process("s", engine_id, "scheduler"), Process("w", engine_id, "worker")
+    t0 = time.time_ns()
+    for index in range(count):
+        load_story(scheduler, worker, None, f"req-{index}-{engine_id}", t0 + index * 10**8)
+    return scheduler.spans() + worker.spans()
+
+
+def _total(backend, engine_id: str) -> int:
+    with backend.client() as client:
+        page = client.get("/api/v1/requests", params={"engine_id": engine_id, "limit": 1})
+        return page.json()["total"]
+
+
+def _worker_pids(backend) -> list[int]:
+    executor = backend.app.state.ingest.pool._executor
+    return [process.pid for process in executor._processes.values()]
+
+
+def test_batches_are_decoded_by_worker_processes(backend):
+    engine_id = f"engine-{uuid.uuid4().hex[:6]}"
+    assert backend.export(_story_spans(engine_id, 3)) == SpanExportResult.SUCCESS
+    assert _total(backend, engine_id) == 3
+    pids = _worker_pids(backend)
+    assert len(pids) == 2 and os.getpid() not in pids
+
+
+def test_a_killed_worker_is_replaced_and_the_batch_retried(backend):
+    engine_id = f"engine-{uuid.uuid4().hex[:6]}"
+    assert backend.export(_story_spans(engine_id, 1)) == SpanExportResult.SUCCESS
+    for pid in _worker_pids(backend):
+        os.kill(pid, signal.SIGKILL)
+    time.sleep(0.5)
+    # The first attempt may find the pool broken (503, Retry-After): the exporter retries.
+    more = f"engine-{uuid.uuid4().hex[:6]}"
+    assert backend.export(_story_spans(more, 2)) == SpanExportResult.SUCCESS
+    assert _total(backend, more) == 2
+    assert _total(backend, engine_id) == 1
+    with backend.client() as client:
+        assert client.get("/health").json()["status"] == "ok"
