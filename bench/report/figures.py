@@ -78,6 +78,13 @@ FIGURES: list[Figure] = [
            "backend ingest per backend CPU-second on SQLite (what one free core sustains)"),
     Figure("ingest", "sqlite_timeline_p95_ms", "ms", "<= 50",
            "timeline query p95 with the bench's spans stored, SQLite"),
+    Figure("ingest", "sqlite_otel_workers_over_in_process", "ratio", "",
+           "SQLite ingest rate, 2 ingest worker processes over none (OTel exporter clients)"),
+    Figure("ingest", "sqlite_replay_workers_spans_per_s", "spans/s", "",
+           "SQLite ingest rate with 2 ingest workers and replaying clients: the backend's "
+           "capacity when clients cost almost nothing"),
+    Figure("ingest", "sqlite_replay_workers_over_in_process", "ratio", "",
+           "SQLite ingest rate, 2 ingest worker processes over none (replaying clients)"),
     Figure("telemetry_isolation", "tokens_per_s_down_over_up", "ratio", ">= 0.98",
            "engine tokens/s with backend and Jaeger down over both up"),
     Figure("telemetry_isolation", "tokens_per_s_slow_over_up", "ratio", ">= 0.98",
