@@ -22,6 +22,12 @@ EXTRA_QUIET_HOOKS = "trace_quiet_hooks"
 """kv_connector_extra_config key: True gives per-step queries a span even when idle."""
 
 
+def reports_facts(connector_type: type) -> bool:
+    """Whether a connector may report facts (blocks, leases, failures) through traces.events:
+    any but vLLM's own, which know nothing of kvscope."""
+    return not connector_type.__module__.startswith("vllm.")
+
+
 class InstrumentedConnector(SchedulerHooks, WorkerHooks, KVConnectorBase_V1):
     """Delegates every hook to an inner connector inside an OpenTelemetry span.
 
@@ -52,9 +58,11 @@ class InstrumentedConnector(SchedulerHooks, WorkerHooks, KVConnectorBase_V1):
         )
         self._trace_quiet_hooks = bool(extra.get(EXTRA_QUIET_HOOKS, False))
         self._failure_policy = ktc.kv_load_failure_policy
+        inner_type = type(self._inner)
         self._spans = HookSpans(
-            type(self._inner).__name__, role_name, str(ktc.engine_id), str(ktc.kv_role)
-        )
+            inner_type.__name__, role_name, str(ktc.engine_id), str(ktc.kv_role),
+            reports=reports_facts(inner_type),
+        )  # fmt: skip
         self._sched = SchedulerTracing(self._spans)
         self._work = WorkerTracing(self._spans, per_layer=layer_mode == "per_layer")
 

@@ -37,8 +37,13 @@ def from_headers(headers: dict[str, str] | None) -> Context | None:
 class HookSpans:
     """Opens hook spans with the attributes every span of one connector half carries."""
 
-    def __init__(self, connector_name: str, role: str, engine_id: str, kv_role: str) -> None:
+    def __init__(
+        self, connector_name: str, role: str, engine_id: str, kv_role: str, reports: bool = True
+    ) -> None:
         self.tracer = get_tracer()
+        # False for a connector that never reports facts through traces.events (vLLM's own):
+        # its quiet hooks then run bare, without a buffer for facts that cannot come.
+        self.reports = reports
         self.base: dict[str, Any] = {
             names.CONNECTOR_NAME: connector_name,
             names.CONNECTOR_ROLE: role,
@@ -65,6 +70,8 @@ class HookSpans:
     def quiet_call(self, hook: str, parent: Context | None, call, *args: Any, **kwargs: Any):
         """Runs a hook that usually does nothing without a span; if it reported facts (span
         events), they get a hook span after all, timed from the call's start."""
+        if not self.reports:
+            return call(*args, **kwargs)
         from kvscope.traces.events import add_events, call_buffered
 
         start = time.time_ns()

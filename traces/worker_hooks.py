@@ -38,7 +38,7 @@ class WorkerHooks:
         inner = getattr(kv_connector_metadata, "inner", kv_connector_metadata)
         preempted = getattr(kv_connector_metadata, "reqs_preempted", None)
         if preempted is not None and not preempted and not self._trace_quiet_hooks:
-            self._work.quiet_hooks.append("handle_preemptions")
+            self._work.note_quiet("handle_preemptions")
             handle = self._inner.handle_preemptions
             return self._spans.quiet_call("handle_preemptions", None, handle, inner)
         ids = {names.REQUEST_IDS: sorted(preempted or ())}
@@ -118,7 +118,7 @@ class WorkerHooks:
             add_events(span, events)
             span.end()
         else:
-            self._work.quiet_hooks.append("get_transfer_results")
+            self._work.note_quiet("get_transfer_results")
         self._report_finished(
             results.finished_sending, results.finished_recving, results.failed_recving
         )
@@ -174,5 +174,5 @@ class WorkerHooks:
             add_events(span, events)
             span.end()
         else:
-            self._work.quiet_hooks.append(hook)
+            self._work.note_quiet(hook)
         return result

@@ -74,6 +74,8 @@ class WorkerTracing:
         In a traced step the step span is current, so the connector's facts land on it; in a
         quiet step they are kept for the caller to give a span of their own.
         """
+        if not self.spans.reports:
+            return call(*args), ()
         if self.step_context is None:
             return call_buffered(call, *args)
         token = otel_context.attach(self.step_context)
@@ -81,6 +83,13 @@ class WorkerTracing:
             return call_buffered(call, *args)
         finally:
             otel_context.detach(token)
+
+    def note_quiet(self, hook: str) -> None:
+        """A hook that did nothing worth a span: named on the step span of a traced step (a
+        quiet step has none, and keeping names for the next traced one would grow without
+        bound through a long decode)."""
+        if self.step_span is not None:
+            self.quiet_hooks.append(hook)
 
     def timeline(self, point: str, req_ids, **attributes) -> None:
         """Adds a timeline event to the step's span of each request in req_ids."""

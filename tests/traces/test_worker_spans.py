@@ -1,0 +1,32 @@
+"""WorkerTracing without an engine: what quiet steps keep, what a traced step's span says."""
+
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from kvscope.traces import names
+from kvscope.traces.metadata import TracedMetadata
+from kvscope.traces.spans import HookSpans
+from kvscope.traces.worker_spans import WorkerTracing
+
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def test_quiet_steps_keep_no_hook_names_and_a_traced_step_names_its_own():
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    spans = HookSpans("ExampleConnector", "worker", "engine-0", "kv_both")
+    spans.tracer = provider.get_tracer("test")
+    work = WorkerTracing(spans, per_layer=False)
+    for step in range(10_000):  # a long decode: every hook quiet, every step quiet
+        work.begin_step(TracedMetadata(None, step, quiet=True))
+        work.note_quiet("get_transfer_results")
+        work.note_quiet("get_kv_connector_stats")
+    assert work.quiet_hooks == []
+    work.begin_step(TracedMetadata(None, 10_000, {"req-1": TRACEPARENT}))
+    work.note_quiet("wait_for_save")
+    work.end_step()
+    [step] = [s for s in memory.get_finished_spans() if s.name == names.SPAN_STEP]
+    assert step.attributes[names.STEP_QUIET_BEFORE] == 10_000
+    assert list(step.attributes[names.STEP_QUIET_HOOKS]) == ["wait_for_save"]
