@@ -156,11 +156,13 @@ class PairedEngines:
             raise RuntimeError(f"engine {name!r} exited (code {process.exitcode})") from None
 
     def run_rounds(self, rounds: int, on_round=None) -> None:
-        """`rounds` batches per engine, one per engine per round, order rotated every round."""
+        """`rounds` batches per engine, one per engine per round, in balanced orders: every
+        engine runs at every place and after every other engine equally often (what runs
+        just before can leave work behind, an export thread say, that slows the next)."""
         names = [spec.name for spec in self.specs]
+        orders = balanced_orders(len(names))
         for index in range(rounds):
-            shift = index % len(names)
-            for name in names[shift:] + names[:shift]:
+            for name in [names[i] for i in orders[index % len(orders)]]:
                 self._workers[name][1].send(("batch", index))
                 self.timings[name].append(self._receive(name, BATCH_TIMEOUT_S))
             if on_round:
@@ -179,3 +181,17 @@ class PairedEngines:
 
     def median_rate(self, name: str) -> float:
         return statistics.median(t.tokens_per_s for t in self.timings[name])
+
+
+def balanced_orders(count: int) -> list[list[int]]:
+    """A Williams design: orders of range(count) in which each item takes every place, and
+    follows every other item, equally often (2 * count orders when count is odd)."""
+    first, low, high = [0], 1, count - 1
+    while len(first) < count:
+        first.append(low)
+        low += 1
+        if len(first) < count:
+            first.append(high)
+            high -= 1
+    orders = [[(item + shift) % count for item in first] for shift in range(count)]
+    return orders if count % 2 == 0 else orders + [order[::-1] for order in orders]
