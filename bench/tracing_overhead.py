@@ -97,10 +97,9 @@ def summarize(engines: PairedEngines) -> None:
 def over_both_untraced(engines: PairedEngines, mode: str) -> list[float]:
     """Per round, `mode`'s tokens/s over the mean of both untraced engines': two identical
     engines differ by a few percent from process to process, and one alone carries that."""
-    rates = {name: [t.tokens_per_s for t in engines.timings[name]]
-             for name in (mode, "untraced", CONTROL)}  # fmt: skip
-    return [ours / ((base + control) / 2)
-            for ours, base, control in zip(*rates.values(), strict=True)]  # fmt: skip
+    ours, base, control = ([t.tokens_per_s for t in engines.timings[name]]
+                           for name in (mode, "untraced", CONTROL))  # fmt: skip
+    return [o / ((b + c) / 2) for o, b, c in zip(ours, base, control, strict=True)]
 
 
 def main(argv: list[str] | None = None) -> int:
