@@ -219,7 +219,12 @@ class NixlTransport:
         """Transfers that finished or failed since the last call."""
         with self._lock:
             results, self._results = list(self._results.values()), {}
-            return results
+            in_flight = bool(self._inflight)
+        if in_flight:
+            # The poller thread needs the GIL to progress them; the engine thread polls every
+            # step and would otherwise hold it up to a switch interval (5 ms) at a time.
+            time.sleep(0)
+        return results
 
     def wait(self, xfer_ids: list[int], timeout_s: float) -> list[TransferResult]:
         """Block until these transfers end (or timeout_s passes); returns those that ended."""
