@@ -110,9 +110,11 @@ class PairedEngines:
         prompts: list[str],
         max_tokens: int,
         reuse: bool = False,
+        timings: dict[str, list[BatchTiming]] | None = None,
     ):
         self.specs = specs
-        self.timings: dict[str, list[BatchTiming]] = {spec.name: [] for spec in specs}
+        # `timings`: an earlier session's, to add this one's rounds to (ratios cover both).
+        self.timings = timings if timings is not None else {spec.name: [] for spec in specs}
         self._args = (str(model), prompts, max_tokens, reuse)
         self._workers: dict[str, tuple[multiprocessing.Process, Connection]] = {}
 

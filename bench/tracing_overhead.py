@@ -1,11 +1,12 @@
 """Tracing overhead: tokens/s with TracedConnector (aggregated and per-layer) over the same
 connector untraced, measured side by side in one run, plus the median cost of one span.
 
-    python -m kvscope.bench.tracing_overhead [--rounds 40] [--prompts 16] [--max-tokens 256]
+    python -m kvscope.bench.tracing_overhead [--rounds 48] [--sessions 4] [--max-tokens 256]
 
 Four engines (ExampleConnector; TracedConnector around it, aggregated; the same, per-layer; and
 ExampleConnector again as a control, whose ratio to the first shows the run's noise) stay alive
-in their own processes and take the same batches in turn (bench/paired_engines.py). Every
+in their own processes and take the same batches in turn (bench/paired_engines.py); each of
+`--sessions` starts them afresh, in another order. Every
 engine exports to one local OTLP/HTTP receiver, so the traced ones pay for encoding and sending
 their spans as they would in production.
 """
@@ -14,6 +15,7 @@ import argparse
 import statistics
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 from kvscope.bench.otlp_sink import HttpSink
@@ -104,7 +106,14 @@ def over_both_untraced(engines: PairedEngines, mode: str) -> list[float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--rounds", type=int, default=40, help="timed batches per engine")
+    parser.add_argument("--rounds", type=int, default=48, help="timed batches per engine")
+    parser.add_argument(
+        "--sessions",
+        type=int,
+        default=4,
+        help="fresh engine processes per run, each config started first once when this is "
+        "the number of engines (4); rounds are split among them",
+    )
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--model", type=Path, default=None)
@@ -117,13 +126,24 @@ def main(argv: list[str] | None = None) -> int:
         build_model(model)
     sink = HttpSink()
     env = {"KVSCOPE_OTLP_ENDPOINTS": sink.endpoint}
+    timings: dict = {mode: [] for mode in ("untraced", *TRACED, CONTROL)}
+    counters = {mode: Counter() for mode in TRACED}
+    rounds = -(-args.rounds // args.sessions)
     with tempfile.TemporaryDirectory() as storage:
         specs = [EngineSpec(mode, connector_config(mode, Path(storage) / mode), env)
-                 for mode in ("untraced", *TRACED, CONTROL)]  # fmt: skip
-        print(f"starting {len(specs)} engines ...", flush=True)
-        with PairedEngines(specs, model, prompts_for(args.prompts), args.max_tokens) as engines:
-            engines.run_rounds(args.rounds, print_round)
-            counters = {mode: engines.export_counters(mode) for mode in TRACED}
+                 for mode in timings]  # fmt: skip
+        for session in range(args.sessions):
+            # Fresh processes each session, started in another order: engines started later
+            # ran 2-3% faster per place in the order here (two identical engines differed by
+            # 3-9%), and rotating the order gives every config every place once.
+            order = specs[session % len(specs) :] + specs[: session % len(specs)]
+            print(f"session {session + 1} of {args.sessions}: starting {len(specs)} engines",
+                  flush=True)  # fmt: skip
+            with PairedEngines(order, model, prompts_for(args.prompts), args.max_tokens,
+                               timings=timings) as engines:  # fmt: skip
+                engines.run_rounds(rounds, print_round)
+                for mode in TRACED:
+                    counters[mode].update(engines.export_counters(mode))
         summarize(engines)
     sink.close()
     span_us = median_span_cost_us()
