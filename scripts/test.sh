@@ -11,8 +11,16 @@ echo "==> lint (ruff)"
 # PostgreSQL for the backend's tests: started when asked (CI asks), skipped with a reason otherwise.
 if [ "${KVSCOPE_TEST_POSTGRES:-0}" = 1 ] && [ -z "${KVSCOPE_TEST_POSTGRES_URL:-}" ] && [ -x scripts/postgres.sh ]; then
   echo "==> starting a throwaway PostgreSQL on 127.0.0.1"
-  KVSCOPE_TEST_POSTGRES_URL=$(scripts/postgres.sh | tail -n 1)
+  pg_log=$(mktemp)
+  KVSCOPE_TEST_POSTGRES_URL=$(scripts/postgres.sh 2>"$pg_log" | tail -n 1)
+  cat "$pg_log" >&2
   export KVSCOPE_TEST_POSTGRES_URL
+  # Stopped and deleted when the tests end, whatever their outcome.
+  pg_dir=$(sed -n 's|.*scripts/postgres.sh stop ||p' "$pg_log" | tail -n 1)
+  rm -f "$pg_log"
+  if [ -n "$pg_dir" ]; then
+    trap 'scripts/postgres.sh stop "$pg_dir" >/dev/null 2>&1 || true' EXIT
+  fi
 fi
 
 # Chromium for the dashboard's browser tests: installed when asked (CI asks), else skipped.
@@ -21,4 +29,4 @@ if [ "${KVSCOPE_TEST_BROWSER:-0}" = 1 ]; then
 fi
 
 echo "==> tests (pytest)"
-exec "$VENV/bin/pytest" "$@"
+"$VENV/bin/pytest" "$@"
