@@ -42,6 +42,7 @@ class Checkpointer:
         self.truncations = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._page_size: int | None = None
 
     def start(self) -> None:
         if not is_sqlite(self.engine) or self._thread is not None:
@@ -71,7 +72,7 @@ class Checkpointer:
 
     def run_once(self) -> None:
         _, wal_pages, _ = self._checkpoint("PASSIVE")  # -1 when not in WAL mode
-        if wal_pages > 0 and wal_pages * self._page_size() > self.wal_limit_bytes:
+        if wal_pages > 0 and wal_pages * self._page_bytes() > self.wal_limit_bytes:
             with self.writer_lock:
                 self._checkpoint("TRUNCATE")
             self.truncations += 1
@@ -84,6 +85,9 @@ class Checkpointer:
         self.checkpoints += 1
         return busy, wal_pages, copied
 
-    def _page_size(self) -> int:
-        with self.engine.connect() as connection:
-            return connection.exec_driver_sql("PRAGMA page_size").scalar()
+    def _page_bytes(self) -> int:
+        """The database's page size, fixed once the file exists: read once."""
+        if self._page_size is None:
+            with self.engine.connect() as connection:
+                self._page_size = connection.exec_driver_sql("PRAGMA page_size").scalar()
+        return self._page_size

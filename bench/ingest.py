@@ -11,7 +11,6 @@ client that costs almost nothing (the backend's own capacity), side by side.
 import argparse
 import os
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -24,16 +23,11 @@ import httpx
 from kvscope.bench.ingest_clients import CHUNK_SPANS, fill
 from kvscope.bench.pd_pair import pid_cpu_seconds
 from kvscope.bench.results import record
+from kvscope.demo.engine import free_port
 
 BENCH = "ingest"
 TARGET_SPANS_PER_S = 20_000
 TARGET_P95_MS = 50.0
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @contextmanager

@@ -19,6 +19,7 @@ from kvscope.connector.p2p.nixl_agent import (
     try_cleanup,
 )
 from kvscope.connector.p2p.notif_inbox import NotifInbox
+from kvscope.connector.p2p.pacing import TransportConfig, next_poll_delay
 from kvscope.connector.p2p.poller import PollerStats, ProgressPoller
 from kvscope.connector.p2p.results import (
     PeerNotif,
@@ -30,29 +31,6 @@ from kvscope.connector.p2p.results import (
 from kvscope.connector.p2p.side_channel import PeerInfo
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class TransportConfig:
-    """Timeouts and polling pace.
-
-    The agent is polled only when there is something to progress: every `busy_interval_s`
-    while our reads are in flight; while a peer's read of our blocks is expected, as fast for
-    `fast_wait_s` (a read usually comes and ends within it, and UCX may need our progress to
-    serve it: slower polls cut its bandwidth), then slower the longer nothing happens
-    (`backoff_share` of the time waited beyond it, at most `max_backoff_interval_s`); and every
-    `idle_interval_s` otherwise (None: only when woken), a heartbeat that also takes in stray
-    notifications.
-    """
-
-    transfer_timeout_s: float = 30.0  # a hung peer leaves a READ in PROC forever without this
-    busy_interval_s: float = 0.001
-    fast_wait_s: float = 1.0
-    backoff_share: float = 0.02
-    max_backoff_interval_s: float = 0.01
-    idle_interval_s: float | None = 1.0
-    hot_after_activity_s: float = 0.05  # a notification we sent may still need progress
-    unreleased_retry_s: float = 0.05
 
 
 @dataclass
@@ -281,17 +259,8 @@ class NixlTransport:
             return self._pace(now)
 
     def _pace(self, now: float) -> float | None:
-        cfg = self.config
-        if self._inflight:
-            return cfg.busy_interval_s
-        delay = cfg.idle_interval_s
-        if self._inbox.waiting:  # a peer should read our blocks: back off as nothing happens
-            waited_s = max(now - self._last_event - cfg.fast_wait_s, 0.0)
-            backoff = cfg.busy_interval_s + waited_s * cfg.backoff_share
-            delay = min(backoff, cfg.max_backoff_interval_s)
-        if self._unreleased:
-            delay = min(delay or cfg.unreleased_retry_s, cfg.unreleased_retry_s)
-        return delay
+        return next_poll_delay(self.config, now, bool(self._inflight), self._inbox.waiting,
+                               self._last_event, bool(self._unreleased))  # fmt: skip
 
     def _collect_notifs(self) -> None:
         try:
