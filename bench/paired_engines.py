@@ -6,6 +6,9 @@ configuration has its own engine process, all alive at once and idle but the one
 each round runs one batch on each, in a rotating order, so a round's ratio compares batches
 measured seconds apart. Workers time their own batches: wall clock and process CPU time (the
 latter includes the span export thread, so it counts what tracing costs the process).
+
+An engine may also serve several arms: configurations it switches between from batch to batch
+(bench/tracing_switch.py turns its tracing off and on), each timed as if it were an engine.
 """
 
 import contextlib
@@ -29,6 +32,18 @@ class EngineSpec:
     name: str
     kv_transfer_config: dict[str, Any] | None
     env: dict[str, str] = field(default_factory=dict)
+    # Switched between batches, each an arm timed on its own: TRACED, or any other name for
+    # the same engine untraced. An arm's batch ends when its spans are exported, so the
+    # traced arm pays for its spans and leaves no export work to the next batch.
+    arms: tuple[str, ...] = ()
+
+    def labels(self) -> list[str]:
+        """The names timings are kept under: the arms, or the engine's name."""
+        return list(self.arms) or [self.name]
+
+
+TRACED = "traced"
+"""The arm that runs the engine's TracedConnector as loaded; every other arm runs it off."""
 
 
 @dataclass
@@ -51,8 +66,9 @@ class BatchTiming:
 def _serve(
     spec: EngineSpec, model: str, prompts: list[str], max_tokens: int, reuse: bool, conn: Connection
 ):
-    """Worker process: one engine; answers ('batch', i) with a BatchTiming, ('stats',) with the
-    span export counters, ('stop',) by exiting. Its environment was set before it started."""
+    """Worker process: one engine; answers ('batch', i[, arm]) with a BatchTiming, ('stats',)
+    with the span export counters, ('stop',) by exiting. Its environment was set before it
+    started."""
     from kvscope.demo.engine import in_process_llm
     from kvscope.demo.oracle import greedy_params
     from kvscope.traces.sdk.configure import configure_tracing, export_counters, flush
@@ -60,8 +76,13 @@ def _serve(
     configure_tracing(service_name=f"kvscope-bench-{spec.name}")
     params = greedy_params(max_tokens)
     with in_process_llm(Path(model), spec.kv_transfer_config) as llm:
+        if spec.arms:
+            from kvscope.bench.tracing_switch import set_traced, traced_connectors
+
+            connectors = traced_connectors(llm)
         llm.generate(prompts[:2], params, use_tqdm=False)  # warm-up
         conn.send("ready")
+        served = 0
         while True:
             command, *args = conn.recv()
             if command == "stop":
@@ -70,13 +91,19 @@ def _serve(
                 flush(timeout_s=5)
                 conn.send(vars(export_counters()))
                 continue
+            served += 1
             if reuse:  # the same prompts, computed again or served by the connector
                 batch = prompts
                 llm.reset_prefix_cache()
-            else:  # a new first block: every prompt misses everywhere
-                batch = [f"Batch {args[0]}. {prompt}" for prompt in prompts]
+            else:  # a new first block: every prompt misses everywhere, whichever arm ran it
+                batch = [f"Batch {served}. {prompt}" for prompt in prompts]
+            arm = args[1] if len(args) > 1 else None
+            if arm is not None:
+                set_traced(connectors, arm == TRACED)
             wall, cpu = time.perf_counter(), time.process_time()
             outputs = llm.generate(batch, params, use_tqdm=False)
+            if arm is not None:
+                flush(timeout_s=30)
             wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
             tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
             conn.send(BatchTiming(tokens, wall, cpu))
@@ -113,8 +140,14 @@ class PairedEngines:
         timings: dict[str, list[BatchTiming]] | None = None,
     ):
         self.specs = specs
+        # (label, engine, arm) for each timed configuration, in the order specs give them.
+        self.arms = [(label, spec.name, label if spec.arms else None)
+                     for spec in specs for label in spec.labels()]  # fmt: skip
+        labels = [label for label, _, _ in self.arms]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"arm and engine names must be unique: {labels}")
         # `timings`: an earlier session's, to add this one's rounds to (ratios cover both).
-        self.timings = timings if timings is not None else {spec.name: [] for spec in specs}
+        self.timings = timings if timings is not None else {label: [] for label in labels}
         self._args = (str(model), prompts, max_tokens, reuse)
         self._workers: dict[str, tuple[multiprocessing.Process, Connection]] = {}
 
@@ -158,17 +191,16 @@ class PairedEngines:
             raise RuntimeError(f"engine {name!r} exited (code {process.exitcode})") from None
 
     def run_rounds(self, rounds: int, on_round=None) -> None:
-        """`rounds` batches per engine, one per engine per round, in balanced orders: every
-        engine runs at every place and after every other engine equally often (what runs
-        just before can leave work behind, an export thread say, that slows the next)."""
-        names = [spec.name for spec in self.specs]
-        orders = balanced_orders(len(names))
+        """`rounds` batches per arm (or engine), one each per round, in balanced orders: every
+        arm runs at every place and after every other arm equally often (what runs just
+        before can leave work behind, an export thread say, that slows the next)."""
+        orders = balanced_orders(len(self.arms))
         for index in range(rounds):
-            for name in [names[i] for i in orders[index % len(orders)]]:
-                self._workers[name][1].send(("batch", index))
-                self.timings[name].append(self._receive(name, BATCH_TIMEOUT_S))
+            for label, engine, arm in [self.arms[i] for i in orders[index % len(orders)]]:
+                self._workers[engine][1].send(("batch", index, arm))
+                self.timings[label].append(self._receive(engine, BATCH_TIMEOUT_S))
             if on_round:
-                on_round(index, {name: self.timings[name][-1] for name in names})
+                on_round(index, {label: self.timings[label][-1] for label, _, _ in self.arms})
 
     def export_counters(self, name: str) -> dict[str, int]:
         """The engine's span export counters (queued, exported, dropped...)."""

@@ -4,18 +4,14 @@ Uses only the OpenTelemetry API: with no SDK configured every call is a cheap no
 """
 
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
 from typing import Any
 
 from opentelemetry import trace
 
 from kvscope.traces import names
+from kvscope.traces.buffer import keep
 from kvscope.traces.context import context_of
 from kvscope.traces.spans import get_tracer
-
-_buffer: ContextVar[list | None] = ContextVar("kvscope_event_buffer", default=None)
 
 
 def add_event(name: str, **attributes: Any) -> None:
@@ -25,39 +21,8 @@ def add_event(name: str, **attributes: Any) -> None:
     span = trace.get_current_span()
     if span.is_recording():
         span.add_event(name, values)
-    elif (buffer := _buffer.get()) is not None:
-        buffer.append((name, values, time.time_ns()))
-
-
-@contextmanager
-def buffered_events() -> Iterator[list[tuple[str, dict, int]]]:
-    """Collects the events added while no span is recording: (name, attributes, time)."""
-    events: list[tuple[str, dict, int]] = []
-    token = _buffer.set(events)
-    try:
-        yield events
-    finally:
-        _buffer.reset(token)
-
-
-def call_buffered(call, *args: Any, **kwargs: Any) -> tuple[Any, list[tuple[str, dict, int]]]:
-    """Runs call and returns (its result, the events it added while no span was recording).
-
-    The same as `with buffered_events()` around the call, without a generator: hooks that run
-    every step use it.
-    """
-    events: list[tuple[str, dict, int]] = []
-    token = _buffer.set(events)
-    try:
-        return call(*args, **kwargs), events
-    finally:
-        _buffer.reset(token)
-
-
-def add_events(span: trace.Span, events: list[tuple[str, dict, int]]) -> None:
-    """Puts events kept by buffered_events() on the span that ended up covering them."""
-    for name, attributes, timestamp in events:
-        span.add_event(name, attributes, timestamp=timestamp)
+    else:
+        keep(name, values)
 
 
 def monotonic_to_epoch_ns(monotonic_s: float) -> int:

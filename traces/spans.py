@@ -11,6 +11,7 @@ from opentelemetry.trace import Link, Span, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from kvscope.traces import names
+from kvscope.traces.buffer import add_events, call_buffered
 
 _propagator = TraceContextTextMapPropagator()
 
@@ -20,10 +21,12 @@ def get_tracer() -> trace.Tracer:
 
 
 def to_traceparent(span: Span) -> str | None:
-    """The W3C traceparent of a span, for the metadata sent to workers."""
-    carrier: dict[str, str] = {}
-    _propagator.inject(carrier, context=trace.set_span_in_context(span))
-    return carrier.get("traceparent")
+    """The W3C traceparent of a span, for the metadata sent to workers (what the propagator
+    writes, without building a context for it)."""
+    context = span.get_span_context()
+    if not context.is_valid:
+        return None
+    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
 
 
 def from_headers(headers: dict[str, str] | None) -> Context | None:
@@ -72,8 +75,6 @@ class HookSpans:
         events), they get a hook span after all, timed from the call's start."""
         if not self.reports:
             return call(*args, **kwargs)
-        from kvscope.traces.events import add_events, call_buffered
-
         start = time.time_ns()
         result, events = call_buffered(call, *args, **kwargs)
         if events:

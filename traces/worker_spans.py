@@ -8,7 +8,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, Span
 
 from kvscope.traces import context, names
-from kvscope.traces.events import call_buffered
+from kvscope.traces.buffer import call_buffered
 from kvscope.traces.metadata import TracedMetadata
 from kvscope.traces.spans import HookSpans, from_headers
 
@@ -39,7 +39,8 @@ class WorkerTracing:
         self.quiet_steps = 0  # steps without KV work since the last traced one
 
     def begin_step(self, metadata: TracedMetadata) -> None:
-        self.end_step()
+        if self.step_span is not None:
+            self.end_step()
         self.step_index = metadata.step
         self.loading = metadata.reqs_to_load
         if metadata.quiet:

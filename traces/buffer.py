@@ -1,0 +1,34 @@
+"""Facts a hook reports while no span is recording, kept for the span that ends up covering them."""
+
+import time
+from contextvars import ContextVar
+from typing import Any
+
+from opentelemetry import trace
+
+Kept = list[tuple[str, dict, int]]
+"""Events as (name, attributes, epoch ns)."""
+
+_buffer: ContextVar[Kept | None] = ContextVar("kvscope_event_buffer", default=None)
+
+
+def keep(name: str, attributes: dict[str, Any]) -> None:
+    """Keeps an event for the caller's span, when a caller is collecting (else drops it)."""
+    if (buffer := _buffer.get()) is not None:
+        buffer.append((name, attributes, time.time_ns()))
+
+
+def call_buffered(call, *args: Any, **kwargs: Any) -> tuple[Any, Kept]:
+    """Runs call and returns (its result, the events it kept while no span was recording)."""
+    events: Kept = []
+    token = _buffer.set(events)
+    try:
+        return call(*args, **kwargs), events
+    finally:
+        _buffer.reset(token)
+
+
+def add_events(span: trace.Span, events: Kept) -> None:
+    """Puts events kept by call_buffered() on the span that ended up covering them."""
+    for name, attributes, timestamp in events:
+        span.add_event(name, attributes, timestamp=timestamp)
