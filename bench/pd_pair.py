@@ -44,6 +44,9 @@ class PDPair:
     extra: dict[str, Any] = field(default_factory=dict)  # our connector's extra config
     env: dict[str, str] = field(default_factory=dict)
     spans_to_files: bool = False  # each server writes its spans to <workdir>/<role>_spans.jsonl
+    # The stock pair runs as vLLM does by default, the model in a worker process of its own;
+    # True gives it the setting kvscope's servers use (demo/engine.py ENGINE_ENV).
+    stock_uniproc: bool = False
     servers: list[ServerProcess] = field(default_factory=list)
 
     def start(self, timeout_s: float = 300) -> "PDPair":
@@ -65,6 +68,8 @@ class PDPair:
             config = None
         elif self.stock:
             config = stock_transfer_config()
+            if not self.stock_uniproc:
+                env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
             env.update(VLLM_NIXL_SIDE_CHANNEL_PORT=str(side_port),
                        VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1")  # fmt: skip
         else:

@@ -25,6 +25,12 @@ ENGINE_ENV: dict[str, str] = {
     # two servers' spinning teams on one machine starve each other (seconds per request).
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
     "OMP_WAIT_POLICY": "PASSIVE",
+    # A server runs the model in vLLM's engine-core process, not in a worker process of its
+    # own: on the CPU platform that worker busy-waits for 1 s after every step (vLLM's
+    # shm_broadcast), and in a P/D pair on two cores the spinning workers stalled requests
+    # (TTFT 35 ms with a 0.5 s tail, against 27 ms; start 24 s against 16 s). An LLM object
+    # then runs its engine in the caller's process.
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "UCX_NET_DEVICES": "lo",
 }
 """Environment every kvscope-started engine gets (PLATFORM.md explains each)."""
