@@ -31,7 +31,7 @@ def module_bench(name: str, **sizes) -> BenchSpec:
 
 BENCHES: list[BenchSpec] = [
     module_bench("tracing_overhead",
-                 quick_args=["--rounds", "16"],
+                 quick_args=["--rounds", "40"],
                  quick_timeout_s=600, full_timeout_s=2400),
     module_bench("copy_bandwidth", quick_args=["--repeats", "7"],
                  quick_timeout_s=300, full_timeout_s=900),
