@@ -4,6 +4,7 @@ import contextlib
 import gc
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -39,11 +40,42 @@ BLOCK_SIZE = 32
 """KV block size in tokens: the CPU attention backend needs a multiple of 32."""
 
 
+_handed_out: set[int] = set()
+_ports = random.SystemRandom()  # vLLM seeds the global `random`: every process would pick alike
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
+    """A TCP port on 127.0.0.1 that nothing listens on right now, never the same twice here.
+
+    Taken below the kernel's ephemeral range: a port from bind(0), once released, can go to
+    any other bind(0) or outgoing connection (UCX's listeners, vLLM's own sockets) in the
+    seconds before the server told to use it binds it, and a P/D server then failed to start.
+    """
+    high = _ephemeral_range()[0]
+    low = max(1024, high - 12000)
+    for _ in range(100 if high - low >= 1000 else 0):
+        port = _ports.randrange(low, high)
+        if port in _handed_out:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    with socket.socket() as sock:  # that part of the range is full: let the kernel choose
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The ports the kernel gives out for bind(0) and outgoing connections."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
 
 
 def engine_env(**extra: str) -> dict[str, str]:
