@@ -23,7 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--abort-fraction",
         type=float,
         default=0.1,
-        help="requests the client disconnects from after a random delay",
+        help="requests the client disconnects from after a random number of tokens",
     )
     parser.add_argument("--no-faults", action="store_true", help="no fault schedule")
     parser.add_argument(

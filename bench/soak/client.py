@@ -28,6 +28,10 @@ class _Failed(Exception):
     """An error answer from the system (HTTP status, error event, finish_reason error)."""
 
 
+class _Disconnect(Exception):
+    """The plan's early disconnect: enough tokens arrived."""
+
+
 def request_body(request: PlannedRequest) -> dict:
     return {"model": "kvscope-tiny", "prompt": request.prompt, "max_tokens": request.max_tokens,
             "temperature": 0, "ignore_eos": True, "return_token_ids": True,
@@ -48,6 +52,8 @@ async def send(client: httpx.AsyncClient, url: str, request: PlannedRequest, tok
             if line.startswith("data: ") and line != "data: [DONE]":
                 choice = _choice(json.loads(line[6:]))
                 tokens.extend(choice.get("token_ids") or [])
+                if request.abort_after_tokens and len(tokens) >= request.abort_after_tokens:
+                    raise _Disconnect  # leaves the stream: the connection closes mid-answer
 
 
 def _choice(chunk: dict) -> dict:
@@ -71,13 +77,13 @@ async def run_one(urls: dict[str, str], request: PlannedRequest, timeout_s: floa
 async def _run_one(client, urls: dict[str, str], request: PlannedRequest, timeout_s: float):
     tokens: list[int] = []
     started = time.monotonic()
-    limit = timeout_s if request.abort_after_s is None else min(timeout_s, request.abort_after_s)
     try:
-        await asyncio.wait_for(send(client, urls[request.route], request, tokens), limit)
+        await asyncio.wait_for(send(client, urls[request.route], request, tokens), timeout_s)
         status, error = COMPLETED, ""
+    except _Disconnect:
+        status, error = ABORTED, ""
     except TimeoutError:
-        aborted = request.abort_after_s is not None and limit < timeout_s
-        status, error = (ABORTED, "") if aborted else (HUNG, f"no answer in {timeout_s:.0f} s")
+        status, error = HUNG, f"no answer in {timeout_s:.0f} s"
     except _Failed as exc:
         status, error = FAILED, str(exc)
     except (httpx.HTTPError, ValueError) as exc:

@@ -19,7 +19,9 @@ class PlannedRequest:
     max_tokens: int
     route: str  # "proxy" or "decode"
     stream: bool
-    abort_after_s: float | None  # the client disconnects after this long, if still running
+    # The client disconnects once it has this many tokens (streamed), before the last one: a
+    # delay would not do, as the servers got fast enough to finish first.
+    abort_after_tokens: int | None
 
 
 def make_plan(num_requests: int, seed: int, abort_fraction: float) -> list[PlannedRequest]:
@@ -29,13 +31,14 @@ def make_plan(num_requests: int, seed: int, abort_fraction: float) -> list[Plann
     for index in range(num_requests):
         prompt = make_prompt(rng)
         abort = rng.random() < abort_fraction
+        max_tokens = rng.choice(MAX_TOKENS_CHOICES)
         plan.append(PlannedRequest(
             index=index,
             prompt=prompt,
-            max_tokens=rng.choice(MAX_TOKENS_CHOICES),
+            max_tokens=max_tokens,
             route=ROUTES[index % len(ROUTES)],
             stream=abort or rng.random() < 0.5,
-            abort_after_s=rng.uniform(0.05, 2.0) if abort else None,
+            abort_after_tokens=rng.randint(1, max_tokens - 1) if abort else None,
         ))  # fmt: skip
     return plan
 
