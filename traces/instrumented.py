@@ -63,8 +63,6 @@ class InstrumentedConnector(SchedulerHooks, WorkerHooks, KVConnectorBase_V1):
             inner_type.__name__, role_name, str(ktc.engine_id), str(ktc.kv_role),
             reports=reports_facts(inner_type),
         )  # fmt: skip
-        # A connector whose quiet hooks run bare: nothing to buffer, no span to give them.
-        self._bare = not self._spans.reports
         self._sched = SchedulerTracing(self._spans)
         self._work = WorkerTracing(self._spans, per_layer=layer_mode == "per_layer")
 

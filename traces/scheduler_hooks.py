@@ -53,18 +53,17 @@ class SchedulerHooks:
             return self._inner.update_state_after_alloc(request, blocks, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: Any) -> TracedMetadata:
-        # A step with no KV work (decode only, or idle): its hooks are counted, not traced;
-        # whatever a connector reports in it still gets a span (quiet_call). Most steps are
-        # such steps, so the common case is told in O(1) before anything is built.
-        if not self._trace_quiet_hooks and self._sched.quiet_step(scheduler_output):
-            return self._quiet_meta(scheduler_output)
         new_ids = [r.req_id for r in scheduler_output.scheduled_new_reqs]
         contexts, loads, links = self._sched.begin_step(
             scheduler_output.num_scheduled_tokens, new_ids
         )
         preempted = frozenset(scheduler_output.preempted_req_ids or ())
+        # A step with no KV work (decode only, or idle): its hooks are counted, not traced;
+        # whatever a connector reports in it still gets a span (quiet_call).
         if not (contexts or loads or preempted) and not self._trace_quiet_hooks:
-            return self._quiet_meta(scheduler_output)
+            build = self._inner.build_connector_meta
+            inner = self._spans.quiet_call("build_connector_meta", None, build, scheduler_output)
+            return TracedMetadata(inner, self._sched.step, quiet=True)
         with self._spans.hook(
             "build_connector_meta",
             None,
@@ -78,25 +77,14 @@ class SchedulerHooks:
             inner = self._inner.build_connector_meta(scheduler_output)
             return TracedMetadata(inner, self._sched.step, contexts, loads, preempted)
 
-    def _quiet_meta(self, scheduler_output: Any) -> TracedMetadata:
-        """The metadata of a step with no KV work: the inner connector's, and no contexts."""
-        build = self._inner.build_connector_meta
-        inner = self._spans.quiet_call("build_connector_meta", None, build, scheduler_output)
-        return TracedMetadata(inner, self._sched.step, quiet=True)
-
     def update_connector_output(self, connector_output: Any) -> None:
-        if not (
-            connector_output.finished_sending
-            or connector_output.finished_recving
-            or connector_output.invalid_block_ids
-            or connector_output.kv_connector_worker_meta
-            or self._trace_quiet_hooks
-        ):
-            update = self._inner.update_connector_output
-            return self._spans.quiet_call("update_connector_output", None, update, connector_output)
         sending = connector_output.finished_sending or set()
         recving = connector_output.finished_recving or set()
         invalid = connector_output.invalid_block_ids or set()
+        worker_meta = connector_output.kv_connector_worker_meta
+        if not (sending or recving or invalid or worker_meta) and not self._trace_quiet_hooks:
+            update = self._inner.update_connector_output
+            return self._spans.quiet_call("update_connector_output", None, update, connector_output)
         self._sched.note_loaded(set(recving))
         with self._spans.hook(
             "update_connector_output",

@@ -4,7 +4,6 @@ from collections import OrderedDict
 from typing import Any
 
 from opentelemetry import trace
-from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, StatusCode
 
 from kvscope.traces import context, names
@@ -22,7 +21,6 @@ class SchedulerTracing:
         self.spans = spans
         self.step = 0
         self._requests: OrderedDict[str, Span] = OrderedDict()
-        self._contexts: dict[str, Context] = {}  # each request span as a parent, made once
         self._traceparents: dict[str, str] = {}
         self._step_loads: set[str] = set()
         self._loaded: set[str] = set()
@@ -35,19 +33,14 @@ class SchedulerTracing:
             parent = from_headers(getattr(request, "trace_headers", None))
             span = self.spans.start(names.SPAN_REQUEST, parent, **request_attributes(request))
             self._requests[req_id] = span
-            self._contexts[req_id] = trace.set_span_in_context(span)
             self._traceparents[req_id] = to_traceparent(span) or ""
             context.remember(req_id, self._traceparents[req_id])
             if len(self._requests) > MAX_OPEN_REQUESTS:
                 self.end_request(next(iter(self._requests)), status="untracked")
         return span
 
-    def request_context(self, request: Any) -> Context:
-        context = self._contexts.get(str(request.request_id))
-        if context is None:
-            self.request_span(request)
-            context = self._contexts[str(request.request_id)]
-        return context
+    def request_context(self, request: Any):
+        return trace.set_span_in_context(self.request_span(request))
 
     def note_load(self, req_id: str) -> None:
         self._step_loads.add(req_id)
@@ -55,26 +48,15 @@ class SchedulerTracing:
     def note_loaded(self, req_ids: set[str]) -> None:
         self._loaded |= req_ids & self._requests.keys()
 
-    def quiet_step(self, scheduler_output: Any) -> bool:
-        """Advances the step and says True when it has no KV work for any request: one token
-        each (decode), none new, preempted, loading or resumed. Checked in O(1) every step; a
-        False sends the step through begin_step, which may still find it quiet."""
-        if (
-            self._step_loads
-            or self._loaded
-            or scheduler_output.scheduled_new_reqs
-            or scheduler_output.preempted_req_ids
-            # each scheduled request has at least one token: equal totals mean one each
-            or scheduler_output.total_num_scheduled_tokens
-            != len(scheduler_output.num_scheduled_tokens)
-        ):
-            return False
-        self.step += 1
-        return True
-
     def begin_step(self, num_scheduled_tokens: dict[str, int], new_req_ids: list[str]):
         """Advances the step; returns (traceparents of requests with KV work, loads, links)."""
         self.step += 1
+        # Most steps decode one token for each request (each has at least one): told without
+        # building a set.
+        if not (new_req_ids or self._step_loads or self._loaded) and sum(
+            num_scheduled_tokens.values()
+        ) == len(num_scheduled_tokens):
+            return {}, frozenset(), []
         kv_work = {r for r, n in num_scheduled_tokens.items() if n > 1}
         kv_work |= set(new_req_ids) | self._step_loads
         loads = frozenset(self._step_loads)
@@ -92,7 +74,6 @@ class SchedulerTracing:
 
     def end_request(self, req_id: str, status: str = "finished", **attributes: Any) -> None:
         span = self._requests.pop(req_id, None)
-        self._contexts.pop(req_id, None)
         self._traceparents.pop(req_id, None)
         self._loaded.discard(req_id)
         if span is None:

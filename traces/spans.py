@@ -21,12 +21,10 @@ def get_tracer() -> trace.Tracer:
 
 
 def to_traceparent(span: Span) -> str | None:
-    """The W3C traceparent of a span, for the metadata sent to workers (what the propagator
-    writes, without building a context for it)."""
-    context = span.get_span_context()
-    if not context.is_valid:
-        return None
-    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+    """The W3C traceparent of a span, for the metadata sent to workers."""
+    carrier: dict[str, str] = {}
+    _propagator.inject(carrier, context=trace.set_span_in_context(span))
+    return carrier.get("traceparent")
 
 
 def from_headers(headers: dict[str, str] | None) -> Context | None:

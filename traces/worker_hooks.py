@@ -23,17 +23,16 @@ class WorkerHooks:
             return self._inner.register_kv_caches(kv_caches)
 
     def bind_connector_metadata(self, connector_metadata: Any) -> None:
-        self._connector_metadata = connector_metadata  # what the base class does
+        super().bind_connector_metadata(connector_metadata)
         if isinstance(connector_metadata, TracedMetadata):
             self._work.begin_step(connector_metadata)
             connector_metadata = connector_metadata.inner
         self._inner.bind_connector_metadata(connector_metadata)
 
     def clear_connector_metadata(self) -> None:
-        self._connector_metadata = None  # what the base class does
+        super().clear_connector_metadata()
         self._inner.clear_connector_metadata()
-        if self._work.step_span is not None:
-            self._work.end_step()
+        self._work.end_step()
 
     def handle_preemptions(self, kv_connector_metadata: Any) -> None:
         inner = getattr(kv_connector_metadata, "inner", kv_connector_metadata)
@@ -47,10 +46,8 @@ class WorkerHooks:
             return self._inner.handle_preemptions(inner)
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
-        if self._work.step_span is None and not self._trace_quiet_hooks:  # an idle step
-            if self._bare:
-                return self._inner.start_load_kv(forward_context, **kwargs)
-            load = self._inner.start_load_kv
+        if self._work.step_span is None and not self._trace_quiet_hooks:
+            load = self._inner.start_load_kv  # an idle step
             return self._spans.quiet_call("start_load_kv", None, load, forward_context, **kwargs)
         loading = sorted(self._work.loading)
         with self._spans.hook(
@@ -87,8 +84,6 @@ class WorkerHooks:
 
     def wait_for_save(self) -> None:
         if self._work.step_span is None and not self._trace_quiet_hooks:
-            if self._bare:
-                return self._inner.wait_for_save()
             return self._spans.quiet_call("wait_for_save", None, self._inner.wait_for_save)
         self._work.flush_layer_calls()
         with self._spans.hook("wait_for_save", self._work.step_context):
@@ -110,25 +105,20 @@ class WorkerHooks:
         except Exception:
             with self._spans.hook("get_transfer_results", self._work.step_context):
                 raise  # recorded on the span, re-raised unchanged
-        if not (
-            results.finished_sending
-            or results.finished_recving
-            or results.failed_recving
-            or events
-            or self._trace_quiet_hooks
-        ):
+        done = results.finished_sending or results.finished_recving or results.failed_recving
+        if done or events or self._trace_quiet_hooks:
+            span = self._spans.start(
+                names.SPAN_HOOK_PREFIX + "get_transfer_results",
+                self._work.step_context,
+                start_time=start,
+                **{names.HOOK: "get_transfer_results"},
+                **finished_attributes(results.finished_sending, results.finished_recving),
+            )
+            span.set_attribute(names.FAILED_RECVING, sorted(results.failed_recving))
+            add_events(span, events)
+            span.end()
+        else:
             self._work.note_quiet("get_transfer_results")
-            return results
-        span = self._spans.start(
-            names.SPAN_HOOK_PREFIX + "get_transfer_results",
-            self._work.step_context,
-            start_time=start,
-            **{names.HOOK: "get_transfer_results"},
-            **finished_attributes(results.finished_sending, results.finished_recving),
-        )
-        span.set_attribute(names.FAILED_RECVING, sorted(results.failed_recving))
-        add_events(span, events)
-        span.end()
         self._report_finished(
             results.finished_sending, results.finished_recving, results.failed_recving
         )

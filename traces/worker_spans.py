@@ -39,8 +39,7 @@ class WorkerTracing:
         self.quiet_steps = 0  # steps without KV work since the last traced one
 
     def begin_step(self, metadata: TracedMetadata) -> None:
-        if self.step_span is not None:
-            self.end_step()
+        self.end_step()
         self.step_index = metadata.step
         self.loading = metadata.reqs_to_load
         if metadata.quiet:
