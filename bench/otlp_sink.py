@@ -23,6 +23,8 @@ class HttpSink:
         sink = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # kept-alive connections, as collectors keep them
+
             def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 sink.requests += 1

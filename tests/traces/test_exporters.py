@@ -18,17 +18,23 @@ from kvscope.traces.sdk.exporters import OtlpGrpcExporter, OtlpHttpExporter
 
 class Receiver:
     """An OTLP/HTTP receiver answering with scripted status codes (then 200), recording each
-    request's headers and body."""
+    request's headers, body, target and client port; HTTP/1.1 keeps connections open."""
 
-    def __init__(self, statuses: list[int] = ()) -> None:
+    def __init__(self, statuses: list[int] = (), protocol: str = "HTTP/1.0") -> None:
         self.statuses = list(statuses)
         self.received: list[tuple[dict, bytes]] = []
+        self.targets: list[str] = []
+        self.client_ports: list[int] = []
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = protocol
+
             def do_POST(self) -> None:  # noqa: N802
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 receiver.received.append((dict(self.headers), body))
+                receiver.targets.append(self.path)
+                receiver.client_ports.append(self.client_address[1])
                 self.send_response(receiver.statuses.pop(0) if receiver.statuses else 200)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
@@ -49,8 +55,8 @@ class Receiver:
 def receiver():
     made = []
 
-    def make(statuses=()):
-        made.append(Receiver(statuses))
+    def make(statuses=(), protocol="HTTP/1.0"):
+        made.append(Receiver(statuses, protocol))
         return made[-1]
 
     yield make
@@ -93,6 +99,24 @@ def test_json_encoding(receiver):
     headers, body = sink.received[0]
     assert headers["Content-Type"] == "application/json"
     assert b'"kvscope.hook.start_load_kv"' in body
+
+
+def test_batches_share_one_kept_alive_connection(receiver):
+    sink = receiver(protocol="HTTP/1.1")
+    exporter = OtlpHttpExporter(sink.url)
+    for _ in range(3):
+        assert exporter.export(_spans(1)) == SpanExportResult.SUCCESS
+    assert len(sink.client_ports) == 3 and len(set(sink.client_ports)) == 1
+
+
+def test_goes_through_the_proxy_the_environment_names(receiver, monkeypatch):
+    proxy = receiver()
+    for name in ("NO_PROXY", "no_proxy", "http_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", proxy.url.removesuffix("/v1/traces"))
+    endpoint = "http://collector.invalid:4318/v1/traces"
+    assert OtlpHttpExporter(endpoint).export(_spans(1)) == SpanExportResult.SUCCESS
+    assert proxy.targets == [endpoint]
 
 
 def test_retries_a_busy_receiver_then_delivers(receiver):
