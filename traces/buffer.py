@@ -28,6 +28,18 @@ def call_buffered(call, *args: Any, **kwargs: Any) -> tuple[Any, Kept]:
         _buffer.reset(token)
 
 
+def keep_for_step() -> Kept:
+    """Keeps what hooks report from here until end_step_keeping() (a quiet step: vLLM calls the
+    wrapped connector's hooks directly, none of them in a span or in call_buffered)."""
+    events: Kept = []
+    _buffer.set(events)
+    return events
+
+
+def end_step_keeping() -> None:
+    _buffer.set(None)
+
+
 def add_events(span: trace.Span, events: Kept) -> None:
     """Puts events kept by call_buffered() on the span that ended up covering them."""
     for name, attributes, timestamp in events:

@@ -282,7 +282,7 @@ TIMELINE_POINTS: Final = (
     "transfer_submitted",  # EVENT_TIMELINE on SPAN_WORKER_REQUEST at start_load_kv
     "layer_ready",  # EVENT_TIMELINE per layer on SPAN_WORKER_REQUEST (wait_for_layer_load)
     "forward_start",  # EVENT_TIMELINE on SPAN_WORKER_REQUEST at the first per-layer hook
-    "transfer_complete",  # SPAN_REQUEST_EVENT when the worker reports FINISHED_RECVING
+    "transfer_complete",  # SPAN_REQUEST_EVENT when the scheduler gets FINISHED_RECVING
     "resumed",  # EVENT_TIMELINE on SPAN_REQUEST when first scheduled after its load
     "finished",  # end of the request_finished hook span
 )

@@ -86,11 +86,16 @@ class SchedulerHooks:
             update = self._inner.update_connector_output
             return self._spans.quiet_call("update_connector_output", None, update, connector_output)
         self._sched.note_loaded(set(recving))
+        failed = getattr(connector_output, "failed_recving", None) or set()
+        self._sched.transfers_done(sending, recving, failed)
         with self._spans.hook(
             "update_connector_output",
             None,
             **finished_attributes(sending, recving),
-            **{names.LOAD_ERROR_BLOCK_IDS: sorted(invalid)[:256]},
+            **{
+                names.LOAD_ERROR_BLOCK_IDS: sorted(invalid)[:256],
+                names.FAILED_RECVING: sorted(failed),
+            },
         ):
             return self._inner.update_connector_output(connector_output)
 

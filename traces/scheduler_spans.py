@@ -72,6 +72,25 @@ class SchedulerTracing:
         ]
         return contexts, loads, links
 
+    def transfers_done(self, sending, recving, failed) -> None:
+        """Timeline points of transfers the workers reported finished (all workers, as vLLM
+        aggregates them): transfer_complete for a load, with its outcome, and send_complete."""
+        for req_id in recving:
+            outcome = "failed" if req_id in failed else "ok"
+            self._request_event(req_id, "transfer_complete", **{names.LOAD_OUTCOME: outcome})
+        for req_id in sending:
+            self._request_event(req_id, "send_complete")
+
+    def _request_event(self, req_id: str, point: str, **attributes) -> None:
+        """A short span in a request's trace, for a fact that may come after its span ended."""
+        span = self.spans.start(
+            names.SPAN_REQUEST_EVENT,
+            context.context_of(req_id),
+            **{names.REQUEST_ID: req_id, names.TIMELINE_POINT: point, **attributes},
+        )
+        span.add_event(names.EVENT_TIMELINE, {names.TIMELINE_POINT: point})
+        span.end()
+
     def end_request(self, req_id: str, status: str = "finished", **attributes: Any) -> None:
         span = self._requests.pop(req_id, None)
         self._traceparents.pop(req_id, None)

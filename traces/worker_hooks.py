@@ -14,6 +14,22 @@ from kvscope.traces.buffer import add_events
 from kvscope.traces.metadata import TracedMetadata
 from kvscope.traces.outcomes import outcome_of_policy
 
+STEP_HOOKS = (
+    "start_load_kv",
+    "wait_for_layer_load",
+    "save_kv_layer",
+    "wait_for_save",
+    "get_finished",
+    "get_transfer_results",
+    "get_kv_connector_stats",
+    "get_kv_connector_kv_cache_events",
+    "build_connector_worker_meta",
+)
+"""Hooks vLLM calls in every step between bind_connector_metadata and clear_connector_metadata,
+which in a quiet step go straight to the wrapped connector: what they return reaches the
+scheduler's update_connector_output, traced when it holds anything. Load errors are not among
+them: their load_failed event must not wait for a step with work."""
+
 
 class WorkerHooks:
     """Mixin for InstrumentedConnector: the hooks vLLM's model runner and attention layers call."""
@@ -25,9 +41,23 @@ class WorkerHooks:
     def bind_connector_metadata(self, connector_metadata: Any) -> None:
         super().bind_connector_metadata(connector_metadata)
         if isinstance(connector_metadata, TracedMetadata):
+            self._step_aside(connector_metadata.quiet and not self._trace_quiet_hooks)
             self._work.begin_step(connector_metadata)
             connector_metadata = connector_metadata.inner
         self._inner.bind_connector_metadata(connector_metadata)
+
+    def _step_aside(self, aside: bool) -> None:
+        """From a quiet step (no KV work: most decode steps) to the next step with work, vLLM
+        calls the wrapped connector's STEP_HOOKS itself: they are bound on this instance, ahead
+        of the traced ones. A decode step then costs no more than untraced; what the connector
+        reports in it is kept for a step span (WorkerTracing.begin_step)."""
+        if aside == ("start_load_kv" in self.__dict__):
+            return
+        for name in STEP_HOOKS:
+            if aside:
+                self.__dict__[name] = getattr(self._inner, name)
+            else:
+                self.__dict__.pop(name, None)
 
     def clear_connector_metadata(self) -> None:
         super().clear_connector_metadata()
@@ -93,7 +123,6 @@ class WorkerHooks:
         with self._spans.hook("get_finished", self._work.step_context) as span:
             sending, recving = self._inner.get_finished(finished_req_ids)
             span.set_attributes(finished_attributes(sending, recving))
-        self._report_finished(sending or (), recving or (), ())
         return sending, recving
 
     def get_transfer_results(self, finished_req_ids: set[str]):
@@ -119,17 +148,7 @@ class WorkerHooks:
             span.end()
         else:
             self._work.note_quiet("get_transfer_results")
-        self._report_finished(
-            results.finished_sending, results.finished_recving, results.failed_recving
-        )
         return results
-
-    def _report_finished(self, sending, recving, failed) -> None:
-        for req_id in recving:
-            outcome = "failed" if req_id in failed else "ok"
-            self._work.request_event(req_id, "transfer_complete", **{names.LOAD_OUTCOME: outcome})
-        for req_id in sending:
-            self._work.request_event(req_id, "send_complete")
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self._quiet("get_block_ids_with_load_errors", names.LOAD_ERROR_BLOCK_IDS)

@@ -1,5 +1,6 @@
 """Worker-side tracing state: the step span, per-request work spans, per-layer timings."""
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -8,7 +9,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, Span
 
 from kvscope.traces import context, names
-from kvscope.traces.buffer import call_buffered
+from kvscope.traces.buffer import add_events, call_buffered, end_step_keeping, keep_for_step
 from kvscope.traces.metadata import TracedMetadata
 from kvscope.traces.spans import HookSpans, from_headers
 
@@ -37,6 +38,8 @@ class WorkerTracing:
         self.layer_calls: dict[str, LayerCalls] = {}
         self.quiet_hooks: list[str] = []
         self.quiet_steps = 0  # steps without KV work since the last traced one
+        self.quiet_start_ns = 0
+        self.quiet_events: list | None = None  # what a quiet step's connector reports
 
     def begin_step(self, metadata: TracedMetadata) -> None:
         self.end_step()
@@ -44,6 +47,9 @@ class WorkerTracing:
         self.loading = metadata.reqs_to_load
         if metadata.quiet:
             self.quiet_steps += 1
+            if self.spans.reports:
+                self.quiet_start_ns = time.time_ns()
+                self.quiet_events = keep_for_step()
             return
         for req_id, traceparent in metadata.reqs_trace_context.items():
             context.remember(req_id, traceparent)
@@ -128,6 +134,8 @@ class WorkerTracing:
         self.layer_calls = {}
 
     def end_step(self) -> None:
+        if self.quiet_events is not None:
+            self._end_quiet_step()
         if self.step_span is None:
             return
         self.flush_layer_calls()
@@ -140,12 +148,17 @@ class WorkerTracing:
         self.step_span.end()
         self.step_span = self.step_context = None
 
-    def request_event(self, req_id: str, point: str, **attributes) -> None:
-        """A short span in a request's trace for a fact reported outside its step spans."""
+    def _end_quiet_step(self) -> None:
+        """A quiet step whose connector reported facts (a lease expired, a load failed) gets
+        its step span after all, with the facts as events."""
+        events, self.quiet_events = self.quiet_events, None
+        end_step_keeping()
+        if not events:
+            return
         span = self.spans.start(
-            names.SPAN_REQUEST_EVENT,
-            context.context_of(req_id),
-            **{names.REQUEST_ID: req_id, names.TIMELINE_POINT: point, **attributes},
-        )
-        span.add_event(names.EVENT_TIMELINE, {names.TIMELINE_POINT: point})
+            names.SPAN_STEP, None, start_time=self.quiet_start_ns,
+            **{names.STEP: self.step_index, names.STEP_QUIET_BEFORE: self.quiet_steps - 1},
+        )  # fmt: skip
+        self.quiet_steps = 0
+        add_events(span, events)
         span.end()

@@ -5,6 +5,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from kvscope.traces import names
+from kvscope.traces.events import add_event
 from kvscope.traces.metadata import TracedMetadata
 from kvscope.traces.spans import HookSpans
 from kvscope.traces.worker_spans import WorkerTracing
@@ -30,3 +31,24 @@ def test_quiet_steps_keep_no_hook_names_and_a_traced_step_names_its_own():
     [step] = [s for s in memory.get_finished_spans() if s.name == names.SPAN_STEP]
     assert step.attributes[names.STEP_QUIET_BEFORE] == 10_000
     assert list(step.attributes[names.STEP_QUIET_HOOKS]) == ["wait_for_save"]
+
+
+def test_a_quiet_step_whose_connector_reports_a_fact_gets_its_step_span():
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    spans = HookSpans("CpuOffloadConnector", "worker", "engine-0", "kv_both")
+    spans.tracer = provider.get_tracer("test")
+    work = WorkerTracing(spans, per_layer=False)
+    work.begin_step(TracedMetadata(None, 1, quiet=True))
+    work.end_step()  # nothing reported: no span
+    work.begin_step(TracedMetadata(None, 2, quiet=True))
+    fact = {names.REQUEST_ID: "req-1", names.FAILURE_CAUSE: "timeout"}
+    add_event(names.EVENT_LOAD_FAILED, **fact)
+    work.end_step()
+    add_event(names.EVENT_LOAD_FAILED, **{names.REQUEST_ID: "req-2"})  # outside a step: dropped
+    [step] = memory.get_finished_spans()
+    assert step.name == names.SPAN_STEP and step.attributes[names.STEP] == 2
+    assert step.attributes[names.STEP_QUIET_BEFORE] == 1
+    [event] = step.events
+    assert event.name == names.EVENT_LOAD_FAILED and event.attributes[names.REQUEST_ID] == "req-1"
