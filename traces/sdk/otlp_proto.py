@@ -136,7 +136,9 @@ def encode_span(span: ReadableSpan) -> bytes:
     parts.append(b"\x30" + _varint(span.kind.value + 1))  # the proto's kinds start at 1
     parts.append(b"\x39" + _FIXED64(span.start_time or 0))
     parts.append(b"\x41" + _FIXED64(span.end_time or 0))
-    parts += _attributes(b"\x4a", span.attributes)
+    # ReadableSpan.attributes wraps the BoundedAttributes in a MappingProxyType, which hides
+    # the dict _attributes() reads; the SDK's own exporters read the attributes it wraps too.
+    parts += _attributes(b"\x4a", getattr(span, "_attributes", None) or span.attributes)
     if span.dropped_attributes:
         parts.append(b"\x50" + _varint(span.dropped_attributes))
     parts += [_event(event) for event in span.events]
@@ -172,12 +174,19 @@ def _scope(scope: Any) -> bytes:
 
 def encode_spans(spans: Sequence[ReadableSpan]) -> bytes:
     """An ExportTraceServiceRequest with the spans grouped by resource, then by scope."""
-    grouped: dict[Any, dict[Any, list[bytes]]] = {}
+    # Keyed by identity: a Resource hashes by serialising its attributes to JSON, and the spans
+    # of one provider share one Resource object.
+    resources: dict[int, Any] = {}
+    grouped: dict[int, dict[Any, list[bytes]]] = {}
     for span in spans:
-        scopes = grouped.setdefault(span.resource, {})
+        resource = span.resource
+        if (scopes := grouped.get(id(resource))) is None:
+            resources[id(resource)] = resource
+            scopes = grouped[id(resource)] = {}
         scopes.setdefault(span.instrumentation_scope, []).append(_field(b"\x12", encode_span(span)))
     request = []
-    for resource, scopes in grouped.items():
+    for key, scopes in grouped.items():
+        resource = resources[key]
         parts = [_field(b"\x0a", _resource(resource))]
         for scope, encoded in scopes.items():
             scope_parts = [_field(b"\x0a", _scope(scope)), *encoded]
