@@ -44,3 +44,5 @@ def set_traced(connectors: list[InstrumentedConnector], traced: bool) -> None:
                 connector.__dict__.pop(name, None)
             elif hasattr(connector.inner, name):
                 setattr(connector, name, getattr(connector.inner, name))
+        if traced:  # as loaded: some hooks are the wrapped connector's own
+            connector.__dict__.update(connector.untraced_hooks())

@@ -77,6 +77,9 @@ REQUEST_ID: Final = "gen_ai.request.id"
 REQUEST_IDS: Final = "kvscope.request.ids"
 """Request ids a step-level span served."""
 
+REQUEST_IDS_PREEMPTED: Final = "kvscope.request.ids_preempted"
+"""On build_connector_meta: the requests vLLM preempted in this step."""
+
 PROMPT_TOKENS: Final = "gen_ai.usage.prompt_tokens"
 """Prompt length in tokens (the name vLLM's own tracing uses)."""
 

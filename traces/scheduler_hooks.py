@@ -71,6 +71,7 @@ class SchedulerHooks:
             **{
                 names.STEP: self._sched.step,
                 names.REQUEST_IDS: sorted(contexts),
+                names.REQUEST_IDS_PREEMPTED: sorted(preempted),
                 names.TOKENS_SCHEDULED: scheduler_output.total_num_scheduled_tokens,
             },
         ):
@@ -139,22 +140,6 @@ class SchedulerHooks:
             span.set_attribute(names.HOOK_RESULT, short_text(result))
             return result
 
-    # Plain delegation: bookkeeping queries polled every step, not lifecycle events.
     def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
         self._kv_cache_manager = kv_cache_manager
         self._inner.bind_kv_cache_manager(kv_cache_manager)
-
-    def bind_gpu_block_pool(self, gpu_block_pool: Any) -> None:
-        self._inner.bind_gpu_block_pool(gpu_block_pool)
-
-    def get_loaded_kv_cache_group_ids(self, request: Any) -> tuple[int, ...]:
-        return self._inner.get_loaded_kv_cache_group_ids(request)
-
-    def register_finished_partial_tail(self, request, block_ids, partial_tail_offloads) -> bool:
-        return self._inner.register_finished_partial_tail(request, block_ids, partial_tail_offloads)
-
-    def has_pending_block_frees(self) -> bool:
-        return self._inner.has_pending_block_frees()
-
-    def has_pending_push_work(self) -> bool:
-        return self._inner.has_pending_push_work()

@@ -53,7 +53,7 @@ class WorkerHooks:
         reports in it is kept for a step span (WorkerTracing.begin_step)."""
         if aside == ("start_load_kv" in self.__dict__):
             return
-        for name in STEP_HOOKS:
+        for name in self._aside_hooks:
             if aside:
                 self.__dict__[name] = getattr(self._inner, name)
             else:
