@@ -105,6 +105,7 @@ class InstrumentedConnector(SchedulerHooks, WorkerHooks, KVConnectorBase_V1):
             name
             for name in NO_OP_BY_DEFAULT
             if getattr(inner_type, name) is getattr(KVConnectorBase_V1, name)
+            and not self._trace_quiet_hooks
         ]
         return {name: getattr(self._inner, name) for name in PASS_THROUGH + tuple(untraced)}
 
