@@ -37,6 +37,7 @@ def keep_for_step() -> Kept:
 
 
 def end_step_keeping() -> None:
+    """Stops keeping what hooks report (the quiet step ended)."""
     _buffer.set(None)
 
 

@@ -49,8 +49,8 @@ class WorkerHooks:
     def _step_aside(self, aside: bool) -> None:
         """From a quiet step (no KV work: most decode steps) to the next step with work, vLLM
         calls the wrapped connector's STEP_HOOKS itself: they are bound on this instance, ahead
-        of the traced ones. A decode step then costs no more than untraced; what the connector
-        reports in it is kept for a step span (WorkerTracing.begin_step)."""
+        of the traced ones. A decode step then costs about what it costs untraced; what the
+        connector reports in it is kept for a step span (WorkerTracing.begin_step)."""
         if aside == ("start_load_kv" in self.__dict__):
             return
         for name in self._aside_hooks:
