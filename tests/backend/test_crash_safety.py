@@ -8,7 +8,6 @@ batch that got one, and SQLite's integrity check must pass.
 
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -20,6 +19,7 @@ import pytest
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
 from kvscope.bench.ingest_clients import MS, make_tracer, request_spans
+from kvscope.demo.engine import free_port
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -28,17 +28,11 @@ REQUESTS_PER_BATCH = 8  # about 80 spans per batch
 ACKS_BEFORE_KILL = 4  # batches acknowledged in a round before the kill can come
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 class Backend:
     """One `python -m kvscope.backend` process on a free port; always reaped."""
 
     def __init__(self, database: str, log_path) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {
             **os.environ,

@@ -2,7 +2,6 @@
 
 import os
 import shutil
-import socket
 import time
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import pytest
 
 from kvscope.backend.settings import Settings
 from kvscope.dashboard.launch import start
+from kvscope.demo.engine import free_port
 from tests.backend.conftest import RunningBackend
 from tests.backend.story import MS, Process, failure_story, load_story
 
@@ -28,12 +28,6 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "build" / "screenshots"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def new_backend(tmp_path: Path) -> RunningBackend:
