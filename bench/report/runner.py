@@ -12,6 +12,9 @@ from kvscope.bench.report.benches import BenchSpec, bench_missing, supported_arg
 from kvscope.bench.results import RESULTS_ENV, load
 
 PROGRESS_EVERY_S = 30.0
+LEFTOVER_GRACE_S = 5.0
+"""How long a finished bench's other processes may take to exit (an engine process still
+shutting down) before they count as left behind and are killed."""
 
 
 @dataclass
@@ -67,6 +70,19 @@ def _kill_group(process: subprocess.Popen, first: signal.Signals) -> bool:
     return True
 
 
+def _group_gone(pgid: int, timeout_s: float) -> bool:
+    """Whether the process group empties within timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+
+
 def _wait(process: subprocess.Popen, spec_name: str, timeout_s: float, log_path: Path) -> bool:
     """Waits for the bench, printing progress; False when it ran past its timeout."""
     started = time.monotonic()
@@ -115,7 +131,11 @@ def run_bench(
         if not finished:
             _kill_group(process, signal.SIGTERM)
             process.wait(timeout=30)
-        leftovers = finished and _kill_group(process, signal.SIGKILL)
+        leftovers = (
+            finished
+            and not _group_gone(process.pid, LEFTOVER_GRACE_S)
+            and _kill_group(process, signal.SIGKILL)
+        )
     run.seconds = time.monotonic() - started
     run.load_end = os.getloadavg()[0]
     run.returncode = process.returncode

@@ -19,6 +19,12 @@ RECORDING = textwrap.dedent("""
 FAILING = "import sys; print('loading the model'); print('boom: no model here'); sys.exit(3)"
 
 
+def leaving_a_child(child_s: float) -> str:
+    """A bench that exits at once, its child child_s later."""
+    child = f"import time; time.sleep({child_s})"
+    return f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {child!r}])"
+
+
 def hanging(pid_file: Path) -> str:
     return f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
 
@@ -38,6 +44,8 @@ def test_report_from_fake_benches(tmp_path: Path) -> None:
         python_bench("copy_bandwidth", RECORDING),
         python_bench("offload_ttft", FAILING),
         python_bench("ingest", hanging(pid_file), timeout_s=1),
+        python_bench("nixl_bandwidth", leaving_a_child(child_s=1)),
+        python_bench("telemetry_isolation", leaving_a_child(child_s=60)),
     ]
     report_path = run_report(benches, tmp_path / "out", quick=True, command="report --quick")
     report = report_path.read_text()
@@ -58,6 +66,9 @@ def test_report_from_fake_benches(tmp_path: Path) -> None:
     assert "### offload_ttft: failed (exit status 3)" in report
     assert "boom: no model here" in report  # the tail of its log
     assert "### ingest: timed out" in report
+    # A child still exiting is waited for; one that stays is killed and named.
+    assert "| nixl_bandwidth | ok |" in report
+    assert "| telemetry_isolation | ok: left processes behind (killed) |" in report
     hanging_pid = int(pid_file.read_text())
     assert not Path(f"/proc/{hanging_pid}").exists() or _is_zombie(hanging_pid)
 
