@@ -56,26 +56,19 @@ def _kill_group(process: subprocess.Popen, first: signal.Signals) -> bool:
         os.killpg(process.pid, first)
     except ProcessLookupError:
         return False
-    if first != signal.SIGKILL:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            process.poll()  # reaps the leader: a zombie still counts as a group member
-            try:
-                os.killpg(process.pid, 0)
-            except ProcessLookupError:
-                return True
-            time.sleep(0.1)
+    if first != signal.SIGKILL and not _group_gone(process, 10):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
     return True
 
 
-def _group_gone(pgid: int, timeout_s: float) -> bool:
-    """Whether the process group empties within timeout_s."""
+def _group_gone(process: subprocess.Popen, timeout_s: float) -> bool:
+    """Whether the bench's process group empties within timeout_s."""
     deadline = time.monotonic() + timeout_s
     while True:
+        process.poll()  # reaps the leader: a zombie still counts as a group member
         try:
-            os.killpg(pgid, 0)
+            os.killpg(process.pid, 0)
         except ProcessLookupError:
             return True
         if time.monotonic() >= deadline:
@@ -133,7 +126,7 @@ def run_bench(
             process.wait(timeout=30)
         leftovers = (
             finished
-            and not _group_gone(process.pid, LEFTOVER_GRACE_S)
+            and not _group_gone(process, LEFTOVER_GRACE_S)
             and _kill_group(process, signal.SIGKILL)
         )
     run.seconds = time.monotonic() - started

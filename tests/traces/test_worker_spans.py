@@ -13,13 +13,18 @@ from kvscope.traces.worker_spans import WorkerTracing
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 
-def test_quiet_steps_keep_no_hook_names_and_a_traced_step_names_its_own():
+def _worker_tracing(connector_name: str) -> tuple[WorkerTracing, InMemorySpanExporter]:
+    """A connector's worker-side tracing, its spans kept in memory."""
     memory = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(memory))
-    spans = HookSpans("ExampleConnector", "worker", "engine-0", "kv_both")
+    spans = HookSpans(connector_name, "worker", "engine-0", "kv_both")
     spans.tracer = provider.get_tracer("test")
-    work = WorkerTracing(spans, per_layer=False)
+    return WorkerTracing(spans, per_layer=False), memory
+
+
+def test_quiet_steps_keep_no_hook_names_and_a_traced_step_names_its_own():
+    work, memory = _worker_tracing("ExampleConnector")
     for step in range(10_000):  # a long decode: every hook quiet, every step quiet
         work.begin_step(TracedMetadata(None, step, quiet=True))
         work.note_quiet("get_transfer_results")
@@ -34,12 +39,7 @@ def test_quiet_steps_keep_no_hook_names_and_a_traced_step_names_its_own():
 
 
 def test_a_quiet_step_whose_connector_reports_a_fact_gets_its_step_span():
-    memory = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(memory))
-    spans = HookSpans("CpuOffloadConnector", "worker", "engine-0", "kv_both")
-    spans.tracer = provider.get_tracer("test")
-    work = WorkerTracing(spans, per_layer=False)
+    work, memory = _worker_tracing("CpuOffloadConnector")
     work.begin_step(TracedMetadata(None, 1, quiet=True))
     work.end_step()  # nothing reported: no span
     work.begin_step(TracedMetadata(None, 2, quiet=True))
