@@ -1,8 +1,15 @@
 """The KVTransferConfig of a connector built inside another (TracedConnector, the Multi)."""
 
+import dataclasses
 from typing import Any
 
 from vllm.config.kv_transfer import KVTransferConfig
+
+TRANSFER_FIELDS: frozenset[str] = frozenset(f.name for f in dataclasses.fields(KVTransferConfig))
+"""Every key of vLLM's KVTransferConfig: what vLLM's MultiConnector accepts in a child."""
+
+INHERITED = ("engine_id", "kv_role", "kv_buffer_device", "kv_load_failure_policy")
+"""What a child shares with the connector it is built in, unless it sets its own."""
 
 
 def child_transfer_config(
@@ -10,20 +17,17 @@ def child_transfer_config(
     module_path: str | None,
     extra_config: dict[str, Any],
     outer: KVTransferConfig | None = None,
+    **fields: Any,
 ) -> KVTransferConfig:
-    """A child shares the outer engine id, role, buffer device and failure policy; without
-    an outer config (vLLM asking only for the class) a placeholder role is enough."""
+    """A child shares the outer engine id, role, buffer device and failure policy, and takes
+    any other KVTransferConfig field it sets (fields); without an outer config (vLLM asking
+    only for the class) a placeholder role is enough."""
     shared: dict[str, Any] = {"kv_role": "kv_both"}
     if outer is not None:
-        shared = {
-            "engine_id": outer.engine_id,
-            "kv_role": outer.kv_role,
-            "kv_buffer_device": outer.kv_buffer_device,
-            "kv_load_failure_policy": outer.kv_load_failure_policy,
-        }
+        shared = {name: getattr(outer, name) for name in INHERITED}
     return KVTransferConfig(
+        **{**shared, **fields},
         kv_connector=kv_connector,
         kv_connector_module_path=module_path,
         kv_connector_extra_config=extra_config,
-        **shared,
     )

@@ -8,22 +8,31 @@ from vllm.config.kv_transfer import KVTransferConfig
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 
-from kvscope.connector.child_config import child_transfer_config
+from kvscope.connector.child_config import TRANSFER_FIELDS, child_transfer_config
 from kvscope.traces.instrumented import InstrumentedConnector
 
-CHILD_KEYS = {"kv_connector", "kv_connector_module_path", "kv_connector_extra_config", "name"}
+OWN_KEYS = frozenset({"name"})
+"""Child keys of kvscope's own; every other key is a KVTransferConfig field, as in vLLM's
+MultiConnector."""
+
+CHILD_KEYS = TRANSFER_FIELDS | OWN_KEYS
+_PASSED_APART = ("kv_connector", "kv_connector_module_path", "kv_connector_extra_config")
 
 
 @dataclass
 class Child:
-    """One child connector and the name its spans and timelines carry."""
+    """One child connector, the name its spans, timelines and stats carry, and how it was
+    named in the config (which the logger process needs to rebuild its stats)."""
 
     name: str
     connector: KVConnectorBase_V1
+    kv_connector: str = ""
+    module_path: str | None = None
 
 
-def child_configs(extra_config: dict[str, Any]) -> list[dict[str, Any]]:
-    """The children's configs, checked, each with a unique name."""
+def child_configs(extra_config: dict[str, Any], outer_role: str | None = None) -> list[dict]:
+    """The children's configs, checked, each with a unique name; a child's kv_role must be the
+    Multi's (outer_role), when that is known."""
     configs = extra_config.get("connectors")
     if not configs or not isinstance(configs, list):
         raise ValueError(
@@ -33,12 +42,35 @@ def child_configs(extra_config: dict[str, Any]) -> list[dict[str, Any]]:
         )
     names: list[str] = []
     for index, config in enumerate(configs):
-        unknown = set(config) - CHILD_KEYS
-        if unknown or "kv_connector" not in config:
-            raise ValueError(f"child {index}: needs kv_connector; unknown keys {sorted(unknown)}")
+        check_child(index, config, outer_role)
         name = config.get("name") or config["kv_connector"]
         names.append(name if name not in names else f"{name}#{index}")
     return [{**config, "name": name} for config, name in zip(configs, names, strict=True)]
+
+
+def check_child(index: int, config: Any, outer_role: str | None) -> None:
+    """Refuses, with what to change, a child vLLM's MultiConnector would refuse or that could
+    not run beside the Multi."""
+    if not isinstance(config, dict):
+        raise ValueError(f"child {index}: a child is a dict with 'kv_connector', got {config!r}")
+    label = f"child {index} ({config.get('name') or config.get('kv_connector')})"
+    unknown = set(config) - CHILD_KEYS
+    if unknown:
+        raise ValueError(
+            f"{label}: unknown keys {sorted(unknown)}; a child takes 'name' and the fields of "
+            f"vLLM's KVTransferConfig: {sorted(TRANSFER_FIELDS)}"
+        )
+    if not isinstance(config.get("kv_connector"), str) or not config["kv_connector"]:
+        raise ValueError(f"{label}: needs kv_connector, the connector's class name")
+    role = config.get("kv_role")
+    # Children run in the Multi's engine, on its side of a P/D pair: another role would make
+    # a child produce or consume KV the engine does not.
+    if role is not None and outer_role is not None and role != outer_role:
+        raise ValueError(
+            f"{label}: kv_role {role!r} differs from the KvscopeMultiConnector's kv_role "
+            f"{outer_role!r}; set the child's kv_role to {outer_role!r} or leave it out "
+            f"(a child inherits the Multi's)"
+        )
 
 
 def child_class(config: dict[str, Any], outer: KVTransferConfig | None = None) -> type:
@@ -51,23 +83,39 @@ def child_class(config: dict[str, Any], outer: KVTransferConfig | None = None) -
 
 
 def transfer_config(config: dict[str, Any], outer: KVTransferConfig | None) -> KVTransferConfig:
-    return child_transfer_config(
-        config["kv_connector"],
-        config.get("kv_connector_module_path"),
-        config.get("kv_connector_extra_config") or {},
-        outer,
-    )
+    """The child's own KVTransferConfig: its fields over what it inherits from the Multi."""
+    # A field given as None is left out, so the child inherits it (vLLM would refuse a None role).
+    fields = {k: v for k, v in config.items()
+              if k in TRANSFER_FIELDS and k not in _PASSED_APART and v is not None}  # fmt: skip
+    try:
+        return child_transfer_config(
+            config["kv_connector"],
+            config.get("kv_connector_module_path"),
+            config.get("kv_connector_extra_config") or {},
+            outer,
+            **fields,
+        )
+    except ValueError as error:  # pydantic's ValidationError too
+        label = config.get("name") or config["kv_connector"]
+        raise ValueError(f"child {label}: {error}") from error
+
+
+def child_vllm_config(config: dict[str, Any], vllm_config: Any) -> Any:
+    """The engine's config with the child's KVTransferConfig in place of the Multi's."""
+    child_config = copy.copy(vllm_config)
+    child_config.kv_transfer_config = transfer_config(config, vllm_config.kv_transfer_config)
+    return child_config
 
 
 def build_children(vllm_config: Any, role: Any, kv_cache_config: Any) -> list[Child]:
     outer = vllm_config.kv_transfer_config
     children = []
-    for config in child_configs(outer.kv_connector_extra_config or {}):
-        child_config = copy.copy(vllm_config)
-        child_config.kv_transfer_config = transfer_config(config, outer)
+    for config in child_configs(outer.kv_connector_extra_config or {}, outer.kv_role):
+        child_config = child_vllm_config(config, vllm_config)
         connector = child_class(config, outer)(child_config, role, kv_cache_config)
         # The Multi reports what a child's failed load became: a fallback, or the policy.
         if hasattr(connector, "leave_failure_outcome_to_parent"):
             connector.leave_failure_outcome_to_parent()
-        children.append(Child(config["name"], connector))
+        module_path = config.get("kv_connector_module_path")
+        children.append(Child(config["name"], connector, config["kv_connector"], module_path))
     return children

@@ -34,3 +34,9 @@ class KvscopeMultiConnector(InstrumentedConnector):
     @classmethod
     def inner_class(cls, extra_config: dict[str, Any]) -> type[MultiCore]:
         return MultiCore
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None):
+        """vLLM's logger process rebuilds the engine's stats with this class (it is the one in
+        the config): each child's, under its name."""
+        return MultiCore.build_kv_connector_stats(data)

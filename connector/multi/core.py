@@ -7,7 +7,13 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
-from kvscope.connector.multi.children import build_children, child_class, child_configs
+from kvscope.connector.multi import stats
+from kvscope.connector.multi.children import (
+    build_children,
+    child_class,
+    child_configs,
+    child_vllm_config,
+)
 from kvscope.connector.multi.metadata import MultiMetadata
 from kvscope.connector.multi.scheduler import MultiScheduler
 from kvscope.connector.multi.worker import MultiWorker
@@ -54,16 +60,44 @@ class MultiCore(KVConnectorBase_V1):
     def on_new_request(self, request: Any) -> None:
         self._each("on_new_request", request)
 
-    def get_external_cache_hit_sources(self, request: Any, num_external_tokens: int):
+    def _serving(self, request: Any) -> KVConnectorBase_V1 | None:
+        """The child chosen to load the request's external hit, if any."""
         serving = self.scheduler.serving.get(str(request.request_id))
-        if serving is None:
+        return None if serving is None else self.children[serving].connector
+
+    def get_external_cache_hit_sources(self, request: Any, num_external_tokens: int):
+        if (child := self._serving(request)) is None:
             return super().get_external_cache_hit_sources(request, num_external_tokens)
-        child = self.children[serving].connector
         return child.get_external_cache_hit_sources(request, num_external_tokens)
+
+    def get_loaded_kv_cache_group_ids(self, request: Any) -> tuple[int, ...]:
+        if (child := self._serving(request)) is None:
+            return super().get_loaded_kv_cache_group_ids(request)
+        return child.get_loaded_kv_cache_group_ids(request)
+
+    def register_finished_partial_tail(self, request: Any, block_ids, partial_tail_offloads):
+        accepted = self._each("register_finished_partial_tail", request, block_ids,
+                              partial_tail_offloads)  # fmt: skip
+        return any(accepted)
 
     def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
         self._kv_cache_manager = kv_cache_manager
         self._each("bind_kv_cache_manager", kv_cache_manager)
+
+    def bind_gpu_block_pool(self, gpu_block_pool: Any) -> None:
+        self._each("bind_gpu_block_pool", gpu_block_pool)
+
+    def set_xfer_handshake_metadata(self, metadata: dict) -> None:
+        """Every child gets the workers' handshake metadata (NixlConnector starts its side
+        channel listener with it), as in vLLM's MultiConnector."""
+        self._each("set_xfer_handshake_metadata", metadata)
+
+    def set_xfer_handshake_metadata_pp_aware(self, metadata: dict) -> None:
+        self._each("set_xfer_handshake_metadata_pp_aware", metadata)
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        return any(child.connector.requires_kv_delivery for child in self.children)
 
     def take_events(self):
         return [event for events in self._each("take_events") for event in events]
@@ -125,8 +159,55 @@ class MultiCore(KVConnectorBase_V1):
     def build_connector_worker_meta(self):
         return self.worker.worker_meta()
 
-    def get_kv_connector_stats(self):
-        return None  # each child's stats travel in its own transfer spans
+    def get_handshake_metadata(self):
+        """The first child's that has some: vLLM carries one per worker (as its MultiConnector)."""
+        return next((m for m in self._each("get_handshake_metadata") if m is not None), None)
+
+    def get_finished_count(self) -> int | None:
+        counts = self._each("get_finished_count")
+        if any(count is None for count in counts):
+            return None
+        if len(set(counts)) > 1:
+            raise ValueError(f"children expect different finished counts {sorted(set(counts))}")
+        return next(iter(counts), None)
+
+    def set_host_xfer_buffer_ops(self, copy_operation: Any) -> None:
+        self._each("set_host_xfer_buffer_ops", copy_operation)
+
+    def get_mem_pool_context(self):
+        """A child's KV cache memory pool; the KV cache lives in one, so at most one child."""
+        contexts = zip(self.children, self._each("get_mem_pool_context"), strict=True)
+        found = [(child.name, context) for child, context in contexts if context is not None]
+        if len(found) > 1:
+            raise ValueError(
+                f"children {[name for name, _ in found]} each provide a KV cache memory pool; "
+                "configure custom_mem_pool on at most one"
+            )
+        return found[0][1] if found else None
+
+    def finish_forward(self) -> None:
+        self._each("finish_forward")
+
+    def reset_capture_state(self) -> None:
+        self._each("reset_capture_state")
+
+    def get_kv_connector_stats(self) -> stats.MultiStats | None:
+        """Each child's stats under its name, as vLLM's MultiKVConnectorStats (also on the
+        scheduler side, whose stats vLLM adds to the workers')."""
+        multi = None
+        for child in self.children:
+            if (child_stats := child.connector.get_kv_connector_stats()) is not None:
+                multi = multi or stats.MultiStats()
+                multi.add(child.name, (child.kv_connector, child.module_path), child_stats)
+        return multi
+
+    def get_kv_connector_kv_cache_events(self):
+        """The children's KV cache events in one container (the first child's)."""
+        merged = None
+        for events in self._each("get_kv_connector_kv_cache_events"):
+            if events is not None:
+                merged = events if merged is None else merged.merge(events)
+        return merged
 
     def shutdown(self) -> None:
         self._each("shutdown")
@@ -135,11 +216,12 @@ class MultiCore(KVConnectorBase_V1):
 
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config: Any) -> str | None:
-        extra = vllm_config.kv_transfer_config.kv_connector_extra_config or {}
+        outer = vllm_config.kv_transfer_config
         layouts = set()
-        for config in child_configs(extra):
-            child = child_class(config, vllm_config.kv_transfer_config)
-            if (layout := child.get_required_kvcache_layout(vllm_config)) is not None:
+        for config in child_configs(outer.kv_connector_extra_config or {}, outer.kv_role):
+            child = child_class(config, outer)
+            layout = child.get_required_kvcache_layout(child_vllm_config(config, vllm_config))
+            if layout is not None:
                 layouts.add(layout)
         if len(layouts) > 1:
             raise ValueError(f"children need different KV cache layouts {sorted(layouts)}")
@@ -153,3 +235,12 @@ class MultiCore(KVConnectorBase_V1):
             )
             for config in child_configs(extra_config)
         )
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> stats.MultiStats:
+        return stats.rebuild_stats(data)
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        return stats.build_prom_metrics(vllm_config, metric_types, labelnames,
+                                        per_engine_labelvalues)  # fmt: skip
