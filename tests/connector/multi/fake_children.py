@@ -1,0 +1,71 @@
+"""A child connector for Multi tests without an engine: answers what it is configured to answer
+and records the plumbing calls it gets."""
+
+from dataclasses import dataclass
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorHandshakeMetadata,
+)
+
+from kvscope.connector.cpu_offload.stats import OffloadStats
+
+
+@dataclass
+class Handshake(KVConnectorHandshakeMetadata):
+    owner: str
+
+
+class RecordingConnector(KVConnectorBase_V1):
+    """kv_connector_extra_config: handshake (bool), finished_count (int), stats (dict)."""
+
+    def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any):
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        self.extra = self._kv_transfer_config.kv_connector_extra_config
+        self.calls: list[tuple[str, Any]] = []
+
+    def get_handshake_metadata(self):
+        return Handshake(self.extra["owner"]) if self.extra.get("handshake") else None
+
+    def set_xfer_handshake_metadata(self, metadata) -> None:
+        self.calls.append(("set_xfer_handshake_metadata", metadata))
+
+    def get_finished_count(self) -> int | None:
+        return self.extra.get("finished_count")
+
+    def set_host_xfer_buffer_ops(self, copy_operation) -> None:
+        self.calls.append(("set_host_xfer_buffer_ops", copy_operation))
+
+    def finish_forward(self) -> None:
+        self.calls.append(("finish_forward", None))
+
+    def get_kv_connector_stats(self):
+        stats = self.extra.get("stats")
+        return OffloadStats(data=dict(stats)) if stats else None
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None):
+        return OffloadStats(data=dict(data or {}))
+
+    # The abstract hooks: nothing to do without an engine.
+    def get_num_new_matched_tokens(self, request, num_computed_tokens):
+        return 0, False
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens):
+        return None
+
+    def build_connector_meta(self, scheduler_output):
+        return None
+
+    def start_load_kv(self, forward_context, **kwargs):
+        return None
+
+    def wait_for_layer_load(self, layer_name):
+        return None
+
+    def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
+        return None
+
+    def wait_for_save(self):
+        return None
