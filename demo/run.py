@@ -61,7 +61,8 @@ def start_stack(options: DemoOptions, workdir: Path, stack: Stack) -> dict[str, 
         # A small KV cache, so vLLM's own prefix cache evicts and the offload pool gets hits.
         cmd += ["--otlp-traces-endpoint", backend + "/v1/traces", "--served-model-name",
                 "kvscope-tiny", "--num-gpu-blocks-override", "64"]  # fmt: skip
-        server_env = engine_env(KVSCOPE_OTLP_ENDPOINTS=endpoints, OTEL_SERVICE_NAME=f"vllm-{role}",
+        server_env = engine_env(KVSCOPE_OTLP_ENDPOINTS=endpoints, KVSCOPE_BACKEND_URL=backend,
+                                OTEL_SERVICE_NAME=f"vllm-{role}",
                                 OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="http/protobuf",
                                 OTEL_BSP_SCHEDULE_DELAY="200")  # fmt: skip
         url = f"http://127.0.0.1:{port}"
@@ -70,7 +71,7 @@ def start_stack(options: DemoOptions, workdir: Path, stack: Stack) -> dict[str, 
     proxy = f"http://127.0.0.1:{options.proxy_port}"
     cmd = python("kvscope.demo.proxy", "--port", str(options.proxy_port),
                  "--prefill-url", urls["prefill"], "--decode-url", urls["decode"])  # fmt: skip
-    proxy_env = {**os.environ, "KVSCOPE_OTLP_ENDPOINTS": endpoints,
+    proxy_env = {**os.environ, "KVSCOPE_OTLP_ENDPOINTS": endpoints, "KVSCOPE_BACKEND_URL": backend,
                  "OTEL_SERVICE_NAME": "kvscope-proxy"}  # fmt: skip
     stack.start(Service("proxy", cmd, proxy_env, proxy + "/health", workdir / "proxy.log"))
     urls["proxy"] = proxy

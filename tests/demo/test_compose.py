@@ -18,11 +18,12 @@ from kvscope.dashboard.settings import DashboardSettings
 from kvscope.demo import workload_cli
 from kvscope.demo.engine import ENGINE_ENV, serve_command
 from kvscope.demo.topology import engine_config
-from kvscope.traces.sdk.settings import parse_endpoint
+from kvscope.traces.sdk.settings import TracingSettings, parse_endpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
 GPU_OVERRIDE = ROOT / "docker-compose.gpu.yml"
+JAEGER_GRPC = "http://jaeger:4317"
 SIDE_CHANNEL_PORT = 5700
 FAULTS_FILE = Path("/faults/faults.json")
 ENGINES = ("prefill", "decode")
@@ -33,7 +34,6 @@ FOREIGN_ENV = {
     "COLLECTOR_OTLP_ENABLED",  # Jaeger
     "POSTGRES_USER", "POSTGRES_DB", "POSTGRES_PASSWORD",  # the postgres image
     "UCX_TLS",  # UCX, under NIXL
-    "OTEL_EXPORTER_OTLP_TRACES_HEADERS",  # the OpenTelemetry SDK's exporters (vLLM's own)
 }  # fmt: skip
 _VARIABLE = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")
 
@@ -206,6 +206,15 @@ def test_proxy_command_starts_the_proxy(services, env_file, monkeypatch):
     assert option(argv, "--decode-url") == f"http://decode:{env_file['DECODE_PORT']}"
 
 
+def test_only_the_backend_gets_the_token(services, env_file):
+    environment = services["proxy"]["environment"]
+    settings = TracingSettings.from_env(environment)
+    marked = {d.endpoint: d.is_backend for d in settings.destinations}
+    assert marked == {backend_url(env_file) + "/v1/traces": True, JAEGER_GRPC: False}
+    assert parse_endpoint(environment["KVSCOPE_BACKEND_URL"]).endpoint == backend_url(env_file)
+    assert settings.backend_token == env_file["KVSCOPE_BACKEND_TOKEN"]
+
+
 def test_workload_command_parses_and_targets_the_proxy(services, env_file):
     argv = command_of(services, "workload")
     assert argv[:3] == ["python", "-m", "kvscope.demo.workload_cli"]
@@ -230,8 +239,10 @@ def test_engine_command_is_the_demos_serve_command(services, env_file, role):
     config_at = expected.index("--kv-transfer-config") + 1
     assert json.loads(argv[config_at]) == json.loads(expected[config_at]), "engine_config changed"
     assert argv[:config_at] == expected[:config_at]
+    # vLLM's own exporter goes to Jaeger (the demo's goes to its backend, which has no token):
+    # it can only be given the backend's token through variables every destination reads.
     assert argv[config_at + 1 :] == [
-        "--otlp-traces-endpoint", backend_url(env_file) + "/v1/traces",
+        "--otlp-traces-endpoint", JAEGER_GRPC,
         "--served-model-name", "kvscope-tiny",
     ]  # fmt: skip
     assert f":{port}/health" in services[role]["healthcheck"]["test"][-1]
@@ -243,11 +254,15 @@ def test_engine_environment_matches_the_demos(services, env_file, role, monkeypa
     for key, value in ENGINE_ENV.items():
         if key not in ENGINE_ENV_OVERRIDES:
             assert environment.get(key) == value, f"{role}: {key} differs from ENGINE_ENV"
-    destinations = [parse_endpoint(url) for url in environment["KVSCOPE_OTLP_ENDPOINTS"].split(",")]
-    assert {(d.protocol, d.endpoint) for d in destinations} == {
-        ("http/protobuf", backend_url(env_file) + "/v1/traces"),
-        ("grpc", "http://jaeger:4317"),
+    # As vLLM leaves it once it set up its own exporter (to Jaeger, over gRPC).
+    tracing_env = {**environment, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": JAEGER_GRPC}
+    settings = TracingSettings.from_env(tracing_env)
+    assert settings.backend_token == env_file["KVSCOPE_BACKEND_TOKEN"]
+    assert {(d.protocol, d.endpoint, d.is_backend) for d in settings.destinations} == {
+        ("http/protobuf", backend_url(env_file) + "/v1/traces", True),
+        ("grpc", JAEGER_GRPC, False),  # vLLM's exporter's: kvscope joins it, adds none
     }
+    assert not any(key.endswith("_HEADERS") for key in environment), "headers reach Jaeger too"
     monkeypatch.setenv(HOST_ENV, environment[HOST_ENV])
     extra = engine_config(SIDE_CHANNEL_PORT, FAULTS_FILE)["kv_connector_extra_config"]
     p2p = P2PConfig.from_extra_config(extra["connectors"][0]["kv_connector_extra_config"])

@@ -30,9 +30,12 @@ TELEMETRY_INTERVAL_S = float(os.environ.get("KVSCOPE_TELEMETRY_INTERVAL_S", 10))
 """How often a process reports its span counts in a kvscope.telemetry span."""
 
 
-def make_exporter(destination: Destination) -> SpanExporter:
-    """The SDK exporter for one destination."""
-    headers = _headers()
+def make_exporter(destination: Destination, backend_token: str | None = None) -> SpanExporter:
+    """The SDK exporter for one destination; only the kvscope backend gets `backend_token`.
+
+    Every OTLP destination also gets OTEL_EXPORTER_OTLP_[TRACES_]HEADERS (the exporters read them).
+    """
+    headers = backend_headers(backend_token) if destination.is_backend else {}
     if destination.protocol == "grpc":
         insecure = destination.endpoint.startswith("http://")
         return OtlpGrpcExporter(endpoint=destination.endpoint, insecure=insecure, headers=headers)
@@ -45,10 +48,24 @@ def make_exporter(destination: Destination) -> SpanExporter:
     raise ValueError(f"unknown OTLP protocol {destination.protocol!r}")
 
 
-def _headers() -> dict[str, str]:
-    # OTEL_EXPORTER_OTLP_HEADERS is read by the SDK exporters themselves; kvscope adds its token.
-    token = os.environ.get("KVSCOPE_BACKEND_TOKEN")
-    return {"Authorization": f"Bearer {token}"} if token else {}
+def backend_headers(token: str | None) -> dict[str, str]:
+    """What the backend checks; lower-case, as gRPC metadata must be (HTTP ignores case)."""
+    return {"authorization": f"Bearer {token}"} if token else {}
+
+
+def _destinations(settings: TracingSettings, joined: bool) -> list[Destination]:
+    destinations = list(settings.destinations)
+    if joined:
+        # A provider set up before us (vLLM's, for --otlp-traces-endpoint) already exports every
+        # span, ours included, to the standard endpoint: vLLM writes its endpoint there.
+        destinations = [d for d in destinations if not d.standard]
+    if settings.backend_token and not any(d.is_backend for d in destinations):
+        logger.warning(
+            "KVSCOPE_BACKEND_TOKEN is set but no destination is the kvscope backend, so no "
+            "destination gets it: set KVSCOPE_BACKEND_URL (or KVSCOPE_BACKEND_GRPC_URL) to the "
+            "backend's address, e.g. http://127.0.0.1:4318"
+        )
+    return destinations
 
 
 def configure_tracing(
@@ -69,12 +86,15 @@ def configure_tracing(
     with _lock:
         if _configured or not settings.enabled:
             return False
-        exporters = list(exporters or []) + [make_exporter(d) for d in settings.destinations]
+        provider = trace.get_tracer_provider()
+        joined = isinstance(provider, TracerProvider)
+        exporters = list(exporters or []) + [
+            make_exporter(d, settings.backend_token) for d in _destinations(settings, joined)
+        ]
         if not exporters:
             return False
         origin = uuid.uuid4().hex
-        provider = trace.get_tracer_provider()
-        if not isinstance(provider, TracerProvider):
+        if not joined:
             provider = TracerProvider(
                 resource=_resource(settings, service_name, origin, attributes)
             )

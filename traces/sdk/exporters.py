@@ -138,8 +138,20 @@ class OtlpJsonHttpExporter(OtlpHttpExporter):
 
 
 class OtlpGrpcExporter(OTLPSpanExporter):
-    """The SDK's OTLP/gRPC exporter (retries, channel, TLS and headers as it does them), given
-    requests built by the direct encoder: parsing bytes is cheap, building messages is not."""
+    """The SDK's OTLP/gRPC exporter (retries, channel, TLS as it does them), given requests built
+    by the direct encoder: parsing bytes is cheap, building messages is not.
+
+    Metadata: OTEL_EXPORTER_OTLP_[TRACES_]HEADERS, then `headers`, keys lower-cased. The SDK's
+    exporter would drop the variables whenever headers are given, and gRPC fails every call
+    whose metadata has an upper-case key ("Illegal header key").
+    """
+
+    def __init__(
+        self, endpoint: str | None = None, headers: dict[str, str] | None = None, **kwargs
+    ) -> None:
+        metadata = parse_env_headers(_env("HEADERS") or "", liberal=True)
+        metadata.update((key.lower(), value) for key, value in (headers or {}).items())
+        super().__init__(endpoint=endpoint, headers=metadata or None, **kwargs)
 
     def _translate_data(self, data: Sequence[ReadableSpan]) -> ExportTraceServiceRequest:
         return ExportTraceServiceRequest.FromString(encode_spans(data))
