@@ -25,6 +25,8 @@ class FaultPlan:
     load_delay_ms: float = 0.0  # every load finishes at least this much later
     evict_leased: bool = False  # each load first tries to evict its own leased blocks
     lease_timeout_ms: float = 0.0  # leases taken now expire this soon; 0 keeps the configured one
+    store_delay_ms: float = 0.0  # every store finishes at least this much later
+    rank: int = -1  # copy faults (fail, delay) only on the worker of this world rank; -1: all
     seed: int = 0
 
     @classmethod
@@ -51,8 +53,11 @@ class FaultPlan:
             raise ValueError(f"fail_load_probability not in [0, 1]: {self.fail_load_probability}")
         if self.load_delay_ms < 0:
             raise ValueError(f"load_delay_ms must be >= 0, got {self.load_delay_ms}")
-        if self.lease_timeout_ms < 0:
-            raise ValueError(f"lease_timeout_ms must be >= 0, got {self.lease_timeout_ms}")
+        for name in ("lease_timeout_ms", "store_delay_ms"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.rank < -1:
+            raise ValueError(f"rank must be a world rank or -1 (every rank), got {self.rank}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -101,6 +106,7 @@ class FaultInjector:
         self._lock: threading.Lock = threading.Lock()
         self._plan_path: str | None = os.fspath(plan_path) if plan_path is not None else None
         self._file_version: tuple[int, int] | None = None
+        self.rank: int | None = None  # this worker's world rank; None on the scheduler side
         self.counters: FaultCounters = FaultCounters()
         self._install(plan or FaultPlan())
         self.refresh()
@@ -132,13 +138,23 @@ class FaultInjector:
             plan = self._plan
             self._loads += 1
             draw = self._rng.random()  # drawn every time, so a seed gives the same sequence
-            fail_reason = self._fail_reason(plan, req_id, draw)
-            fault = LoadFault(fail_reason, plan.load_delay_ms / 1000.0, plan.evict_leased)
+            here = self._applies_here(plan)
+            fail_reason = self._fail_reason(plan, req_id, draw) if here else None
+            delay_s = plan.load_delay_ms / 1000.0 if here else 0.0
+            fault = LoadFault(fail_reason, delay_s, plan.evict_leased)
             self.counters.loads_seen += 1
             self.counters.failures_injected += fail_reason is not None
             self.counters.delays_injected += fault.delay_s > 0
             self.counters.evictions_attempted += fault.evict_leased
             return fault
+
+    def on_store(self) -> float:
+        """The delay to inject into one store, in seconds."""
+        plan = self.plan
+        return plan.store_delay_ms / 1000.0 if self._applies_here(plan) else 0.0
+
+    def _applies_here(self, plan: FaultPlan) -> bool:
+        return plan.rank < 0 or self.rank is None or plan.rank == self.rank
 
     def refresh(self) -> bool:
         """Re-reads the plan file if it changed; True when a new plan was installed."""

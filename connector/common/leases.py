@@ -1,5 +1,6 @@
 """Leases: a hit pins its host blocks until the load finishes, the request ends or time runs out."""
 
+import dataclasses
 import itertools
 import time
 from collections.abc import Callable
@@ -22,6 +23,7 @@ class Lease:
     block_keys: tuple[bytes, ...]
     created_at: float
     expires_at: float
+    timeout_s: float = 30.0  # how long it lasts from its last refresh
 
 
 @dataclass
@@ -68,6 +70,7 @@ class LeaseTable:
     ) -> Lease:
         """timeout_s overrides the table's timeout for this lease (fault injection)."""
         now = self.clock() if now is None else now
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
         self.pool.pin(host_block_ids)
         lease = Lease(
             lease_id=next_lease_id(),
@@ -75,11 +78,22 @@ class LeaseTable:
             host_block_ids=tuple(host_block_ids),
             block_keys=tuple(self.pool.key_of(b) for b in host_block_ids),
             created_at=now,
-            expires_at=now + (self.timeout_s if timeout_s is None else timeout_s),
+            expires_at=now + timeout_s,
+            timeout_s=timeout_s,
         )
         self._leases[lease.lease_id] = lease
         self._lease_ids_of_req.setdefault(req_id, set()).add(lease.lease_id)
         self._counters.acquired += 1
+        return lease
+
+    def refresh(self, lease_id: int, now: float | None = None) -> Lease | None:
+        """Restarts an active lease's clock (its holder asked again); None if it is gone."""
+        lease = self._leases.get(lease_id)
+        if lease is None:
+            return None
+        now = self.clock() if now is None else now
+        lease = dataclasses.replace(lease, expires_at=max(lease.expires_at, now + lease.timeout_s))
+        self._leases[lease_id] = lease
         return lease
 
     def release(self, lease_id: int) -> Lease | None:

@@ -7,6 +7,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
     KVConnectorRole,
 )
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvscope.connector.common.faults import FaultInjector
 from kvscope.connector.common.host_pool import KVNamespace, num_host_blocks
@@ -20,6 +21,8 @@ from kvscope.connector.cpu_offload.worker import OffloadWorker
 class CpuOffloadCore(KVConnectorBase_V1):
     """Keeps KV blocks in a host pool keyed by content; use CpuOffloadConnector (traced)."""
 
+    _cache_hit_source = CacheHitSource.HOST
+
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         extra = self._kv_transfer_config.kv_connector_extra_config or {}
@@ -28,19 +31,24 @@ class CpuOffloadCore(KVConnectorBase_V1):
         self.scheduler: OffloadScheduler | None = None
         self.worker: OffloadWorker | None = None
         self._reported: dict[str, float] = {}
+        # vLLM gathers every rank's worker output (TP x PP), not only the TP group's.
+        world_size = vllm_config.parallel_config.world_size
         if role == KVConnectorRole.SCHEDULER:
             spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
             num_layers = len(kv_cache_config.kv_cache_groups[0].layer_names)
             host_blocks = num_host_blocks(
-                config.cpu_bytes_to_use, spec.page_size_bytes * num_layers
+                config.bytes_per_rank(world_size), spec.page_size_bytes * num_layers
             )
             self.scheduler = OffloadScheduler(
                 config, kv_namespace(vllm_config, spec, num_layers), spec.block_size, host_blocks,
-                vllm_config.parallel_config.tensor_parallel_size, faults,
+                world_size, faults,
             )  # fmt: skip
         else:
+            faults.rank = world_rank()
             policy = self._kv_transfer_config.kv_load_failure_policy
-            self.worker = OffloadWorker(config, faults, kv_cache_config.num_blocks, policy)
+            self.worker = OffloadWorker(
+                config, faults, kv_cache_config.num_blocks, policy, world_size
+            )
 
     def leave_failure_outcome_to_parent(self) -> None:
         """Inside a Multi, which says what a failed load became (a fallback, or the policy)."""
@@ -58,10 +66,12 @@ class CpuOffloadCore(KVConnectorBase_V1):
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
         return self.scheduler.build_metadata(scheduler_output, self._kv_cache_manager)
 
+    @property
+    def requires_kv_delivery(self) -> bool:
+        return False  # a best-effort cache: a store dropped by a preemption is a later miss
+
     def update_connector_output(self, connector_output: Any) -> None:
-        self.scheduler.on_worker_output(
-            connector_output.kv_connector_worker_meta, connector_output.finished_recving or set()
-        )
+        self.scheduler.on_worker_output(connector_output.kv_connector_worker_meta)
 
     def request_finished(self, request: Any, block_ids: list[int]):
         return self.scheduler.finished(request), None
@@ -116,6 +126,16 @@ class CpuOffloadCore(KVConnectorBase_V1):
         metadata = self._get_connector_metadata()
         assert isinstance(metadata, OffloadMetadata), type(metadata)
         return metadata
+
+
+def world_rank() -> int:
+    """This worker's rank among all the engine's workers (TP x PP)."""
+    from vllm.distributed.parallel_state import get_world_group
+
+    try:
+        return get_world_group().rank_in_group
+    except AssertionError:  # no distributed set-up: a lone worker built outside vLLM
+        return 0
 
 
 def kv_namespace(vllm_config: Any, spec: Any, num_layers: int) -> KVNamespace:

@@ -7,7 +7,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorWorkerMetadata,
 )
 
-OFFLOAD_METADATA_VERSION = 1
+OFFLOAD_METADATA_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -34,17 +34,32 @@ class OffloadMetadata(KVConnectorMetadata):
 
 @dataclass
 class OffloadWorkerMeta(KVConnectorWorkerMetadata):
-    """Store outcomes, counted across workers: a store commits when every worker stored it."""
+    """One step's copy outcomes, as counts of ranks: vLLM sums them over the ranks of a step,
+    the scheduler half over steps (connector/common/rank_tally.py)."""
 
-    stores_done: dict[int, int] = field(default_factory=dict)  # reservation id -> workers
-    stores_failed: set[int] = field(default_factory=set)
-    loads_failed: set[str] = field(default_factory=set)  # request ids
+    stores_done: dict[int, int] = field(default_factory=dict)  # reservation id -> ranks
+    stores_failed: dict[int, int] = field(default_factory=dict)
+    loads_done: dict[str, int] = field(default_factory=dict)  # request id -> ranks
+    loads_failed: dict[str, int] = field(default_factory=dict)
+    version: int = OFFLOAD_METADATA_VERSION
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
-        assert isinstance(other, OffloadWorkerMeta)
-        merged = dict(self.stores_done)
-        for store_id, count in other.stores_done.items():
-            merged[store_id] = merged.get(store_id, 0) + count
+        assert isinstance(other, OffloadWorkerMeta), type(other)
+        if other.version != self.version:
+            raise ValueError(f"offload worker metadata v{other.version}, expected v{self.version}")
         return OffloadWorkerMeta(
-            merged, self.stores_failed | other.stores_failed, self.loads_failed | other.loads_failed
+            _sum(self.stores_done, other.stores_done),
+            _sum(self.stores_failed, other.stores_failed),
+            _sum(self.loads_done, other.loads_done),
+            _sum(self.loads_failed, other.loads_failed),
         )
+
+    def is_empty(self) -> bool:
+        return not (self.stores_done or self.stores_failed or self.loads_done or self.loads_failed)
+
+
+def _sum(mine: dict, theirs: dict) -> dict:
+    merged = dict(mine)
+    for key, count in theirs.items():
+        merged[key] = merged.get(key, 0) + count
+    return merged

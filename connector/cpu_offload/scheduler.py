@@ -6,11 +6,13 @@ and tells the workers, through OffloadMetadata, which blocks to copy where.
 
 import itertools
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from kvscope.connector.common.faults import FaultInjector
 from kvscope.connector.common.host_pool import HostBlockPool, KVNamespace
 from kvscope.connector.common.leases import Lease, LeaseTable
+from kvscope.connector.common.rank_tally import RankTally
 from kvscope.connector.cpu_offload.config import OffloadConfig
 from kvscope.connector.cpu_offload.metadata import BlockTransfer, OffloadMetadata, OffloadWorkerMeta
 from kvscope.traces import names
@@ -19,18 +21,32 @@ from kvscope.traces.events import add_event
 from kvscope.traces.outcomes import KEPT_PINNED, RELEASED
 
 
+class LoadPhase(Enum):
+    """Where a request stands with the host pool's KV."""
+
+    LOOKUP = "lookup"  # may be offered a hit (new, loaded, or back from preemption)
+    LOADING = "loading"  # the workers are copying its hit into its blocks
+    RECOMPUTE = "recompute"  # its load failed: vLLM recomputes, offering the hit again would loop
+
+
 @dataclass
 class RequestState:
     """What the scheduler half tracks for one live request."""
 
     request: Any
+    phase: LoadPhase = LoadPhase.LOOKUP
     lease: Lease | None = None  # a hit waiting for its load, or loading
+    asked_at: int = -1  # num_computed_tokens of the lookup that took the lease
+    # A lease that ran out while its load copied from its blocks: pinned until the load ends.
+    expired_lease: Lease | None = None
     load_start_block: int = 0
-    loading: bool = False  # the load was sent to the workers
-    load_failed: bool = False  # then vLLM recomputes: offering the hit again would loop
     next_block_to_store: int = 0
     stores_in_flight: set[int] = field(default_factory=set)
-    finished: bool = False
+    ended: bool = False  # vLLM called request_finished
+
+    @property
+    def loading(self) -> bool:
+        return self.phase is LoadPhase.LOADING
 
 
 class OffloadScheduler:
@@ -42,34 +58,42 @@ class OffloadScheduler:
         namespace: KVNamespace,
         block_size: int,
         num_host_blocks: int,
-        num_workers: int,
+        world_size: int,
         faults: FaultInjector,
     ) -> None:
         self.config = config
         self.namespace = namespace
         self.block_size = block_size
-        self.num_workers = num_workers
         self.pool = HostBlockPool(num_host_blocks)
         self.leases = LeaseTable(self.pool, config.lease_timeout_s)
         self.faults = faults
         self.requests: dict[str, RequestState] = {}
+        # Every rank copies its own shard of each block: a copy ends when all of them did.
+        self.store_reports: RankTally[int] = RankTally(world_size)
+        self.load_reports: RankTally[str] = RankTally(world_size)
         self._loads_to_send: list[BlockTransfer] = []
         self._to_flush: set[str] = set()
-        self._stores: dict[int, tuple[str, list[int]]] = {}  # id -> (req, host blocks)
+        self._stores: dict[int, tuple[str, list[int], list[bytes]]] = {}  # id -> req, blocks
         self._store_ids = itertools.count(1)
-        self._expired_in_flight: dict[str, Lease] = {}
         self.stats: dict[str, int] = {"lookups": 0, "hit_tokens": 0, "stored_blocks": 0,
-                                      "loaded_blocks": 0, "failed_loads": 0}  # fmt: skip
+                                      "loaded_blocks": 0, "failed_loads": 0,
+                                      "failed_load_blocks": 0}  # fmt: skip
 
     # --- lookups --------------------------------------------------------------------------
 
     def lookup(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
-        """Longest run of the prompt's blocks in the pool after the local hit, leased."""
+        """Longest run of the prompt's blocks in the pool after the local hit, leased.
+
+        Asking again with the same local hit gives the same answer and only extends the
+        lease: vLLM may ask several times before it can allocate the request's blocks.
+        """
         req_id = str(request.request_id)
         state = self.requests.setdefault(req_id, RequestState(request))
-        if state.loading or state.load_failed:  # asked again after our load: nothing to offer
+        if state.phase is not LoadPhase.LOOKUP:  # asked again after our load: nothing to offer
             return 0, False
-        self._release_lease(state, outcome="superseded")  # repeated asks keep one lease
+        if (repeat := self._repeat_answer(state, num_computed_tokens)) is not None:
+            return repeat
+        self._release_lease(state, outcome="superseded")
         start = num_computed_tokens // self.block_size
         # Never the last prompt token: vLLM must compute at least one token itself.
         end = (request.num_prompt_tokens - 1) // self.block_size
@@ -84,13 +108,24 @@ class OffloadScheduler:
         lease = self.leases.lookup(req_id, self.namespace.block_keys(hashes), timeout_s=timeout_s)
         if lease is None:
             return 0, False
-        state.lease = lease
+        state.lease, state.asked_at = lease, num_computed_tokens
         add_event(names.EVENT_LEASE_ACQUIRED, **self._lease_attributes(lease))
         if plan.evict_leased:
             self._attack_lease(lease)
         num_tokens = len(lease.host_block_ids) * self.block_size
         self.stats["hit_tokens"] += num_tokens
         return num_tokens, True
+
+    def _repeat_answer(self, state: RequestState, num_computed_tokens: int):
+        """The held lease's answer when the question is the one it answered, else None."""
+        lease = state.lease
+        if lease is None or state.asked_at != num_computed_tokens:
+            return None
+        refreshed = self.leases.refresh(lease.lease_id)
+        if refreshed is None:  # it expired meanwhile
+            return None
+        state.lease = refreshed
+        return len(lease.host_block_ids) * self.block_size, True
 
     def _attack_lease(self, lease: Lease) -> None:
         """Fault injection: try to evict the blocks just leased; the pool must refuse."""
@@ -114,7 +149,7 @@ class OffloadScheduler:
                 f"request {request.request_id}: {num_external_tokens} external tokens do not "
                 f"match the {len(lease.host_block_ids)} leased blocks"
             )
-        state.loading = True
+        state.phase = LoadPhase.LOADING
         state.next_block_to_store = max(state.next_block_to_store, state.load_start_block + count)
         self._loads_to_send.append(
             BlockTransfer(
@@ -176,23 +211,21 @@ class OffloadScheduler:
             if loading:
                 # The workers still copy from these blocks: keep them pinned until they finish.
                 self.pool.pin(list(lease.host_block_ids))
-                self._expired_in_flight[lease.req_id] = lease
+                state.expired_lease = lease
             elif state is not None:
                 state.lease = None  # no load started: nothing failed, the next lookup leases again
 
     # --- worker reports -------------------------------------------------------------------
 
-    def on_worker_output(self, worker_meta: Any, finished_recving: set[str]) -> None:
-        failed_loads: set[str] = set()
-        if isinstance(worker_meta, OffloadWorkerMeta):
-            failed_loads = worker_meta.loads_failed
-            for store_id, count in worker_meta.stores_done.items():
-                if count >= self.num_workers and store_id not in worker_meta.stores_failed:
-                    self._end_store(store_id, committed=True)
-            for store_id in worker_meta.stores_failed:
-                self._end_store(store_id, committed=False)
-        for req_id in finished_recving:
-            self._end_load(req_id, failed=req_id in failed_loads)
+    def on_worker_output(self, worker_meta: Any) -> None:
+        """One step's copy reports, summed over ranks; a copy ends once every rank reported."""
+        if not isinstance(worker_meta, OffloadWorkerMeta):
+            return
+        for store_id, ok in self.store_reports.add(worker_meta.stores_done,
+                                                   worker_meta.stores_failed):  # fmt: skip
+            self._end_store(store_id, committed=ok)
+        for req_id, ok in self.load_reports.add(worker_meta.loads_done, worker_meta.loads_failed):
+            self._end_load(req_id, failed=not ok)
 
     def _end_store(self, store_id: int, committed: bool) -> None:
         req_id, host_block_ids, keys = self._stores.pop(store_id, (None, [], []))
@@ -213,38 +246,47 @@ class OffloadScheduler:
         if state is None or not state.loading:
             return
         lease = state.lease
-        state.loading = False
-        state.load_failed = failed
+        state.phase = LoadPhase.RECOMPUTE if failed else LoadPhase.LOOKUP
         if lease is not None:
-            self.stats["loaded_blocks"] += len(lease.host_block_ids)
+            blocks = "failed_load_blocks" if failed else "loaded_blocks"
+            self.stats[blocks] += len(lease.host_block_ids)
             self.stats["failed_loads"] += failed
             self._release_lease(state, outcome="failed" if failed else "released")
-        if expired := self._expired_in_flight.pop(req_id, None):
-            self.pool.unpin(list(expired.host_block_ids))
+        if state.expired_lease is not None:
+            self.pool.unpin(list(state.expired_lease.host_block_ids))
+            state.expired_lease = None
         self._forget_if_done(req_id, state)
 
     # --- request end ----------------------------------------------------------------------
 
     def finished(self, request: Any) -> bool:
-        """Releases the request's lease; True while its stores still read its blocks."""
+        """Releases the request's lease; True when the workers will report it in
+        finished_sending because stores still read its blocks.
+
+        A request that ends while its load runs is freed by vLLM itself on finished_recving;
+        saying True then too would have vLLM free it twice. Its stores in flight read blocks
+        from before a preemption, which vLLM flushed (handle_preemptions) before reusing them.
+        """
         req_id = str(request.request_id)
         state = self.requests.get(req_id)
         if state is None:
             return False
-        state.finished = True
+        state.ended = True
         if not state.loading:
             self._release_lease(state, outcome="aborted")
-        # A load still writes into the request's blocks: vLLM frees them on finished_recving.
-        # Stores still read them: the workers report finished_sending once they are done.
-        delay_free = bool(state.stores_in_flight) or state.loading
-        if state.stores_in_flight:
+        delay_free = bool(state.stores_in_flight) and not state.loading
+        if delay_free:
             self._to_flush.add(req_id)
         self._forget_if_done(req_id, state)
         return delay_free
 
     def _forget_if_done(self, req_id: str, state: RequestState) -> None:
-        if state.finished and not state.stores_in_flight and not state.loading:
+        if state.ended and not state.stores_in_flight and not state.loading:
             self.requests.pop(req_id, None)
+
+    def expired_leases_in_flight(self) -> list[str]:
+        """Requests whose lease ran out during their load, blocks still pinned (leak checks)."""
+        return [req_id for req_id, s in self.requests.items() if s.expired_lease is not None]
 
     def _release_lease(self, state: RequestState, outcome: str) -> None:
         if state.lease is None:

@@ -35,11 +35,13 @@ class OffloadWorker:
         faults: FaultInjector,
         num_device_blocks: int,
         failure_policy: str | None = None,
+        world_size: int = 1,
     ):
         self.config = config
         self.faults = faults
         self.num_device_blocks = num_device_blocks
         self.failure_policy = failure_policy
+        self.pool_bytes = config.bytes_per_rank(world_size)
         # What vLLM does with a failed load; None when a parent (the Multi) decides and says so.
         self.failure_outcome: str | None = outcome_of_policy(failure_policy)
         self.buffer: HostBuffer | None = None
@@ -48,8 +50,9 @@ class OffloadWorker:
         self._to_flush: set[str] = set()
         self._load_errors: set[int] = set()
         self._meta = OffloadWorkerMeta()
+        # Failed loads are counted once, by the scheduler half, when every rank reported.
         self.stats: dict[str, float] = {"load_bytes": 0, "store_bytes": 0, "load_s": 0.0,
-                                        "store_s": 0.0, "failed_loads": 0}  # fmt: skip
+                                        "store_s": 0.0}  # fmt: skip
 
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
         layers = list(kv_caches.values())
@@ -58,7 +61,7 @@ class OffloadWorker:
         block_dim = find_block_dim(layers[0].shape[:2], self.num_device_blocks)
         layout = BlockLayout.of(layers, block_dim)
         pin = layers[0].device.type == "cuda"
-        self.buffer = HostBuffer.with_capacity(layout, self.config.cpu_bytes_to_use, pin)
+        self.buffer = HostBuffer.with_capacity(layout, self.pool_bytes, pin)
         self.copies = make_copy_engine(layers, self.buffer, block_dim)
 
     def start_loads(self, metadata: OffloadMetadata) -> None:
@@ -75,7 +78,9 @@ class OffloadWorker:
     def start_stores(self, metadata: OffloadMetadata) -> None:
         """After the forward: the blocks' data is final (on CUDA the copy stream waits for it)."""
         for transfer in metadata.reqs_to_store:
-            job_id = self.copies.submit_store(transfer.device_block_ids, transfer.host_block_ids)
+            job_id = self.copies.submit_store(
+                transfer.device_block_ids, transfer.host_block_ids, delay_s=self.faults.on_store()
+            )
             self._pending[job_id] = PendingCopy(transfer, Direction.STORE, float("inf"))
         self._to_flush |= metadata.reqs_to_flush
 
@@ -107,19 +112,18 @@ class OffloadWorker:
         self.stats[f"{direction}_bytes"] += result.num_bytes if result.ok else 0
         self.stats[f"{direction}_s"] += result.duration_s
         if pending.direction is Direction.STORE:
-            if result.ok:
-                self._meta.stores_done[transfer.transfer_id] = 1
-            else:
-                self._meta.stores_failed.add(transfer.transfer_id)
+            outcomes = self._meta.stores_done if result.ok else self._meta.stores_failed
+            outcomes[transfer.transfer_id] = 1
             return
         recving.add(transfer.req_id)
-        if not result.ok:
+        if result.ok:
+            self._meta.loads_done[transfer.req_id] = 1
+        else:
             self._fail_load(transfer, result.error or "load failed")
 
     def _fail_load(self, transfer: BlockTransfer, cause: str) -> None:
         self._load_errors.update(transfer.device_block_ids)
-        self._meta.loads_failed.add(transfer.req_id)
-        self.stats["failed_loads"] += 1
+        self._meta.loads_failed[transfer.req_id] = 1
         outcome = {names.FAILURE_OUTCOME: self.failure_outcome} if self.failure_outcome else {}
         add_event(names.EVENT_LOAD_FAILED, **{names.REQUEST_ID: transfer.req_id,
                   names.FAILURE_CAUSE: cause, names.BLOCK_COUNT: len(transfer.device_block_ids),
@@ -147,7 +151,7 @@ class OffloadWorker:
 
     def take_worker_meta(self) -> OffloadWorkerMeta | None:
         meta = self._meta
-        if not (meta.stores_done or meta.stores_failed or meta.loads_failed):
+        if meta.is_empty():
             return None
         self._meta = OffloadWorkerMeta()
         return meta
@@ -156,7 +160,8 @@ class OffloadWorker:
         if self.buffer is not None and metadata.num_host_blocks != self.buffer.num_blocks:
             raise RuntimeError(
                 f"scheduler planned {metadata.num_host_blocks} host blocks, the worker has "
-                f"{self.buffer.num_blocks}: both must derive them from cpu_bytes_to_use"
+                f"{self.buffer.num_blocks}: both must derive them from cpu_bytes_to_use "
+                f"({self.pool_bytes} bytes a rank)"
             )
 
     def shutdown(self) -> None:

@@ -58,7 +58,9 @@ def _offload(scheduler: Any, worker: Any) -> list[str]:
         pinned_host_blocks=scheduler.pool.stats().pinned,
         tracked_requests=list(scheduler.requests),
         stores_in_flight=scheduler._stores,
-        expired_leases_in_flight=list(scheduler._expired_in_flight),
+        expired_leases_in_flight=scheduler.expired_leases_in_flight(),
+        stores_reported_by_some_ranks=list(scheduler.store_reports.pending()),
+        loads_reported_by_some_ranks=list(scheduler.load_reports.pending()),
         worker_copies_pending=list(worker._pending),
         worker_copy_jobs=worker.copies.num_pending if worker.copies else 0,
     )
