@@ -47,6 +47,11 @@ class P2PConfig:
         config.check()
         return config
 
+    def side_channel_port_of(self, tp_rank: int) -> int:
+        """Tensor-parallel rank r serves (and asks a peer) on side_channel_port + r, as vLLM's
+        NixlConnector does: each rank's KV lives in its own process."""
+        return self.side_channel_port + tp_rank
+
     def check(self) -> None:
         if not 0 < self.side_channel_port < 65536:
             raise ValueError(f"side_channel_port must be in 1..65535, got {self.side_channel_port}")

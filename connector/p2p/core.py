@@ -7,6 +7,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
     KVConnectorRole,
 )
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvscope.connector.p2p.config import P2PConfig
 from kvscope.connector.p2p.metadata import P2PMetadata
@@ -15,17 +16,20 @@ from kvscope.connector.p2p.worker import P2PWorker
 
 
 class P2PCore(KVConnectorBase_V1):
-    """Prefill/decode over NIXL READs; use P2PConnector (traced)."""
+    """Prefill/decode over NIXL READs; use P2PConnector (traced).
+
+    Under tensor parallelism every worker rank holds its own shard of each block (its KV heads)
+    and trades it only with the same rank of the peer engine, on its own side channel port.
+    """
+
+    # vLLM's metrics split external hits by source; without this every pull counts as
+    # 'external_unspecified'.
+    _cache_hit_source = CacheHitSource.P2P
 
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         ktc = self._kv_transfer_config
         config = P2PConfig.from_extra_config(ktc.kv_connector_extra_config)
-        if vllm_config.parallel_config.tensor_parallel_size != 1:
-            raise ValueError(
-                "the kvscope P2P connector supports tensor_parallel_size 1 only: start each"
-                " engine with --tensor-parallel-size 1"
-            )
         engine_id = str(ktc.engine_id)
         self.scheduler: P2PScheduler | None = None
         self.worker: P2PWorker | None = None
@@ -33,7 +37,9 @@ class P2PCore(KVConnectorBase_V1):
             self.scheduler = P2PScheduler(config, engine_id, vllm_config.cache_config.block_size)
         else:
             serves = ktc.kv_role in ("kv_producer", "kv_both")
-            self.worker = P2PWorker(config, engine_id, serves, ktc.kv_load_failure_policy)
+            tp_size = vllm_config.parallel_config.tensor_parallel_size
+            self.worker = P2PWorker(config, engine_id, serves, ktc.kv_load_failure_policy,
+                                    _tp_rank(tp_size), tp_size)  # fmt: skip
 
     def leave_failure_outcome_to_parent(self) -> None:
         """Inside a Multi, which says what a failed load became (a fallback, or the policy)."""
@@ -93,3 +99,12 @@ class P2PCore(KVConnectorBase_V1):
     def shutdown(self) -> None:
         if self.worker is not None:
             self.worker.shutdown()
+
+
+def _tp_rank(tp_size: int) -> int:
+    """This worker's tensor-parallel rank (vLLM builds worker connectors after its TP group)."""
+    if tp_size == 1:
+        return 0
+    from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+    return get_tensor_model_parallel_rank()

@@ -40,8 +40,10 @@ class BlockPuller:
         config: P2PConfig,
         failure_policy: str = "recompute",
         failure_outcome: str | None = None,
+        tp_rank: int = 0,
     ) -> None:
         self.transport = transport
+        self.tp_rank = tp_rank  # pulls only its own shard, from the peer's rank of the same number
         self.config = config
         self.failure_policy = failure_policy
         self.failure_outcome = failure_outcome  # None inside a Multi, which says it
@@ -66,9 +68,11 @@ class BlockPuller:
                 self._begin_handshake(key, item)
 
     def _begin_handshake(self, key: PeerKey, item: BlockPull | BlockRelease) -> None:
-        host, port, _ = key
+        host, port, _ = key  # the peer's rank 0 port, from its kv_transfer_params
         timeout_s = min(self.config.handshake_timeout_s, max(self._time_left(item), 0.1))
-        future = self._executor.submit(fetch_peer_info, host, port, 0, timeout_s)
+        future = self._executor.submit(
+            fetch_peer_info, host, port + self.tp_rank, self.tp_rank, timeout_s
+        )
         self._handshakes[key] = _Handshake(future, time.monotonic(), [item])
 
     def poll(self) -> set[str]:

@@ -25,9 +25,16 @@ class P2PWorker:
     """One worker's P2P state; `serves` when this engine may prefill for others."""
 
     def __init__(
-        self, config: P2PConfig, engine_id: str, serves: bool, failure_policy: str | None = None
+        self,
+        config: P2PConfig,
+        engine_id: str,
+        serves: bool,
+        failure_policy: str | None = None,
+        tp_rank: int = 0,
+        tp_size: int = 1,
     ) -> None:
         self.config = config
+        self.tp_rank, self.tp_size = tp_rank, tp_size
         self.engine_id = engine_id
         self.serves = serves
         self.failure_policy = failure_policy or "recompute"
@@ -39,16 +46,18 @@ class P2PWorker:
 
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
         transport_config = TransportConfig(transfer_timeout_s=self.config.read_timeout_s)
-        self.transport = NixlTransport(self.engine_id, kv_caches, config=transport_config)
+        self.transport = NixlTransport(
+            self.engine_id, kv_caches, self.tp_rank, self.tp_size, config=transport_config
+        )
         self.lender = BlockLender(self.transport)
         self.puller = BlockPuller(
-            self.transport, self.config, self.failure_policy, self.failure_outcome
+            self.transport, self.config, self.failure_policy, self.failure_outcome, self.tp_rank
         )
         if self.serves:
             self._serve_side_channel()
 
     def _serve_side_channel(self) -> None:
-        host, port = self.config.side_channel_host, self.config.side_channel_port
+        host, port = self.config.side_channel_host, self.config.side_channel_port_of(self.tp_rank)
         try:
             self.side_channel = SideChannelServer(host, port, on_request=self._on_handshake)
         except OSError as exc:
@@ -57,7 +66,8 @@ class P2PWorker:
                 " its own kv_connector_extra_config side_channel_port"
             ) from None
         self.side_channel.publish(self.transport.peer_info())
-        logger.info("p2p: engine %s serves its KV layout on %s:%s", self.engine_id, host, port)
+        logger.info("p2p: engine %s tp rank %d serves its KV layout on %s:%s",
+                    self.engine_id, self.tp_rank, host, port)  # fmt: skip
 
     def _on_handshake(self) -> None:
         self.transport.expect_activity(_HOT_AFTER_HANDSHAKE_S)
