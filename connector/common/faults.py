@@ -1,12 +1,13 @@
 """Fault injection for loads: fail, slow down, or attack leased blocks, on a seeded plan."""
 
+import dataclasses
 import json
 import logging
 import os
 import random
 import threading
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -26,7 +27,8 @@ class FaultPlan:
     evict_leased: bool = False  # each load first tries to evict its own leased blocks
     lease_timeout_ms: float = 0.0  # leases taken now expire this soon; 0 keeps the configured one
     store_delay_ms: float = 0.0  # every store finishes at least this much later
-    rank: int = -1  # copy faults (fail, delay) only on the worker of this world rank; -1: all
+    # Per worker: {"1": {"load_delay_ms": 300}} overrides keys on the worker of world rank 1.
+    by_rank: dict = field(default_factory=dict)
     seed: int = 0
 
     @classmethod
@@ -56,8 +58,18 @@ class FaultPlan:
         for name in ("lease_timeout_ms", "store_delay_ms"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.rank < -1:
-            raise ValueError(f"rank must be a world rank or -1 (every rank), got {self.rank}")
+        for rank, overrides in self.by_rank.items():
+            if not (isinstance(rank, str) and rank.isdigit() and isinstance(overrides, dict)):
+                raise ValueError(f"by_rank maps a world rank ('0', '1', ...) to plan keys, got "
+                                 f"{rank!r}: {overrides!r}")  # fmt: skip
+            if "by_rank" in overrides:
+                raise ValueError("by_rank entries cannot nest by_rank")
+            FaultPlan.from_dict(overrides)
+
+    def on_rank(self, rank: int | None) -> "FaultPlan":
+        """The plan a worker of this world rank follows (None: the scheduler side)."""
+        overrides = self.by_rank.get(str(rank)) if rank is not None else None
+        return dataclasses.replace(self, by_rank={}, **overrides) if overrides else self
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -135,13 +147,11 @@ class FaultInjector:
         """Call once per load, in a deterministic order, to get what to inject into it."""
         self.refresh()
         with self._lock:
-            plan = self._plan
+            plan = self._plan.on_rank(self.rank)
             self._loads += 1
             draw = self._rng.random()  # drawn every time, so a seed gives the same sequence
-            here = self._applies_here(plan)
-            fail_reason = self._fail_reason(plan, req_id, draw) if here else None
-            delay_s = plan.load_delay_ms / 1000.0 if here else 0.0
-            fault = LoadFault(fail_reason, delay_s, plan.evict_leased)
+            fail_reason = self._fail_reason(plan, req_id, draw)
+            fault = LoadFault(fail_reason, plan.load_delay_ms / 1000.0, plan.evict_leased)
             self.counters.loads_seen += 1
             self.counters.failures_injected += fail_reason is not None
             self.counters.delays_injected += fault.delay_s > 0
@@ -150,11 +160,7 @@ class FaultInjector:
 
     def on_store(self) -> float:
         """The delay to inject into one store, in seconds."""
-        plan = self.plan
-        return plan.store_delay_ms / 1000.0 if self._applies_here(plan) else 0.0
-
-    def _applies_here(self, plan: FaultPlan) -> bool:
-        return plan.rank < 0 or self.rank is None or plan.rank == self.rank
+        return self.plan.on_rank(self.rank).store_delay_ms / 1000.0
 
     def refresh(self) -> bool:
         """Re-reads the plan file if it changed; True when a new plan was installed."""

@@ -93,8 +93,25 @@ def test_a_broken_plan_file_keeps_the_current_plan(tmp_path):
         ({"evict_leased": 1}, "must be bool"),
         ({"load_delay_ms": -1}, ">= 0"),
         ({"lease_timeout_ms": -5.0}, "lease_timeout_ms must be >= 0"),
+        ({"store_delay_ms": -1.0}, "store_delay_ms must be >= 0"),
+        ({"by_rank": {"rank1": {}}}, "maps a world rank"),
+        ({"by_rank": {"1": {"fail_evry": 1}}}, "unknown fault plan keys"),
+        ({"by_rank": {"1": {"by_rank": {}}}}, "cannot nest"),
     ],
 )
 def test_bad_plans_are_rejected_with_the_reason(config, message):
     with pytest.raises(ValueError, match=message):
         FaultPlan.from_dict(config)
+
+
+def test_by_rank_gives_each_worker_its_own_faults():
+    plan = FaultPlan.from_dict({"store_delay_ms": 5.0, "by_rank": {
+        "0": {"load_delay_ms": 300.0}, "1": {"fail_load_every": 1}}})  # fmt: skip
+    workers = [FaultInjector(plan) for _ in range(3)]
+    for rank, injector in enumerate(workers):
+        injector.rank = rank
+    assert [w.on_load("r").fail_reason is not None for w in workers] == [False, True, False]
+    assert [w.on_load("r").delay_s for w in workers] == [0.3, 0.0, 0.0]
+    assert [w.on_store() for w in workers] == [0.005] * 3
+    scheduler_side = FaultInjector(plan)  # rank None: the plan's own keys
+    assert scheduler_side.on_load("r").fail_reason is None

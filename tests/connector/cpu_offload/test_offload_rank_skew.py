@@ -1,0 +1,129 @@
+"""The offload connector at tensor_parallel_size=2 when one rank's copies end steps after the
+other's: stores still commit, a load that failed on one rank still fails the request."""
+
+import contextlib
+import json
+import os
+import time
+
+import pytest
+
+from kvscope.demo.engine import in_process_llm
+from kvscope.demo.inspect import leaked_device_blocks, scheduler_connector, worker_leaks
+from kvscope.demo.oracle import greedy_tokens, token_mismatches
+from kvscope.demo.prompts import DISTINCT
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+PROMPTS = DISTINCT[:3]
+TP2_ENV = {
+    # One core per rank: vLLM refuses two CPU workers on one NUMA node otherwise.
+    "VLLM_CPU_OMP_THREADS_BIND": "0|1",
+    # llm.collective_rpc sends demo.inspect's functions to the worker processes.
+    "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
+}
+
+
+@contextlib.contextmanager
+def environment(**values: str):
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@pytest.fixture(scope="module")
+def faults_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("faults") / "plan.json"
+    path.write_text("{}")
+    return path
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_model, faults_path):
+    """(tokens without connector at TP=2, a TP=2 engine with the offload connector)."""
+    config = {
+        "kv_connector": "CpuOffloadConnector",
+        "kv_connector_module_path": "kvscope.connector.cpu_offload.connector",
+        "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": {
+            "cpu_bytes_to_use": 16 << 20,
+            "load_timeout_s": 5.0,
+            "faults_path": str(faults_path),
+        },  # fmt: skip
+    }
+    with environment(**TP2_ENV):
+        with in_process_llm(tiny_model, tensor_parallel_size=2) as llm:
+            expected = greedy_tokens(llm, PROMPTS)
+        with in_process_llm(tiny_model, config, tensor_parallel_size=2) as llm:
+            yield expected, llm
+
+
+def set_plan(path, plan: dict) -> None:
+    path.write_text(json.dumps(plan))
+    os.utime(path, ns=(time.time_ns(), time.time_ns()))  # a new mtime even within one tick
+
+
+def settle(llm, timeout_s: float = 30) -> None:
+    """Steps the idle engine until every store and load was reported by both ranks."""
+    offload = scheduler_connector(llm).scheduler
+    deadline = time.monotonic() + timeout_s
+    while offload._stores or len(offload.load_reports) or offload.requests:
+        assert time.monotonic() < deadline, f"never settled: {offload._stores} {offload.requests}"
+        llm.llm_engine.step()
+        time.sleep(0.02)
+
+
+def assert_no_leaks(llm) -> None:
+    offload = scheduler_connector(llm).scheduler
+    assert offload.leases.active() == [] and offload.pool.stats().reserved == 0
+    assert leaked_device_blocks(llm) == 0
+    assert llm.collective_rpc(worker_leaks) == [[], []]
+
+
+def test_stores_commit_when_one_rank_stores_steps_later(engines, faults_path):
+    expected, llm = engines
+    set_plan(faults_path, {"by_rank": {"1": {"store_delay_ms": 400.0}}})
+    try:
+        first = greedy_tokens(llm, PROMPTS)
+        settle(llm)
+    finally:
+        set_plan(faults_path, {})
+    offload = scheduler_connector(llm).scheduler
+    assert offload.stats["stored_blocks"] >= 2 * len(PROMPTS)
+    assert llm.reset_prefix_cache(), "vLLM refused to reset its prefix cache (blocks in use)"
+    before = dict(offload.stats)
+    again = greedy_tokens(llm, PROMPTS)
+    settle(llm)
+    assert token_mismatches(expected, first) == [] and token_mismatches(expected, again) == []
+    assert offload.stats["loaded_blocks"] - before["loaded_blocks"] >= 2 * len(PROMPTS)
+    assert_no_leaks(llm)
+
+
+def test_a_load_failed_early_on_one_rank_is_recomputed_when_the_other_finishes(
+    engines, faults_path
+):
+    expected, llm = engines
+    greedy_tokens(llm, PROMPTS)
+    settle(llm)
+    assert llm.reset_prefix_cache(), "vLLM refused to reset its prefix cache (blocks in use)"
+    offload = scheduler_connector(llm).scheduler
+    before = dict(offload.stats)
+    # Rank 1 fails at once; rank 0 loads correctly, 400 ms later: steps apart.
+    set_plan(faults_path, {"by_rank": {"0": {"load_delay_ms": 400.0},
+                                       "1": {"fail_load_every": 1}}})  # fmt: skip
+    try:
+        again = greedy_tokens(llm, PROMPTS)
+        settle(llm)
+    finally:
+        set_plan(faults_path, {})
+    assert token_mismatches(expected, again) == []
+    assert offload.stats["failed_loads"] - before["failed_loads"] == len(PROMPTS)
+    assert offload.stats["loaded_blocks"] == before["loaded_blocks"]
+    assert_no_leaks(llm)
