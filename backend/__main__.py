@@ -13,9 +13,16 @@ def main() -> None:
         "127.0.0.1; other than loopback needs a token)",
     )
     parser.add_argument("--port", type=int, help="port (default KVSCOPE_BACKEND_PORT or 4318)")
+    parser.add_argument(
+        "--grpc-port",
+        type=int,
+        help="OTLP/gRPC port (default KVSCOPE_BACKEND_GRPC_PORT or 4317; 0: none)",
+    )
     parser.add_argument("--log-level", help="uvicorn log level (default info)")
     arguments = parser.parse_args()
-    run(arguments.host, arguments.port, log_level=arguments.log_level)
+    run(
+        arguments.host, arguments.port, log_level=arguments.log_level, grpc_port=arguments.grpc_port
+    )
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from kvscope.backend.db import make_engine
 from kvscope.backend.ingest import IngestService
 from kvscope.backend.live import Hub
 from kvscope.backend.migrations import migrate
+from kvscope.backend.otlp_grpc import start_receiver
 from kvscope.backend.routes import (
     blocks,
     failures,
@@ -28,7 +29,8 @@ from kvscope.backend.store import STAGED_TABLES
 ROUTERS = (health, ingest, requests, blocks, leases, failures, transfers, stats, streams, ws)
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, grpc_host: str | None = None) -> FastAPI:
+    """The app; with grpc_host, its lifespan also serves OTLP/gRPC on grpc_host:grpc_port."""
     settings = settings or get_settings()
     engine = make_engine(settings.database_url)
     add_postgres_stages(engine, STAGED_TABLES)
@@ -38,7 +40,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI):
         app.state.hub.bind(asyncio.get_running_loop())
         app.state.ingest.warm_up()
+        receiver = None
+        if grpc_host is not None and settings.grpc_port:
+            receiver = start_receiver(app.state.ingest, settings, grpc_host)
+        app.state.grpc_port = receiver.port if receiver else None
         yield
+        if receiver is not None:  # before ingest closes: calls in progress still store
+            receiver.stop()
         app.state.ingest.close()
         engine.dispose()
 

@@ -11,19 +11,24 @@ def run(
     port: int | None = None,
     settings: Settings | None = None,
     log_level: str | None = None,
+    grpc_port: int | None = None,
 ) -> None:
-    """Serves until interrupted; host and port default to KVSCOPE_BACKEND_HOST and _PORT."""
+    """Serves until interrupted; host and ports default to KVSCOPE_BACKEND_HOST, _PORT and
+    _GRPC_PORT (OTLP/gRPC on the same host; 0: none)."""
     settings = settings or get_settings()
+    if grpc_port is not None:
+        settings = settings.model_copy(update={"grpc_port": grpc_port})
     host = host or settings.host
     port = settings.port if port is None else port
     check_bind_is_safe(settings, host)
+    grpc = f", OTLP/gRPC on {host}:{settings.grpc_port}" if settings.grpc_port else ""
     print(
         f"kvscope backend on http://{host}:{port} (OTLP: POST /v1/traces, "
-        f"API docs: /docs), database {settings.database_url.split('://')[0]}",
+        f"API docs: /docs){grpc}, database {settings.database_url.split('://')[0]}",
         flush=True,
     )
     uvicorn.run(
-        create_app(settings),
+        create_app(settings, grpc_host=host),
         host=host,
         port=port,
         log_level=log_level or settings.log_level,

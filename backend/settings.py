@@ -19,6 +19,8 @@ class Settings(BaseSettings):
     token: str | None = None
     host: str = "127.0.0.1"
     port: int = 4318
+    # OTLP/gRPC receiver on the same host (`kvscope backend` only); 0: none.
+    grpc_port: int = Field(4317, ge=0, le=65535)
     # Limits: a bounded body, bounded decompression and bounded attributes per span.
     max_body_bytes: int = 16 * 1024 * 1024
     max_decompressed_bytes: int = 64 * 1024 * 1024

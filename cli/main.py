@@ -58,7 +58,7 @@ def _backend(args: argparse.Namespace) -> int:
         os.environ["DATABASE_URL"] = args.database_url
     from kvscope.backend.server import run
 
-    run(host=args.host, port=args.port)
+    run(host=args.host, port=args.port, grpc_port=args.grpc_port)
     return 0
 
 
@@ -127,6 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     backend = commands.add_parser("backend", help="serve the OTLP backend (REST, WebSocket)")
     backend.add_argument("--host", help="bind address (default KVSCOPE_BACKEND_HOST, 127.0.0.1)")
     backend.add_argument("--port", type=int, help="port (default KVSCOPE_BACKEND_PORT, 4318)")
+    backend.add_argument("--grpc-port", type=int,
+                         help="OTLP/gRPC port on the same host (default KVSCOPE_BACKEND_GRPC_PORT, "
+                              "4317; 0: none)")  # fmt: skip
     backend.add_argument("--database-url", help="SQLAlchemy URL (default DATABASE_URL, SQLite)")
     backend.set_defaults(handler=_backend)
 

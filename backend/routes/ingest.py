@@ -4,20 +4,24 @@ from fastapi import APIRouter, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from kvscope.backend.body import BodyError, content_type_of, read_body
-from kvscope.backend.deps import IngestDep, SettingsDep, token_matches
-from kvscope.backend.otlp import JSON, PROTOBUF, PayloadError, encode_response, encode_status
-from kvscope.backend.writer import StoreUnavailable
+from kvscope.backend.deps import IngestDep, SettingsDep
+from kvscope.backend.otlp import JSON, PROTOBUF, encode_status
+from kvscope.backend.receive import Answer, refused, store
 
 router = APIRouter(tags=["ingest"])
 
-# google.rpc.Code numbers for the Status body OTLP/HTTP sends with an error.
-_RPC_CODES = {400: 3, 401: 16, 413: 8, 415: 3, 503: 14}
+TOKEN_HOW = "'Authorization: Bearer <KVSCOPE_BACKEND_TOKEN>'"
 
 
-def _error(content_type: str, status: int, message: str, headers=None) -> Response:
+def _reply(content_type: str, answer: Answer, headers: dict | None = None) -> Response:
+    if answer.status == 200:
+        return Response(answer.body, media_type=content_type)
+    headers = dict(headers or {})
+    if answer.retry_after_s is not None:
+        headers["Retry-After"] = str(answer.retry_after_s)
     return Response(
-        encode_status(content_type, _RPC_CODES.get(status, 2), message),
-        status_code=status,
+        encode_status(content_type, answer.rpc_code, answer.message),
+        status_code=answer.status,
         media_type=content_type,
         headers=headers,
     )
@@ -38,26 +42,12 @@ async def export_traces(request: Request, settings: SettingsDep, ingest: IngestD
     # Errors answer in the request's encoding; anything not protobuf gets readable JSON.
     declared = request.headers.get("content-type", "")
     reply_type = PROTOBUF if declared.startswith(PROTOBUF) else JSON
-    if not token_matches(settings, request.headers.get("authorization")):
-        return _error(
-            reply_type,
-            401,
-            "missing or wrong bearer token: send 'Authorization: Bearer <KVSCOPE_BACKEND_TOKEN>'",
-            {"WWW-Authenticate": "Bearer"},
-        )
+    if refusal := refused(settings, request.headers.get("authorization"), TOKEN_HOW):
+        return _reply(reply_type, refusal, {"WWW-Authenticate": "Bearer"})
     try:
         content_type = content_type_of(request)
         body = await read_body(request, settings.max_body_bytes, settings.max_decompressed_bytes)
-        stored = await run_in_threadpool(ingest.ingest, body, content_type)
     except BodyError as error:
-        return _error(reply_type, error.status, error.message)
-    except PayloadError as error:
-        return _error(reply_type, 400, str(error))
-    except StoreUnavailable as error:
-        # 503 with Retry-After is what OTLP exporters retry on: the batch is not lost.
-        return _error(reply_type, 503, str(error), {"Retry-After": "1"})
-    if stored.rejected and not stored.spans:
-        return _error(content_type, 400, f"all {stored.rejected} spans rejected: {stored.message}")
-    return Response(
-        encode_response(content_type, stored.rejected, stored.message), media_type=content_type
-    )
+        return _reply(reply_type, Answer(error.status, error.message))
+    answer = await run_in_threadpool(store, ingest, body, content_type)
+    return _reply(reply_type if answer.status != 200 else content_type, answer)

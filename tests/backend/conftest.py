@@ -25,11 +25,12 @@ SKIP_POSTGRES = (
 
 
 class RunningBackend:
-    """uvicorn serving create_app(settings) in a thread; always stopped by the fixture."""
+    """uvicorn serving create_app(settings) in a thread; always stopped by the fixture.
+    With grpc, also OTLP/gRPC on 127.0.0.1:settings.grpc_port."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, grpc: bool = False) -> None:
         self.settings = settings
-        self.app = create_app(settings)
+        self.app = create_app(settings, grpc_host="127.0.0.1" if grpc else None)
         config = uvicorn.Config(
             self.app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"
         )
@@ -129,7 +130,7 @@ def make_backend(database_url):
     started: list[RunningBackend] = []
     databases = []
 
-    def start(**overrides) -> RunningBackend:
+    def start(grpc: bool = False, **overrides) -> RunningBackend:
         url = database_url
         if url.startswith("sqlite"):
             url = url.replace("kvscope.db", f"kvscope-{uuid.uuid4().hex[:8]}.db")
@@ -137,7 +138,7 @@ def make_backend(database_url):
             databases.append(_throwaway_postgres_database(POSTGRES_URL))
             url = next(databases[-1])
         settings = Settings(database_url=url, **{"ingest_workers": 0, **overrides})
-        running = RunningBackend(settings).__enter__()
+        running = RunningBackend(settings, grpc).__enter__()
         started.append(running)
         return running
 

@@ -91,7 +91,7 @@ def configure_tracing(
         exporters = list(exporters or []) + [
             make_exporter(d, settings.backend_token) for d in _destinations(settings, joined)
         ]
-        if not exporters:
+        if not exporters and not joined:  # a joined provider exports our spans itself
             return False
         origin = uuid.uuid4().hex
         if not joined:

@@ -1,0 +1,81 @@
+"""The OTLP/gRPC trace receiver (TraceService/Export) beside OTLP/HTTP: the same token, limits,
+decode, partial success and store, through backend/receive.py."""
+
+import logging
+from concurrent import futures
+
+import grpc
+
+from kvscope.backend.ingest import IngestService
+from kvscope.backend.otlp import PROTOBUF
+from kvscope.backend.receive import refused, store
+from kvscope.backend.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
+TOKEN_HOW = "the metadata 'authorization: Bearer <KVSCOPE_BACKEND_TOKEN>'"
+_STATUS = {code.value[0]: code for code in grpc.StatusCode}
+
+
+class GrpcReceiver:
+    """A grpcio server whose Export handler takes the request's bytes as they came: the ingest
+    path decodes them (in its worker processes) exactly as it decodes an OTLP/HTTP body."""
+
+    def __init__(self, ingest: IngestService, settings: Settings, threads: int = 4) -> None:
+        self.ingest = ingest
+        self.settings = settings
+        self.port: int | None = None
+        # gRPC refuses a larger message with RESOURCE_EXHAUSTED before any of it is decoded; a
+        # compressed one is checked once inflated, so this also bounds decompression.
+        limit = min(settings.max_body_bytes, settings.max_decompressed_bytes)
+        self._server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="otlp-grpc"),
+            # No SO_REUSEPORT (grpcio's default): a second backend on the port must fail, not
+            # silently take half of the connections.
+            options=[("grpc.max_receive_message_length", limit), ("grpc.so_reuseport", 0)],
+        )
+        handler = grpc.unary_unary_rpc_method_handler(self._export)  # no deserializer: bytes
+        self._server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(SERVICE, {"Export": handler}),)
+        )
+
+    def start(self, host: str, port: int) -> int:
+        """Listens on host:port; returns the port. RuntimeError when it cannot bind."""
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        bound = self._server.add_insecure_port(address)
+        if not bound:  # older grpcio answers 0 instead of raising
+            raise RuntimeError(f"failed to bind to address {address}")
+        self._server.start()
+        self.port = bound
+        return bound
+
+    def stop(self, grace_s: float = 2.0) -> None:
+        """Lets calls in progress finish (up to grace_s), refusing new ones."""
+        self._server.stop(grace_s).wait(grace_s + 1)
+
+    def _export(self, body: bytes, context: grpc.ServicerContext) -> bytes:
+        metadata = dict(context.invocation_metadata())
+        answer = refused(self.settings, metadata.get("authorization"), TOKEN_HOW)
+        answer = answer or store(self.ingest, body, PROTOBUF)
+        if answer.status != 200:
+            context.abort(_STATUS[answer.rpc_code], answer.message)
+        return answer.body
+
+
+def start_receiver(ingest: IngestService, settings: Settings, host: str) -> GrpcReceiver | None:
+    """The receiver on host:settings.grpc_port, or None (with a warning) if that port is taken:
+    OTLP/HTTP keeps serving. A local Jaeger or collector often holds 4317."""
+    receiver = GrpcReceiver(ingest, settings)
+    try:
+        receiver.start(host, settings.grpc_port)
+    except RuntimeError as error:
+        logger.warning(
+            "kvscope backend: no OTLP/gRPC receiver (%s; is Jaeger or a collector on port %d?): "
+            "set KVSCOPE_BACKEND_GRPC_PORT or --grpc-port to a free port, or 0 for none",
+            error,
+            settings.grpc_port,
+        )
+        receiver.stop(0)
+        return None
+    return receiver
