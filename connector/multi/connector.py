@@ -8,11 +8,14 @@ each child's spans nested under the Multi span of that hook.
             {"kv_connector": "CpuOffloadConnector",
              "kv_connector_module_path": "kvscope.connector.cpu_offload.connector",
              "kv_connector_extra_config": {"cpu_bytes_to_use": 1073741824}},
-            {"kv_connector": "ExampleConnector",
-             "kv_connector_extra_config": {"shared_storage_path": "/tmp/kv"}},
+            {"name": "nixl", "kv_connector": "NixlConnector", "kv_role": "kv_both",
+             "kv_buffer_device": "cpu"},
         ],
         "fallback": true,
     }
+
+A child is in vLLM's MultiConnector format (any KVTransferConfig field, plus kvscope's "name");
+what it leaves out it inherits from the Multi, whose kv_role it must share.
 """
 
 from typing import Any
