@@ -46,6 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="MiB a process may grow over the second half of the run",
     )
     parser.add_argument("--workdir", type=Path, help="logs, database, state files")
+    parser.add_argument(
+        "--default-executor",
+        action="store_true",
+        help="servers run with vLLM's default executor (the model in a worker process), not"
+        " with VLLM_ENABLE_V1_MULTIPROCESSING=0",
+    )
     return parser
 
 
@@ -59,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         abort_fraction=args.abort_fraction, faults=not args.no_faults, policy=args.policy,
         request_timeout_s=args.request_timeout, idle_timeout_s=args.idle_timeout,
         max_rss_growth_mib=args.max_rss_growth, workdir=args.workdir,
+        default_executor=args.default_executor,
     )  # fmt: skip
     # SIGTERM unwinds like Ctrl-C, so every server the soak started is stopped.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))

@@ -46,6 +46,9 @@ class SoakOptions:
     startup_timeout_s: float = 600.0
     max_rss_growth_mib: float = 256.0
     workdir: Path | None = None
+    # vLLM's default executor on the servers (the model in a worker process of its own) instead
+    # of kvscope's VLLM_ENABLE_V1_MULTIPROCESSING=0
+    default_executor: bool = False
 
 
 def run_soak(options: SoakOptions) -> list[CheckResult]:
@@ -60,7 +63,7 @@ def run_soak(options: SoakOptions) -> list[CheckResult]:
     stack = Stack()
     try:
         system = start_system(options.model, workdir, stack, options.policy,
-                              options.startup_timeout_s)  # fmt: skip
+                              options.startup_timeout_s, options.default_executor)  # fmt: skip
         phases = {"startup_s": time.monotonic() - soak_started}
         run = drive_and_check(options, system, plan, phases)
         table = wait_reference(*reference, timeout_s=options.startup_timeout_s)

@@ -43,8 +43,15 @@ def probe_config(side_channel_port: int, faults_path: Path, policy: str) -> dict
             "kv_connector_module_path": "kvscope.bench.soak.probe"}  # fmt: skip
 
 
-def start_system(model: Path, workdir: Path, stack: Stack, policy: str, timeout_s: float) -> System:
-    """Backend (SQLite), prefill and decode servers (started together), then the proxy."""
+def start_system(
+    model: Path, workdir: Path, stack: Stack, policy: str, timeout_s: float,
+    default_executor: bool = False,
+) -> System:  # fmt: skip
+    """Backend (SQLite), prefill and decode servers (started together), then the proxy.
+
+    default_executor: the servers run as vLLM does by default (engine core and model worker in
+    processes of their own) instead of with kvscope's VLLM_ENABLE_V1_MULTIPROCESSING=0."""
+    executor = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"} if default_executor else {}
     python = [sys.executable, "-m"]
     backend_port, proxy_port = free_port(), free_port()
     backend = f"http://127.0.0.1:{backend_port}"
@@ -62,7 +69,7 @@ def start_system(model: Path, workdir: Path, stack: Stack, policy: str, timeout_
         server_env = engine_env(
             KVSCOPE_OTLP_ENDPOINTS=backend + "/v1/traces", OTEL_SERVICE_NAME=f"vllm-{role}",
             OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="http/protobuf", OTEL_BSP_SCHEDULE_DELAY="200",
-            **{STATE_FILE_ENV: str(state_files[role])},
+            **{STATE_FILE_ENV: str(state_files[role])}, **executor,
         )  # fmt: skip
         urls[role] = f"http://127.0.0.1:{port}"
         servers.append(Service(role, cmd, server_env, urls[role] + "/health",
