@@ -98,7 +98,9 @@ def _scheduler_core_state(core: Any) -> dict[str, Any]:
         return {"active_leases": [lease.lease_id for lease in half.leases.active()],
                 "pinned_host_blocks": half.pool.stats().pinned,
                 "tracked_requests": list(half.requests), "stores_in_flight": half._stores,
-                "expired_in_flight": list(half._expired_in_flight)}  # fmt: skip
+                "expired_in_flight": half.expired_leases_in_flight(),
+                "stores_reported_by_some_ranks": list(half.store_reports.pending()),
+                "loads_reported_by_some_ranks": list(half.load_reports.pending())}  # fmt: skip
     if kind == "P2PCore":
         return {"held_for_readers": list(half.held), "lookups": list(half.lookups),
                 "pulling": sorted(half.pulling)}  # fmt: skip

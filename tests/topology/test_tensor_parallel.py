@@ -3,6 +3,7 @@ each), the scheduler in this process, so both halves are checked directly, rank 
 
 import pytest
 
+from kvscope.demo.oracle import token_mismatches
 from kvscope.demo.prompts import DISTINCT
 from tests.topology.checks import assert_pulled, assert_store_then_hit, p2p_stats
 from tests.topology.configs import offload_config, traced_example_config
@@ -12,6 +13,10 @@ from tests.topology.suite import Topology, baseline, run_alone, run_pd
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 PROMPTS = DISTINCT[:2]
 TP2 = Topology(executor="mp", scheduler_in_process=True, tp_size=2)
+EXAMPLE_TP_BUG = (
+    "vLLM's ExampleConnector names its files by token hash and layer, not by rank: at TP=2 both"
+    " ranks write their shard to the same file, and a hit loads one rank's heads on both"
+)
 SHARD_BYTES_PER_BLOCK = 2 * 1 * 32 * 64 * 2  # layers, KV heads per rank (2 of 2), tokens, K+V, bf16
 
 
@@ -52,9 +57,16 @@ def test_offload_at_tp2(offload, expected):
 
 
 def test_traced_example_connector_at_tp2(traced_example, expected):
+    passes = traced_example.passes
     assert traced_example.topology == TP2
-    assert_store_then_hit(traced_example.passes, expected)
-    assert traced_example.passes.leaks == []
+    assert token_mismatches(expected, passes.first) == []
+    assert passes.external_hits >= 64 * len(PROMPTS)
+    assert passes.leaks == []
+
+
+@pytest.mark.xfail(strict=True, reason=EXAMPLE_TP_BUG)
+def test_traced_example_connector_hits_give_the_same_tokens_at_tp2(traced_example, expected):
+    assert token_mismatches(expected, traced_example.passes.second) == []
 
 
 def test_p2p_each_decode_rank_pulls_its_own_shard(pd, expected):
