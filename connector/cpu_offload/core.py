@@ -11,11 +11,13 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvscope.connector.common.faults import FaultInjector
 from kvscope.connector.common.host_pool import KVNamespace, num_host_blocks
+from kvscope.connector.cpu_offload import prom
 from kvscope.connector.cpu_offload.config import OffloadConfig
 from kvscope.connector.cpu_offload.metadata import OffloadMetadata
 from kvscope.connector.cpu_offload.scheduler import OffloadScheduler
-from kvscope.connector.cpu_offload.stats import OffloadStats
+from kvscope.connector.cpu_offload.stats import IntervalReporter, OffloadStats
 from kvscope.connector.cpu_offload.worker import OffloadWorker
+from kvscope.traces.outcomes import outcome_of_policy
 
 
 class CpuOffloadCore(KVConnectorBase_V1):
@@ -30,7 +32,7 @@ class CpuOffloadCore(KVConnectorBase_V1):
         faults = FaultInjector.from_extra_config(extra)
         self.scheduler: OffloadScheduler | None = None
         self.worker: OffloadWorker | None = None
-        self._reported: dict[str, float] = {}
+        self._reporter = IntervalReporter()
         # vLLM gathers every rank's worker output (TP x PP), not only the TP group's.
         world_size = vllm_config.parallel_config.world_size
         if role == KVConnectorRole.SCHEDULER:
@@ -41,8 +43,11 @@ class CpuOffloadCore(KVConnectorBase_V1):
             )
             self.scheduler = OffloadScheduler(
                 config, kv_namespace(vllm_config, spec, num_layers), spec.block_size, host_blocks,
-                world_size, faults,
+                world_size, faults, kv_events_enabled(vllm_config),
             )  # fmt: skip
+            self.scheduler.failure_outcome = outcome_of_policy(
+                self._kv_transfer_config.kv_load_failure_policy
+            )
         else:
             faults.rank = world_rank()
             policy = self._kv_transfer_config.kv_load_failure_policy
@@ -54,6 +59,8 @@ class CpuOffloadCore(KVConnectorBase_V1):
         """Inside a Multi, which says what a failed load became (a fallback, or the policy)."""
         if self.worker is not None:
             self.worker.failure_outcome = None
+        if self.scheduler is not None:
+            self.scheduler.failure_outcome = "left_to_parent"
 
     # --- scheduler side -----------------------------------------------------------------------
 
@@ -106,17 +113,26 @@ class CpuOffloadCore(KVConnectorBase_V1):
     def build_connector_worker_meta(self):
         return self.worker.take_worker_meta()
 
+    def take_events(self):
+        """The host tier's BlockStored / BlockRemoved events, for vLLM's KV event publisher."""
+        return self.scheduler.kv_events.take() if self.scheduler is not None else []
+
     def get_kv_connector_stats(self):
-        """What changed since the last call (the halves keep cumulative counters)."""
-        totals = (self.worker or self.scheduler).stats
-        interval = {k: v - self._reported.get(k, 0) for k, v in totals.items()}
-        self._reported = dict(totals)
-        interval = {k: v for k, v in interval.items() if v}
-        return OffloadStats(data=interval) if interval else None
+        """What changed since the last call (the halves keep cumulative counters); vLLM sums
+        the workers' over ranks and adds the scheduler half's."""
+        if self.worker is not None:
+            return self._reporter.report(self.worker.stats, {}, self.worker.samples)
+        counters, gauges = self.scheduler.report_values()
+        return self._reporter.report(counters, gauges, self.scheduler.samples)
 
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None):
-        return OffloadStats(data=dict(data or {}))
+        return OffloadStats(data=data or {})
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        return prom.build_prom_metrics(vllm_config, metric_types, labelnames,
+                                       per_engine_labelvalues)  # fmt: skip
 
     def shutdown(self) -> None:
         if self.worker is not None:
@@ -126,6 +142,12 @@ class CpuOffloadCore(KVConnectorBase_V1):
         metadata = self._get_connector_metadata()
         assert isinstance(metadata, OffloadMetadata), type(metadata)
         return metadata
+
+
+def kv_events_enabled(vllm_config: Any) -> bool:
+    """Whether vLLM publishes KV events (--kv-events-config): the host tier's are kept only then."""
+    events = getattr(vllm_config, "kv_events_config", None)
+    return bool(events is not None and events.enable_kv_cache_events)
 
 
 def world_rank() -> int:

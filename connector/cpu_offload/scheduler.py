@@ -5,6 +5,7 @@ and tells the workers, through OffloadMetadata, which blocks to copy where.
 """
 
 import itertools
+import time
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -14,11 +15,13 @@ from kvscope.connector.common.host_pool import HostBlockPool, KVNamespace
 from kvscope.connector.common.leases import Lease, LeaseTable
 from kvscope.connector.common.rank_tally import RankTally
 from kvscope.connector.cpu_offload.config import OffloadConfig
+from kvscope.connector.cpu_offload.kv_events import HostTierEvents
 from kvscope.connector.cpu_offload.metadata import BlockTransfer, OffloadMetadata, OffloadWorkerMeta
+from kvscope.connector.cpu_offload.stats import Samples
 from kvscope.traces import names
 from kvscope.traces.attributes import compact_hash
 from kvscope.traces.events import add_event
-from kvscope.traces.outcomes import KEPT_PINNED, RELEASED
+from kvscope.traces.outcomes import KEPT_PINNED, RECOMPUTED, RELEASED
 
 
 class LoadPhase(Enum):
@@ -40,6 +43,7 @@ class RequestState:
     # A lease that ran out while its load copied from its blocks: pinned until the load ends.
     expired_lease: Lease | None = None
     load_start_block: int = 0
+    load_started_at: float = 0.0  # time.monotonic() when its load was planned
     next_block_to_store: int = 0
     stores_in_flight: set[int] = field(default_factory=set)
     ended: bool = False  # vLLM called request_finished
@@ -60,6 +64,7 @@ class OffloadScheduler:
         num_host_blocks: int,
         world_size: int,
         faults: FaultInjector,
+        kv_events: bool = False,
     ) -> None:
         self.config = config
         self.namespace = namespace
@@ -77,7 +82,12 @@ class OffloadScheduler:
         self._store_ids = itertools.count(1)
         self.stats: dict[str, int] = {"lookups": 0, "hit_tokens": 0, "stored_blocks": 0,
                                       "loaded_blocks": 0, "failed_loads": 0,
-                                      "failed_load_blocks": 0}  # fmt: skip
+                                      "failed_load_blocks": 0, "miss_tokens": 0,
+                                      "lease_expiries": 0}  # fmt: skip
+        self.samples = Samples()  # histogram samples and failures for the next stats report
+        self.failure_outcome = RECOMPUTED  # what a failed load becomes; the core says
+        self.kv_events = HostTierEvents(kv_events, block_size)
+        self._pool_read_at, self._pool_gauges, self._evicted = float("-inf"), {}, 0
 
     # --- lookups --------------------------------------------------------------------------
 
@@ -106,13 +116,14 @@ class OffloadScheduler:
         plan = self.faults.plan
         timeout_s = plan.lease_timeout_ms / 1000 if plan.lease_timeout_ms else None
         lease = self.leases.lookup(req_id, self.namespace.block_keys(hashes), timeout_s=timeout_s)
+        num_tokens = len(lease.host_block_ids) * self.block_size if lease else 0
+        self.stats["miss_tokens"] += len(hashes) * self.block_size - num_tokens
         if lease is None:
             return 0, False
         state.lease, state.asked_at = lease, num_computed_tokens
         add_event(names.EVENT_LEASE_ACQUIRED, **self._lease_attributes(lease))
         if plan.evict_leased:
             self._attack_lease(lease)
-        num_tokens = len(lease.host_block_ids) * self.block_size
         self.stats["hit_tokens"] += num_tokens
         return num_tokens, True
 
@@ -149,7 +160,7 @@ class OffloadScheduler:
                 f"request {request.request_id}: {num_external_tokens} external tokens do not "
                 f"match the {len(lease.host_block_ids)} leased blocks"
             )
-        state.phase = LoadPhase.LOADING
+        state.phase, state.load_started_at = LoadPhase.LOADING, time.monotonic()
         state.next_block_to_store = max(state.next_block_to_store, state.load_start_block + count)
         self._loads_to_send.append(
             BlockTransfer(
@@ -167,8 +178,9 @@ class OffloadScheduler:
             if (store := self._plan_store(req_id, num_tokens, kv_cache_manager)) is not None
         ]
         metadata = OffloadMetadata(
-            self._loads_to_send, stores, self._to_flush, self.pool.num_blocks
-        )
+            self._loads_to_send, stores, self._to_flush,
+            set(scheduler_output.preempted_req_ids or ()), self.pool.num_blocks,
+        )  # fmt: skip
         self._loads_to_send, self._to_flush = [], set()
         return metadata
 
@@ -186,6 +198,8 @@ class OffloadScheduler:
         state.next_block_to_store = full
         keys = self.namespace.block_keys(request.block_hashes[first:full])
         reservation = self.pool.reserve(keys)
+        self.kv_events.removed(reservation.evicted_keys)
+        self.kv_events.planned(request, first, keys, reservation.block_keys)
         if reservation.evicted_keys:
             add_event(names.EVENT_BLOCK_EVICTED, **self._blocks_attributes(
                 reservation.evicted_host_block_ids, reservation.evicted_keys))  # fmt: skip
@@ -208,6 +222,9 @@ class OffloadScheduler:
                 names.LEASE_OUTCOME: "expired", names.REQUEST_ID: lease.req_id,
                 names.FAILURE_CAUSE: "lease_expired" + (" during its load" if loading else ""),
                 names.FAILURE_OUTCOME: KEPT_PINNED if loading else RELEASED})  # fmt: skip
+            self.stats["lease_expiries"] += 1
+            self.samples.fail("lease_expired_during_load" if loading else "lease_expired",
+                              KEPT_PINNED if loading else RELEASED)  # fmt: skip
             if loading:
                 # The workers still copy from these blocks: keep them pinned until they finish.
                 self.pool.pin(list(lease.host_block_ids))
@@ -232,6 +249,9 @@ class OffloadScheduler:
         if req_id is None:
             return
         (self.pool.commit if committed else self.pool.abort)(host_block_ids)
+        (self.kv_events.committed if committed else self.kv_events.aborted)(keys)
+        if not committed:
+            self.samples.fail("store_failed", "dropped")  # a later lookup misses them
         if committed:
             self.stats["stored_blocks"] += len(host_block_ids)
             add_event(names.EVENT_BLOCK_STORED, **{names.REQUEST_ID: req_id},
@@ -247,6 +267,9 @@ class OffloadScheduler:
             return
         lease = state.lease
         state.phase = LoadPhase.RECOMPUTE if failed else LoadPhase.LOOKUP
+        self.samples.observe("kv_wait_seconds", time.monotonic() - state.load_started_at)
+        if failed:
+            self.samples.fail("load_failed", self.failure_outcome)
         if lease is not None:
             blocks = "failed_load_blocks" if failed else "loaded_blocks"
             self.stats[blocks] += len(lease.host_block_ids)
@@ -283,6 +306,19 @@ class OffloadScheduler:
     def _forget_if_done(self, req_id: str, state: RequestState) -> None:
         if state.ended and not state.stores_in_flight and not state.loading:
             self.requests.pop(req_id, None)
+
+    def report_values(self) -> tuple[dict[str, int], dict[str, int]]:
+        """Cumulative counters and gauges for the connector's stats. The pool's part walks
+        every host block, so it is refreshed at most once a second, not every step."""
+        if time.monotonic() - self._pool_read_at >= 1.0:
+            self._pool_read_at, pool = time.monotonic(), self.pool.stats()
+            self._pool_gauges = {"host_blocks": pool.num_blocks,
+                                 "host_blocks_used": pool.reserved + pool.committed,
+                                 "host_blocks_pinned": pool.pinned}  # fmt: skip
+            self._evicted = pool.evicted_blocks
+        gauges = {**self._pool_gauges, "pending_stores": len(self._stores),
+                  "active_leases": len(self.leases.active())}  # fmt: skip
+        return {**self.stats, "evicted_blocks": self._evicted}, gauges
 
     def expired_leases_in_flight(self) -> list[str]:
         """Requests whose lease ran out during their load, blocks still pinned (leak checks)."""

@@ -14,6 +14,7 @@ from kvscope.connector.common.faults import FaultInjector
 from kvscope.connector.common.host_buffer import BlockLayout, HostBuffer, find_block_dim
 from kvscope.connector.cpu_offload.config import OffloadConfig
 from kvscope.connector.cpu_offload.metadata import BlockTransfer, OffloadMetadata, OffloadWorkerMeta
+from kvscope.connector.cpu_offload.stats import Samples
 from kvscope.traces import names
 from kvscope.traces.events import add_event, record_transfer
 from kvscope.traces.outcomes import outcome_of_policy
@@ -53,6 +54,7 @@ class OffloadWorker:
         # Failed loads are counted once, by the scheduler half, when every rank reported.
         self.stats: dict[str, float] = {"load_bytes": 0, "store_bytes": 0, "load_s": 0.0,
                                         "store_s": 0.0}  # fmt: skip
+        self.samples = Samples()  # per-copy durations and sizes for the stats' histograms
 
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
         layers = list(kv_caches.values())
@@ -111,6 +113,9 @@ class OffloadWorker:
                         names.BLOCK_COUNT: result.num_blocks})  # fmt: skip
         self.stats[f"{direction}_bytes"] += result.num_bytes if result.ok else 0
         self.stats[f"{direction}_s"] += result.duration_s
+        if result.ok:
+            self.samples.observe(f"{direction}_seconds", result.duration_s)
+            self.samples.observe(f"{direction}_size_bytes", result.num_bytes)
         if pending.direction is Direction.STORE:
             outcomes = self._meta.stores_done if result.ok else self._meta.stores_failed
             outcomes[transfer.transfer_id] = 1

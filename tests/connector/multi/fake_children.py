@@ -8,8 +8,26 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorHandshakeMetadata,
 )
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
-from kvscope.connector.cpu_offload.stats import OffloadStats
+
+@dataclass
+class SummedStats(KVConnectorStats):
+    """Flat counters that add up: a child's stats of the simplest shape."""
+
+    def reset(self) -> None:
+        self.data = {}
+
+    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
+        for key, value in other.data.items():
+            self.data[key] = self.data.get(key, 0) + value
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        return dict(self.data)
+
+    def is_empty(self) -> bool:
+        return not any(self.data.values())
 
 
 @dataclass
@@ -42,11 +60,11 @@ class RecordingConnector(KVConnectorBase_V1):
 
     def get_kv_connector_stats(self):
         stats = self.extra.get("stats")
-        return OffloadStats(data=dict(stats)) if stats else None
+        return SummedStats(data=dict(stats)) if stats else None
 
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None):
-        return OffloadStats(data=dict(data or {}))
+        return SummedStats(data=dict(data or {}))
 
     # The abstract hooks: nothing to do without an engine.
     def get_num_new_matched_tokens(self, request, num_computed_tokens):

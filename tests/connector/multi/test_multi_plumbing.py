@@ -12,10 +12,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorLogg
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlKVConnectorStats
 from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
 
-from kvscope.connector.cpu_offload.stats import OffloadStats
 from kvscope.connector.multi.connector import KvscopeMultiConnector
 from kvscope.connector.multi.stats import MultiStats
-from tests.connector.multi.fake_children import Handshake
+from tests.connector.multi.fake_children import Handshake, SummedStats
 from tests.connector.multi.test_child_config import NIXL, outer
 
 FAKE = "tests.connector.multi.fake_children"
@@ -85,7 +84,7 @@ def test_stats_are_each_childs_by_name_and_survive_the_trip_to_the_logger():
     assert {name: s.data for name, s in rebuilt.data.items()} == {
         n: s.data for n, s in stats.data.items()
     }
-    assert all(isinstance(s, OffloadStats) for s in rebuilt.data.values())
+    assert all(isinstance(s, SummedStats) for s in rebuilt.data.values())
     logging = KVConnectorLogging(connector._kv_transfer_config)
     logging.observe(wire)
     logging.observe(wire)
@@ -115,7 +114,7 @@ def test_each_childs_prometheus_metrics_observe_its_part_of_the_stats():
     nixl.data["bytes_transferred"].append(4096)
     stats = MultiStats()
     stats.add("NixlConnector", ("NixlConnector", None), nixl)
-    stats.add("offload", ("RecordingConnector", FAKE), OffloadStats(data={"loaded_blocks": 1}))
+    stats.add("offload", ("RecordingConnector", FAKE), SummedStats(data={"loaded_blocks": 1}))
     metrics.observe(MsgpackDecoder().decode(MsgpackEncoder().encode(stats.to_dict())))
     sample = registry.get_sample_value("vllm:nixl_bytes_transferred_sum", {"engine": "0"})
     assert sample == 4096

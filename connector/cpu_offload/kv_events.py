@@ -1,0 +1,86 @@
+"""vLLM KV events for the host tier: BlockStored when a block is committed to the host pool,
+BlockRemoved when it is evicted, with medium "CPU" as vLLM's SimpleCPUOffloadConnector says.
+
+They carry vLLM's own block hashes (converted as vLLM converts its GPU tier's), never the
+pool's namespaced keys: a KV-aware router sees one block hash in both tiers, told apart by the
+medium. vLLM's scheduler publishes what take_events() returns after each step.
+"""
+
+from dataclasses import dataclass
+from typing import Any
+
+from vllm.distributed.kv_events import MEDIUM_CPU, BlockRemoved, BlockStored, KVCacheEvent
+from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
+
+MEDIUM = MEDIUM_CPU
+MAX_QUEUED = 65536
+"""Events kept between two take_events() calls (vLLM drains every step); the oldest go first."""
+
+
+@dataclass(frozen=True)
+class BlockFacts:
+    """What a BlockStored event says about one block, taken when its store was planned."""
+
+    block_hash: Any  # vLLM's ExternalBlockHash
+    parent_block_hash: Any
+    token_ids: tuple[int, ...]
+    lora_name: str | None
+
+
+class HostTierEvents:
+    """Remembers each host block's vLLM hash from its store's planning until its eviction."""
+
+    def __init__(self, enabled: bool, block_size: int) -> None:
+        self.enabled = enabled
+        self.block_size = block_size
+        self._planned: dict[bytes, BlockFacts] = {}  # pool key -> facts, store in flight
+        self._stored: dict[bytes, Any] = {}  # pool key -> vLLM hash, committed
+        self._queue: list[KVCacheEvent] = []
+
+    def planned(self, request: Any, first_block: int, keys: list[bytes], reserved: list[bytes]):
+        """A store of request's blocks first_block.. (keys), of which `reserved` get host blocks."""
+        if not self.enabled:
+            return
+        position = {key: first_block + i for i, key in enumerate(keys)}
+        lora = getattr(request, "lora_request", None)
+        for key in reserved:
+            index = position[key]
+            start = index * self.block_size
+            parent = request.block_hashes[index - 1] if index > 0 else None
+            self._planned[key] = BlockFacts(
+                maybe_convert_block_hash(request.block_hashes[index]),
+                None if parent is None else maybe_convert_block_hash(parent),
+                tuple(request.all_token_ids[start : start + self.block_size]),
+                lora.name if lora is not None else None,
+            )
+
+    def committed(self, keys: list[bytes]) -> None:
+        for key in keys:
+            if (facts := self._planned.pop(key, None)) is None:
+                continue
+            self._stored[key] = facts.block_hash
+            self._push(BlockStored(
+                block_hashes=[facts.block_hash], parent_block_hash=facts.parent_block_hash,
+                token_ids=list(facts.token_ids), block_size=self.block_size, lora_id=None,
+                medium=MEDIUM, lora_name=facts.lora_name, group_idx=0, locality="LOCAL",
+            ))  # fmt: skip
+
+    def aborted(self, keys: list[bytes]) -> None:
+        """A failed store: its blocks were never announced."""
+        for key in keys:
+            self._planned.pop(key, None)
+
+    def removed(self, keys: list[bytes]) -> None:
+        hashes = [h for key in keys if (h := self._stored.pop(key, None)) is not None]
+        if hashes:
+            self._push(BlockRemoved(block_hashes=hashes, medium=MEDIUM, group_idx=0,
+                                    locality="LOCAL"))  # fmt: skip
+
+    def take(self) -> list[KVCacheEvent]:
+        events, self._queue = self._queue, []
+        return events
+
+    def _push(self, event: KVCacheEvent) -> None:
+        self._queue.append(event)
+        if len(self._queue) > MAX_QUEUED:
+            del self._queue[: len(self._queue) - MAX_QUEUED]
