@@ -4,6 +4,7 @@ import queue
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 
@@ -72,10 +73,11 @@ class CpuCopyEngine(CopyEngine):
 
     def cancel(self, job_id: int) -> bool:
         with self._lock:
-            if job_id not in self._pending_ids or job_id == self._copying:
+            if job_id not in self._pending_ids:
                 return False
             self._cancelled.add(job_id)
-            return True
+            # A copy under way runs to its end; its result still says cancelled.
+            return job_id != self._copying
 
     @property
     def num_pending(self) -> int:
@@ -108,6 +110,9 @@ class CpuCopyEngine(CopyEngine):
         while (job := self._jobs.get()) is not None:
             result = self._execute(job)
             with self._lock:
+                if job.job_id in self._cancelled:  # cancelled while it copied
+                    self._cancelled.discard(job.job_id)
+                    result = replace(result, error="cancelled")
                 self._pending_ids.discard(job.job_id)
                 self._copying = None
                 self._finished.append(result)

@@ -73,8 +73,9 @@ class CopyJob:
 class CopyEngine(ABC):
     """Submit (device_block_ids, host_block_ids) jobs; poll() returns each result exactly once.
 
-    Jobs run in submission order. A load therefore finishes before any later store can
-    overwrite the host blocks it reads, even if its lease expired meanwhile.
+    A load finishes before any store submitted after it can overwrite the host blocks it
+    reads, even if its lease expired meanwhile. A load need not wait for earlier stores (on
+    CUDA it does not): the scheduler loads only from host blocks whose store was committed.
     """
 
     def __init__(self, kv_layers: Sequence[torch.Tensor], host_buffer: HostBuffer, block_dim: int):
@@ -120,10 +121,12 @@ class CopyEngine(ABC):
         """Blocks until the job finished (True) or the timeout passed (False)."""
 
     def cancel(self, job_id: int) -> bool:
-        """Stops a job that has not begun copying; its result reports 'cancelled'.
+        """Fails a job: its result, whenever it comes, reports 'cancelled'.
 
-        False when it cannot be stopped (already copying, finished, or a backend whose queued
-        work cannot be withdrawn): the caller then waits for its result as usual.
+        True when the job is over now (it never copied, or its copy already ended): the blocks
+        it names are free to hand back. False when its copy is still running and cannot be
+        withdrawn (a CUDA stream cannot), or the job is unknown or reported: the caller must
+        keep the blocks until poll() returns its result.
         """
         return False
 

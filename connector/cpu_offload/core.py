@@ -101,7 +101,8 @@ class CpuOffloadCore(KVConnectorBase_V1):
         self.worker.start_stores(self._metadata())
 
     def handle_preemptions(self, kv_connector_metadata: Any) -> None:
-        self.worker.wait_for_stores()
+        assert isinstance(kv_connector_metadata, OffloadMetadata), type(kv_connector_metadata)
+        self.worker.wait_for_stores(kv_connector_metadata.reqs_preempted)
 
     def get_finished(self, finished_req_ids: set[str]):
         sending, recving = self.worker.poll()

@@ -7,7 +7,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorWorkerMetadata,
 )
 
-OFFLOAD_METADATA_VERSION = 2
+OFFLOAD_METADATA_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,8 @@ class OffloadMetadata(KVConnectorMetadata):
     reqs_to_store: list[BlockTransfer] = field(default_factory=list)
     # Requests whose stores the worker must finish before vLLM may reuse their blocks.
     reqs_to_flush: set[str] = field(default_factory=set)
+    # Requests vLLM preempted this step: their blocks may be reused once their stores ended.
+    reqs_preempted: set[str] = field(default_factory=set)
     num_host_blocks: int = 0
     version: int = OFFLOAD_METADATA_VERSION
 

@@ -25,6 +25,7 @@ class PendingCopy:
     transfer: BlockTransfer
     direction: Direction
     deadline: float
+    timed_out: bool = False  # failed at its deadline; its result may still be on its way
 
 
 class OffloadWorker:
@@ -86,10 +87,14 @@ class OffloadWorker:
             self._pending[job_id] = PendingCopy(transfer, Direction.STORE, float("inf"))
         self._to_flush |= metadata.reqs_to_flush
 
-    def wait_for_stores(self) -> None:
-        """Before vLLM reuses preempted requests' blocks, every store reading them must end."""
+    def wait_for_stores(self, req_ids: set[str]) -> None:
+        """Before vLLM reuses preempted requests' blocks, the stores reading them must end.
+
+        Only theirs: vLLM calls this every step, and on CUDA waiting for any store waits for
+        the forward queued before it, which would take away async scheduling's overlap.
+        """
         for job_id, pending in list(self._pending.items()):
-            if pending.direction is Direction.STORE:
+            if pending.direction is Direction.STORE and pending.transfer.req_id in req_ids:
                 self.copies.wait(job_id)
 
     def poll(self) -> tuple[set[str], set[str]]:
@@ -121,10 +126,11 @@ class OffloadWorker:
             outcomes[transfer.transfer_id] = 1
             return
         recving.add(transfer.req_id)
-        if result.ok:
+        if result.ok and not pending.timed_out:
             self._meta.loads_done[transfer.req_id] = 1
         else:
-            self._fail_load(transfer, result.error or "load failed")
+            cause = "timeout" if pending.timed_out else result.error or "load failed"
+            self._fail_load(transfer, cause)
 
     def _fail_load(self, transfer: BlockTransfer, cause: str) -> None:
         self._load_errors.update(transfer.device_block_ids)
@@ -136,11 +142,17 @@ class OffloadWorker:
                   names.FAILURE_POLICY: self.failure_policy or "recompute"}, **outcome)  # fmt: skip
 
     def _time_out_loads(self) -> set[str]:
-        """Loads past their deadline that had not started copying: cancelled, reported failed."""
+        """Loads past their deadline fail. One whose copy never began or already ended is
+        reported now; one still copying (a CUDA stream cannot drop it) is reported with its
+        result: vLLM recomputes into reported blocks, and the scheduler half frees the host
+        blocks, so neither may be handed back while the copy can still write or read them."""
         now = time.monotonic()
         timed_out = set()
         for job_id, pending in list(self._pending.items()):
-            if pending.deadline <= now and self.copies.cancel(job_id):
+            if pending.timed_out or pending.deadline > now:
+                continue
+            pending.timed_out = True
+            if self.copies.cancel(job_id):
                 del self._pending[job_id]
                 self._fail_load(pending.transfer, "timeout")
                 timed_out.add(pending.transfer.req_id)

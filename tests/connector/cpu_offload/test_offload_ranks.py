@@ -39,6 +39,7 @@ class Output:
 
     def __init__(self, num_scheduled_tokens: dict[str, int]) -> None:
         self.num_scheduled_tokens = num_scheduled_tokens
+        self.preempted_req_ids: set[str] | None = None
 
 
 def make_scheduler(world_size: int = 2) -> OffloadScheduler:
