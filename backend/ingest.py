@@ -10,6 +10,7 @@ from kvscope.backend.checkpoint import Checkpointer
 from kvscope.backend.ingest_pool import IngestPool
 from kvscope.backend.limits import Limits
 from kvscope.backend.live import Hub
+from kvscope.backend.metrics import IngestMetrics, StreamCollector
 from kvscope.backend.settings import Settings
 from kvscope.backend.writer import BatchWriter, Stored, prepare
 
@@ -26,6 +27,8 @@ class IngestService:
         self.hub = hub
         self.on_batch = on_batch
         self.spans_stored = 0
+        self.metrics = IngestMetrics()
+        self.metrics.registry.register(StreamCollector(engine, settings))
         self.limits = Limits.from_settings(settings)
         self.writer = BatchWriter(engine, settings.ws_max_timelines_per_batch)
         workers = settings.resolved_ingest_workers()
@@ -37,6 +40,16 @@ class IngestService:
     def ingest(self, body: bytes, content_type: str) -> Stored:
         """Stores every valid span of one export request; PayloadError if none can be read,
         StoreUnavailable if the database (or a worker) failed for a passing reason."""
+        started = time.perf_counter()
+        try:
+            stored = self._ingest(body, content_type)
+        except Exception as error:
+            self.metrics.refused(error)
+            raise
+        self.metrics.stored_batch(stored.spans, stored.rejected, time.perf_counter() - started)
+        return stored
+
+    def _ingest(self, body: bytes, content_type: str) -> Stored:
         if self.pool is not None:
             prepared = self.pool.prepare(body, content_type)
         else:

@@ -17,6 +17,7 @@ from kvscope.backend.routes import (
     health,
     ingest,
     leases,
+    metrics,
     requests,
     stats,
     streams,
@@ -26,7 +27,8 @@ from kvscope.backend.routes import (
 from kvscope.backend.settings import Settings, get_settings
 from kvscope.backend.store import STAGED_TABLES
 
-ROUTERS = (health, ingest, requests, blocks, leases, failures, transfers, stats, streams, ws)
+ROUTERS = (health, metrics, ingest, requests, blocks, leases, failures, transfers, stats, streams,
+           ws)  # fmt: skip
 
 
 def create_app(settings: Settings | None = None, grpc_host: str | None = None) -> FastAPI:

@@ -1,0 +1,96 @@
+"""The backend's own Prometheus metrics: spans received, stored and dropped, ingest latency,
+each span stream's gaps and the database's size (read from the database at scrape time)."""
+
+import os
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from sqlalchemy import Engine, text
+from sqlmodel import Session, select
+
+from kvscope.backend import certainty, seqs
+from kvscope.backend.db import is_sqlite
+from kvscope.backend.models import Process
+from kvscope.backend.settings import Settings
+
+PREFIX = "kvscope_backend_"
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+REFUSALS = {"PayloadError": "malformed", "StoreUnavailable": "store_unavailable"}
+
+
+class IngestMetrics:
+    """One registry per app: tests build several apps in one process."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.received = Counter(PREFIX + "spans_received", "Spans in export requests read.",
+                                registry=self.registry)  # fmt: skip
+        self.stored = Counter(PREFIX + "spans_stored", "Spans written to the database.",
+                              registry=self.registry)  # fmt: skip
+        self.dropped = Counter(PREFIX + "spans_dropped",
+                               "Spans rejected (invalid) by the backend, by reason.",
+                               ["reason"], registry=self.registry)  # fmt: skip
+        self.requests = Counter(PREFIX + "export_requests", "Export requests by outcome.",
+                                ["outcome"], registry=self.registry)  # fmt: skip
+        self.latency = Histogram(PREFIX + "ingest_seconds",
+                                 "From an export request's body to its spans committed.",
+                                 buckets=LATENCY_BUCKETS, registry=self.registry)  # fmt: skip
+
+    def stored_batch(self, spans: int, rejected: int, seconds: float) -> None:
+        self.received.inc(spans + rejected)
+        self.stored.inc(spans)
+        if rejected:
+            self.dropped.labels("invalid").inc(rejected)
+        self.requests.labels("stored" if spans else "rejected").inc()
+        self.latency.observe(seconds)
+
+    def refused(self, error: Exception) -> None:
+        """An export request nothing of which was stored (the exporter may send it again)."""
+        self.requests.labels(REFUSALS.get(type(error).__name__, "error")).inc()
+
+
+class StreamCollector:
+    """Gauges read from the database when Prometheus scrapes: per stream and in all."""
+
+    def __init__(self, engine: Engine, settings: Settings) -> None:
+        self.engine = engine
+        self.settings = settings
+
+    def collect(self):
+        received = _per_stream("spans_received", "Distinct spans received from a process.")
+        gaps = _per_stream("gaps", "Holes in a process's span sequence, by state.", "state")
+        missing = _per_stream("missing_spans", "Spans of a process not received (holes' sizes).")
+        lost = _per_stream("exporter_dropped_spans", "Spans a process's exporter says it dropped.")
+        with Session(self.engine) as session:
+            self._fill(session, received, gaps, missing, lost)
+            size = database_bytes(self.engine, session)
+        yield from (received, gaps, missing, lost)
+        yield GaugeMetricFamily(PREFIX + "database_bytes", "Size of the database.", value=size)
+
+    def _fill(self, session: Session, received, gaps, missing, lost) -> None:
+        counts = seqs.received_counts(session.connection())
+        holes = certainty.gaps(session, self.settings.gap_grace_s, now_ns=time.time_ns())
+        for process in session.exec(select(Process)).all():
+            labels = [process.instance_id, process.service_name or ""]
+            received.add_metric(labels, counts.get(process.instance_id, (0, -1))[0])
+            mine = [h for h in holes if h.origin == process.instance_id]
+            for state in ("pending", "missing"):
+                gaps.add_metric([*labels, state], sum(h.state == state for h in mine))
+            missing.add_metric(labels, sum(h.count for h in mine))
+            lost.add_metric(labels, process.telemetry_dropped or 0)
+
+
+def _per_stream(name: str, doc: str, *extra_labels: str) -> GaugeMetricFamily:
+    labels = ["origin", "service_name", *extra_labels]
+    return GaugeMetricFamily(PREFIX + "stream_" + name, doc, labels=labels)
+
+
+def database_bytes(engine: Engine, session: Session) -> float:
+    """Pages in use plus SQLite's write-ahead log; PostgreSQL's own figure for the database."""
+    if not is_sqlite(engine):
+        return float(session.exec(text("SELECT pg_database_size(current_database())")).one()[0])
+    pages = session.exec(text("PRAGMA page_count")).one()[0]
+    page_size = session.exec(text("PRAGMA page_size")).one()[0]
+    wal = f"{engine.url.database}-wal"
+    return float(pages * page_size + (os.path.getsize(wal) if os.path.exists(wal) else 0))
