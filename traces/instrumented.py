@@ -49,6 +49,11 @@ NO_OP_BY_DEFAULT = (
 answers them itself, since their span could only say that vLLM called them."""
 
 
+def layer_span_mode(extra_config: dict[str, Any]) -> str:
+    """'per_layer' or 'aggregated': the extra config's, else KVSCOPE_LAYER_SPANS's."""
+    return extra_config.get(EXTRA_LAYER_MODE) or os.environ.get("KVSCOPE_LAYER_SPANS", "aggregated")
+
+
 def reports_facts(connector_type: type) -> bool:
     """Whether a connector may report facts (blocks, leases, failures) through traces.events:
     any but vLLM's own, which know nothing of kvscope."""
@@ -80,9 +85,7 @@ class InstrumentedConnector(SchedulerHooks, WorkerHooks, KVConnectorBase_V1):
                 f"wrap it with a connector class that is not SupportsHMA"
             )
         extra = ktc.kv_connector_extra_config or {}
-        layer_mode = extra.get(EXTRA_LAYER_MODE) or os.environ.get(
-            "KVSCOPE_LAYER_SPANS", "aggregated"
-        )
+        layer_mode = layer_span_mode(extra)
         self._trace_quiet_hooks = bool(extra.get(EXTRA_QUIET_HOOKS, False))
         self._failure_policy = ktc.kv_load_failure_policy
         inner_type = type(self._inner)
@@ -136,6 +139,15 @@ class InstrumentedConnector(SchedulerHooks, WorkerHooks, KVConnectorBase_V1):
 
     @classmethod
     def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
+        """What the wrapped connector needs, and True for per-layer spans.
+
+        FULL CUDA graphs replay the forward without calling the per-layer hooks. A per-layer
+        span is what the user asked to see, so that mode needs PIECEWISE graphs; aggregated
+        mode only times the calls vLLM makes (none are missing from what the wrapped connector
+        itself would get), so it asks for nothing the wrapped connector does not.
+        """
+        if layer_span_mode(extra_config) == "per_layer":
+            return True
         inner_extra = cls.inner_extra_config(extra_config)
         return cls.inner_class(extra_config).requires_piecewise_for_cudagraph(inner_extra)
 

@@ -73,6 +73,13 @@ class CpuOffloadCore(KVConnectorBase_V1):
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
         return self.scheduler.build_metadata(scheduler_output, self._kv_cache_manager)
 
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
+        """False: wait_for_layer_load and save_kv_layer do nothing. Every copy is queued in
+        start_load_kv and wait_for_save, which vLLM calls outside the captured graph, so FULL
+        CUDA graphs skip nothing this connector needs."""
+        return False
+
     @property
     def requires_kv_delivery(self) -> bool:
         return False  # a best-effort cache: a store dropped by a preemption is a later miss

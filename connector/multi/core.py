@@ -229,6 +229,10 @@ class MultiCore(KVConnectorBase_V1):
 
     @classmethod
     def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
+        """True when any child needs PIECEWISE CUDA graphs: the Multi's own per-layer hooks
+        only forward. Each child is asked as it is built here (kvscope's traced children as
+        their untraced core, with their own extra config), so a child's trace_layer_mode
+        asks nothing: the Multi gives its children no per-layer spans."""
         return any(
             child_class(config).requires_piecewise_for_cudagraph(
                 config.get("kv_connector_extra_config") or {}

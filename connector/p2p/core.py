@@ -46,6 +46,12 @@ class P2PCore(KVConnectorBase_V1):
         if self.worker is not None:
             self.worker.failure_outcome = None
 
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
+        """False: wait_for_layer_load and save_kv_layer do nothing (pulls start in
+        start_load_kv, outside the captured graph), so FULL CUDA graphs skip nothing."""
+        return False
+
     # --- scheduler side -----------------------------------------------------------------------
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int):
