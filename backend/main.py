@@ -1,39 +1,48 @@
-"""The FastAPI application: database set-up, routers, the ingest service and live hub."""
+"""The FastAPI application: bind check, database set-up, routers, the ingest service, live hub
+and the browser guard."""
 
 import asyncio
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from kvscope.backend import logs
 from kvscope.backend.bulk import add_postgres_stages
 from kvscope.backend.db import make_engine
+from kvscope.backend.guard import BrowserGuard
 from kvscope.backend.ingest import IngestService
 from kvscope.backend.live import Hub
 from kvscope.backend.migrations import migrate
 from kvscope.backend.otlp_grpc import start_receiver
+from kvscope.backend.receive import IngestGate
 from kvscope.backend.routes import (
     blocks,
     failures,
     health,
     ingest,
     leases,
-    metrics,
     requests,
     stats,
     streams,
     transfers,
     ws,
 )
-from kvscope.backend.settings import Settings, get_settings
+from kvscope.backend.settings import Settings, check_bind_is_safe, get_settings
 from kvscope.backend.store import STAGED_TABLES
 
-ROUTERS = (health, metrics, ingest, requests, blocks, leases, failures, transfers, stats, streams,
-           ws)  # fmt: skip
+ROUTERS = (health, ingest, requests, blocks, leases, failures, transfers, stats, streams, ws)
 
 
 def create_app(settings: Settings | None = None, grpc_host: str | None = None) -> FastAPI:
-    """The app; with grpc_host, its lifespan also serves OTLP/gRPC on grpc_host:grpc_port."""
+    """The app; with grpc_host, its lifespan also serves OTLP/gRPC on grpc_host:grpc_port.
+    `uvicorn --factory kvscope.backend.main:create_app` works too: the bind check runs here
+    (KVSCOPE_BACKEND_HOST), and the guard refuses tokenless requests from beyond loopback
+    whatever address uvicorn was told to bind."""
     settings = settings or get_settings()
+    check_bind_is_safe(settings, settings.host)
+    if grpc_host is not None and settings.grpc_port:
+        check_bind_is_safe(settings, grpc_host)
+    logs.install()
     engine = make_engine(settings.database_url)
     add_postgres_stages(engine, STAGED_TABLES)
     migrate(engine)
@@ -44,7 +53,7 @@ def create_app(settings: Settings | None = None, grpc_host: str | None = None) -
         app.state.ingest.warm_up()
         receiver = None
         if grpc_host is not None and settings.grpc_port:
-            receiver = start_receiver(app.state.ingest, settings, grpc_host)
+            receiver = start_receiver(app.state.ingest, settings, grpc_host, app.state.ingest_gate)
         app.state.grpc_port = receiver.port if receiver else None
         yield
         if receiver is not None:  # before ingest closes: calls in progress still store
@@ -61,6 +70,8 @@ def create_app(settings: Settings | None = None, grpc_host: str | None = None) -
     app.state.engine = engine
     app.state.hub = Hub()
     app.state.ingest = IngestService(engine, settings, app.state.hub, ws.make_publisher(app))
+    app.state.ingest_gate = IngestGate(settings.max_concurrent_ingest)
     for module in ROUTERS:
         app.include_router(module.router)
+    app.add_middleware(BrowserGuard, settings=settings)
     return app

@@ -7,6 +7,9 @@ from sqlalchemy import Connection, Engine, text
 from sqlmodel import SQLModel
 
 from kvscope.backend import models  # noqa: F401  (registers the tables on SQLModel.metadata)
+from kvscope.backend.identities import migrate_ids_to_bigint, widen_ids
+
+widen_ids(SQLModel.metadata)  # before any table is created, here or by a migration
 
 VERSION_TABLE = "kvscope_schema_version"
 
@@ -21,7 +24,17 @@ MIGRATIONS: list[Migration] = [
         "spans, requests, timeline points, transfers, failures, leases, blocks, seq ranges",
         lambda connection: None,
     ),
+    (
+        3,
+        "64-bit ids and id sequences on PostgreSQL",
+        lambda connection: migrate_ids_to_bigint(connection, SQLModel.metadata),
+    ),
 ]
+
+MIGRATION_LOCK = 0x6B7673636F7065  # 'kvscope'
+"""PostgreSQL advisory lock key held while migrating: backends starting together take turns."""
+
+_LOCK = text("SELECT pg_advisory_xact_lock(:key)")
 
 
 def latest_version() -> int:
@@ -37,8 +50,15 @@ def current_version(connection: Connection) -> int | None:
 
 
 def migrate(engine: Engine) -> int:
-    """Brings the schema to the latest version; returns that version."""
+    """Brings the schema to the latest version; returns that version. Safe to run from
+    several backends at once: PostgreSQL serialises them on an advisory lock (released at
+    commit), SQLite on its write lock, taken first (BEGIN IMMEDIATE)."""
     with engine.begin() as connection:
+        if connection.dialect.name == "postgresql":
+            connection.execute(_LOCK, {"key": MIGRATION_LOCK})
+        elif connection.dialect.name == "sqlite":
+            # pysqlite begins a transaction only before DML: DDL would run unlocked.
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
         connection.execute(
             text(
                 f"CREATE TABLE IF NOT EXISTS {VERSION_TABLE} "

@@ -10,6 +10,7 @@ from google.protobuf.message import DecodeError
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as pb
 
+from kvscope.backend import text
 from kvscope.backend.limits import MAX_NS, Limits, SpanChecker, invalid_reason
 from kvscope.traces import names
 
@@ -60,6 +61,8 @@ _PLAIN = frozenset(("string_value", "int_value", "bool_value"))
 def any_value(value) -> object:
     """An AnyValue as a plain Python value (bytes as hex, so it stays JSON-friendly)."""
     kind = value.WhichOneof("value")
+    if kind == "string_value":
+        return text.safe(value.string_value)
     if kind in _PLAIN:
         return getattr(value, kind)
     if kind == "double_value":
@@ -81,19 +84,18 @@ def attributes_of(key_values) -> dict:
         value = kv.value
         kind = value.WhichOneof("value")
         # Inlined common case: this loop runs for every attribute of every span.
-        attributes[kv.key] = getattr(value, kind) if kind in _PLAIN else any_value(value)
+        if kind == "string_value":
+            item = value.string_value
+            attributes[kv.key] = item if "\x00" not in item else text.safe(item)
+        else:
+            attributes[kv.key] = getattr(value, kind) if kind in _PLAIN else any_value(value)
     return attributes
 
 
 def parse_body(body: bytes, content_type: str) -> pb.ExportTraceServiceRequest:
     """Parse the (already decompressed) body in the encoding its content type names."""
-    if content_type == PROTOBUF:
-        try:
-            request = pb.ExportTraceServiceRequest.FromString(body)
-        except DecodeError as error:
-            raise PayloadError(f"body is not a valid OTLP protobuf message: {error}") from None
-    else:
-        request = _parse_json(body)
+    text.parsed(0)
+    request = _parse_protobuf(body) if content_type == PROTOBUF else _parse_json(body)
     if body and not request.resource_spans:
         raise PayloadError(
             "body decoded to an ExportTraceServiceRequest with no resourceSpans: "
@@ -102,9 +104,24 @@ def parse_body(body: bytes, content_type: str) -> pb.ExportTraceServiceRequest:
     return request
 
 
+def _parse_protobuf(body: bytes) -> pb.ExportTraceServiceRequest:
+    try:
+        return pb.ExportTraceServiceRequest.FromString(body)
+    except DecodeError as error:
+        if "UTF-8" not in str(error):
+            raise PayloadError(f"body is not a valid OTLP protobuf message: {error}") from None
+    try:  # a string field that is not UTF-8: replaced, not a reason to lose the batch
+        repaired, repairs = text.repaired_protobuf(body)
+        request = pb.ExportTraceServiceRequest.FromString(repaired)
+    except DecodeError as error:
+        raise PayloadError(f"body is not a valid OTLP protobuf message: {error}") from None
+    text.parsed(repairs)
+    return request
+
+
 def _parse_json(body: bytes) -> pb.ExportTraceServiceRequest:
     try:
-        document = json.loads(body)
+        document = json.loads(text.utf8(body))
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise PayloadError(f"body is not valid JSON: {error}") from None
     except RecursionError:
@@ -163,6 +180,7 @@ def decode(request: pb.ExportTraceServiceRequest, limits: Limits) -> Decoded:
     """Flatten the request into span records; invalid spans are counted, not fatal."""
     decoded = Decoded()
     checker = SpanChecker(limits)
+    replaced_before = text.replaced()
     for resource_spans in request.resource_spans:
         resource = attributes_of(resource_spans.resource.attributes)
         instance_id = _text(resource.get(names.PROCESS_ID))
@@ -177,13 +195,18 @@ def decode(request: pb.ExportTraceServiceRequest, limits: Limits) -> Decoded:
                     decoded.rejected += 1
                 else:
                     decoded.spans.append(record)
+    if replaced := text.replaced() - replaced_before + text.take_parsed():
+        checker.note(REPLACED_TEXT, f"{replaced} string(s) in all")
     decoded.message = checker.summary()
     return decoded
 
 
-def clean(text: str) -> str:
+REPLACED_TEXT = "text with NUL characters or invalid UTF-8 stored with U+FFFD in their place"
+
+
+def clean(value: str) -> str:
     """Text safe for every database: PostgreSQL refuses NUL characters in text columns."""
-    return text.replace("\x00", "") if "\x00" in text else text
+    return text.safe(value)
 
 
 def _text(value: object) -> str | None:
@@ -236,7 +259,7 @@ def _events(events, checker: SpanChecker, small: bool, span_name: str) -> list[d
         attributes = attributes_of(event.attributes)
         kept.append(
             {
-                "name": event.name,
+                "name": clean(event.name),
                 "time_ns": time_ns,
                 "attributes": attributes if small else checker.bounded(attributes, span_name),
             }

@@ -8,7 +8,7 @@ import grpc
 
 from kvscope.backend.ingest import IngestService
 from kvscope.backend.otlp import PROTOBUF
-from kvscope.backend.receive import refused, store
+from kvscope.backend.receive import IngestGate, refused, store
 from kvscope.backend.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -22,8 +22,11 @@ class GrpcReceiver:
     """A grpcio server whose Export handler takes the request's bytes as they came: the ingest
     path decodes them (in its worker processes) exactly as it decodes an OTLP/HTTP body."""
 
-    def __init__(self, ingest: IngestService, settings: Settings, threads: int = 4) -> None:
+    def __init__(
+        self, ingest: IngestService, settings: Settings, gate: IngestGate, threads: int = 4
+    ) -> None:
         self.ingest = ingest
+        self.gate = gate
         self.settings = settings
         self.port: int | None = None
         # gRPC refuses a larger message with RESOURCE_EXHAUSTED before any of it is decoded; a
@@ -34,6 +37,9 @@ class GrpcReceiver:
             # No SO_REUSEPORT (grpcio's default): a second backend on the port must fail, not
             # silently take half of the connections.
             options=[("grpc.max_receive_message_length", limit), ("grpc.so_reuseport", 0)],
+            # Calls waiting for a thread hold their messages too: beyond the ingest bound
+            # gRPC answers RESOURCE_EXHAUSTED itself.
+            maximum_concurrent_rpcs=max(threads, settings.max_concurrent_ingest),
         )
         handler = grpc.unary_unary_rpc_method_handler(self._export)  # no deserializer: bytes
         self._server.add_generic_rpc_handlers(
@@ -57,16 +63,20 @@ class GrpcReceiver:
     def _export(self, body: bytes, context: grpc.ServicerContext) -> bytes:
         metadata = dict(context.invocation_metadata())
         answer = refused(self.settings, metadata.get("authorization"), TOKEN_HOW)
-        answer = answer or store(self.ingest, body, PROTOBUF)
+        if answer is None:
+            with self.gate.admit() as busy:
+                answer = busy or store(self.ingest, body, PROTOBUF)
         if answer.status != 200:
             context.abort(_STATUS[answer.rpc_code], answer.message)
         return answer.body
 
 
-def start_receiver(ingest: IngestService, settings: Settings, host: str) -> GrpcReceiver | None:
+def start_receiver(
+    ingest: IngestService, settings: Settings, host: str, gate: IngestGate
+) -> GrpcReceiver | None:
     """The receiver on host:settings.grpc_port, or None (with a warning) if that port is taken:
     OTLP/HTTP keeps serving. A local Jaeger or collector often holds 4317."""
-    receiver = GrpcReceiver(ingest, settings)
+    receiver = GrpcReceiver(ingest, settings, gate)
     try:
         receiver.start(host, settings.grpc_port)
     except RuntimeError as error:

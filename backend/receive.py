@@ -1,15 +1,19 @@
 """One OTLP export request, whatever carried it: token check, then decode, limits and store,
 answered as an HTTP status that maps onto a google.rpc code (OTLP/HTTP and OTLP/gRPC share it)."""
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
+from kvscope.backend.body import BodyError, decompress
 from kvscope.backend.deps import token_matches
 from kvscope.backend.ingest import IngestService
 from kvscope.backend.otlp import PayloadError, encode_response
 from kvscope.backend.settings import Settings
 from kvscope.backend.writer import StoreUnavailable
 
-RPC_CODES = {400: 3, 401: 16, 413: 8, 415: 3, 503: 14}
+RPC_CODES = {400: 3, 401: 16, 403: 7, 413: 8, 415: 3, 503: 14}
 """google.rpc.Code per HTTP status: OTLP/HTTP sends it in a Status body, OTLP/gRPC as the call's
 status (INVALID_ARGUMENT, UNAUTHENTICATED, RESOURCE_EXHAUSTED, UNAVAILABLE: exporters retry it)."""
 
@@ -47,3 +51,42 @@ def store(ingest: IngestService, body: bytes, content_type: str) -> Answer:
     if stored.rejected and not stored.spans:
         return Answer(400, f"all {stored.rejected} spans rejected: {stored.message}")
     return Answer(200, body=encode_response(content_type, stored.rejected, stored.message))
+
+
+def store_encoded(
+    ingest: IngestService, body: bytes, encoding: str, content_type: str, max_decompressed: int
+) -> Answer:
+    """Undoes the body's Content-Encoding, then stores it: both CPU work, for a thread."""
+    try:
+        body = decompress(body, encoding, max_decompressed)
+    except BodyError as error:
+        return Answer(error.status, error.message)
+    return store(ingest, body, content_type)
+
+
+class IngestGate:
+    """At most `limit` export requests in progress, HTTP and gRPC together: each holds its
+    body (up to the body and decompression limits) until its batch is stored."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.refused = 0
+        self._slots = threading.BoundedSemaphore(limit)
+
+    @contextmanager
+    def admit(self) -> Iterator[Answer | None]:
+        """Yields None with a slot held, or the 503 to answer when every slot is taken
+        (OTLP exporters retry 503 / UNAVAILABLE after Retry-After)."""
+        if not self._slots.acquire(blocking=False):
+            self.refused += 1
+            yield Answer(
+                503,
+                f"backend busy: {self.limit} export requests already in progress; retry "
+                "(KVSCOPE_BACKEND_MAX_CONCURRENT_INGEST sets how many)",
+                retry_after_s=1,
+            )
+            return
+        try:
+            yield None
+        finally:
+            self._slots.release()

@@ -12,6 +12,11 @@ FIRST_SEQ = 0
 
 
 _RUN_COLUMNS = "lo, hi, lo_start_ns, hi_start_ns, seen_ns"
+# Two backends on one PostgreSQL: each merge reads a process's ranges, then replaces them, so
+# two merges of one process must take turns (a transaction-scoped lock per process, taken in
+# sorted order so that two batches cannot wait for each other). SQLite has a single writer.
+_LOCK_PROCESS = "SELECT pg_advisory_xact_lock(?, hashtext(?))"
+_SEQ_LOCKS = 0x6B7673  # the lock space's first key, beside migrations' MIGRATION_LOCK
 _ORIGINS_PER_QUERY = 500  # well under SQLite's limit on parameters per statement
 
 
@@ -72,7 +77,10 @@ def merge(writer: BulkWriter, seqs: dict[str, list[tuple[int, int]]], now_ns: in
     """Folds one batch's seq numbers into the stored ranges of each process."""
     if not seqs:
         return
-    origins = list(seqs)
+    origins = sorted(seqs)
+    if writer.postgres:
+        for origin in origins:
+            writer.execute(_LOCK_PROCESS, (_SEQ_LOCKS, origin))
     stored: dict[str, list[Run]] = {origin: [] for origin in origins}
     for start in range(0, len(origins), _ORIGINS_PER_QUERY):
         chunk = origins[start : start + _ORIGINS_PER_QUERY]

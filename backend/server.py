@@ -20,7 +20,8 @@ def run(
         settings = settings.model_copy(update={"grpc_port": grpc_port})
     host = host or settings.host
     port = settings.port if port is None else port
-    check_bind_is_safe(settings, host)
+    settings = settings.model_copy(update={"host": host})
+    check_bind_is_safe(settings, host)  # create_app checks again; this fails before any print
     grpc = f", OTLP/gRPC on {host}:{settings.grpc_port}" if settings.grpc_port else ""
     print(
         f"kvscope backend on http://{host}:{port} (OTLP: POST /v1/traces, "

@@ -17,6 +17,10 @@ class Settings(BaseSettings):
 
     database_url: str = Field(DEFAULT_DATABASE_URL, validation_alias="DATABASE_URL")
     token: str | None = None
+    # Browsers: Origins allowed besides the backend's own (comma-separated; '*': any), and
+    # Host names a tokenless backend answers besides loopback ones (DNS rebinding).
+    allowed_origins: str = "http://localhost:8501,http://127.0.0.1:8501"
+    allowed_hosts: str = ""
     host: str = "127.0.0.1"
     port: int = 4318
     # OTLP/gRPC receiver on the same host (`kvscope backend` only); 0: none.
@@ -28,6 +32,9 @@ class Settings(BaseSettings):
     max_attribute_array_len: int = 1024
     max_attributes_per_span: int = 128
     max_events_per_span: int = 1024
+    # Export requests read, decoded or stored at once (HTTP and gRPC together); beyond it
+    # 503 with Retry-After (gRPC UNAVAILABLE), which exporters retry.
+    max_concurrent_ingest: int = Field(8, ge=1)
     # Retention: whichever limit is reached first prunes the oldest spans.
     retention_max_spans: int = 5_000_000
     retention_max_age_s: float = 7 * 24 * 3600.0
@@ -64,11 +71,28 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+PLACEHOLDER_TOKENS = frozenset(("change-me", "changeme", "change_me"))
+"""Tokens shipped as examples (.env): anyone who read the repository knows them."""
+
+
+def has_real_token(settings: Settings) -> bool:
+    """A token is set and is not a published placeholder."""
+    return bool(settings.token) and settings.token.strip().lower() not in PLACEHOLDER_TOKENS
+
+
+def bind_refusal(settings: Settings, host: str) -> str | None:
+    """Why listening on host is unsafe (beyond loopback without a real token), or None."""
+    if is_loopback(host) or has_real_token(settings):
+        return None
+    what = "the placeholder token" if settings.token else "no token"
+    return (
+        f"refusing to serve the kvscope backend on {host!r} with {what}: set "
+        "KVSCOPE_BACKEND_TOKEN to a secret of your own (e.g. `openssl rand -hex 16`; clients "
+        "send 'Authorization: Bearer <token>') or bind to 127.0.0.1"
+    )
+
+
 def check_bind_is_safe(settings: Settings, host: str) -> None:
-    """Refuse to listen beyond loopback without a token: spans reveal prompts' structure."""
-    if not is_loopback(host) and not settings.token:
-        raise SystemExit(
-            f"refusing to bind the kvscope backend to {host!r} without a token: "
-            "set KVSCOPE_BACKEND_TOKEN (clients send 'Authorization: Bearer <token>') "
-            "or bind to 127.0.0.1"
-        )
+    """Refuse to listen beyond loopback without a real token: spans reveal prompts' structure."""
+    if refusal := bind_refusal(settings, host):
+        raise SystemExit(refusal)

@@ -6,7 +6,7 @@ from starlette.concurrency import run_in_threadpool
 from kvscope.backend.body import BodyError, content_type_of, read_body
 from kvscope.backend.deps import IngestDep, SettingsDep
 from kvscope.backend.otlp import JSON, PROTOBUF, encode_status
-from kvscope.backend.receive import Answer, refused, store
+from kvscope.backend.receive import Answer, refused, store_encoded
 
 router = APIRouter(tags=["ingest"])
 
@@ -34,8 +34,9 @@ def _reply(content_type: str, answer: Answer, headers: dict | None = None) -> Re
         400: {"description": "malformed body"},
         401: {"description": "bad token"},
         413: {"description": "body too large"},
+        403: {"description": "a web page from a foreign Origin or Host"},
         415: {"description": "wrong type"},
-        503: {"description": "database busy: retry"},
+        503: {"description": "busy (database or too many requests at once): retry"},
     },
 )
 async def export_traces(request: Request, settings: SettingsDep, ingest: IngestDep) -> Response:
@@ -44,10 +45,16 @@ async def export_traces(request: Request, settings: SettingsDep, ingest: IngestD
     reply_type = PROTOBUF if declared.startswith(PROTOBUF) else JSON
     if refusal := refused(settings, request.headers.get("authorization"), TOKEN_HOW):
         return _reply(reply_type, refusal, {"WWW-Authenticate": "Bearer"})
-    try:
-        content_type = content_type_of(request)
-        body = await read_body(request, settings.max_body_bytes, settings.max_decompressed_bytes)
-    except BodyError as error:
-        return _reply(reply_type, Answer(error.status, error.message))
-    answer = await run_in_threadpool(store, ingest, body, content_type)
+    with request.app.state.ingest_gate.admit() as busy:
+        if busy is not None:
+            return _reply(reply_type, busy)
+        try:
+            content_type = content_type_of(request)
+            body = await read_body(request, settings.max_body_bytes)
+        except BodyError as error:
+            return _reply(reply_type, Answer(error.status, error.message))
+        encoding = request.headers.get("content-encoding", "")
+        answer = await run_in_threadpool(
+            store_encoded, ingest, body, encoding, content_type, settings.max_decompressed_bytes
+        )
     return _reply(reply_type if answer.status != 200 else content_type, answer)

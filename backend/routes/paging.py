@@ -17,8 +17,8 @@ SinceNs = Annotated[
 UntilNs = Annotated[
     int | None, Query(ge=-MAX_INT64, le=MAX_INT64, description="only rows before this time (ns)")
 ]
-# Row ids are 32-bit on PostgreSQL (SERIAL): a larger id cannot exist, so it is a 422.
-RowId = Annotated[int, Path(ge=0, le=2**31 - 1, description="the row's id")]
+# Row ids are 64-bit (BIGSERIAL, SQLite's rowid): a larger id cannot exist, so it is a 422.
+RowId = Annotated[int, Path(ge=0, le=MAX_INT64, description="the row's id")]
 WindowS = Annotated[
     float,
     Query(

@@ -1,6 +1,7 @@
 """GET /ws: a WebSocket that pushes each stored batch's state changes and finished timelines."""
 
 import asyncio
+import base64
 import logging
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
@@ -16,17 +17,48 @@ router = APIRouter(tags=["live"])
 logger = logging.getLogger(__name__)
 
 
+SUBPROTOCOL = "kvscope.v1"
+"""The subprotocol the server answers with; a client offers it beside its token's."""
+
+TOKEN_SUBPROTOCOL = "kvscope.bearer."
+"""Prefix of the subprotocol that carries the token (base64url, no padding) for clients that
+cannot set headers (browsers): never the URL, which servers and proxies write to their logs."""
+
+
+def token_subprotocol(token: str) -> str:
+    """The subprotocol a client offers to present `token`."""
+    return TOKEN_SUBPROTOCOL + base64.urlsafe_b64encode(token.encode()).decode().rstrip("=")
+
+
+def presented_token(websocket: WebSocket) -> str | None:
+    """The Authorization header, or the token subprotocol read as one."""
+    if header := websocket.headers.get("authorization"):
+        return header
+    for offered in websocket.scope.get("subprotocols", []):
+        if offered.startswith(TOKEN_SUBPROTOCOL):
+            encoded = offered[len(TOKEN_SUBPROTOCOL) :]
+            try:
+                token = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4))
+                return f"Bearer {token.decode()}"
+            except (ValueError, UnicodeDecodeError):
+                return None
+    return None
+
+
 @router.websocket("/ws")
 async def live(websocket: WebSocket) -> None:
     """Messages: {'type': 'batch', ...} per stored batch, {'type': 'timeline', ...} per
-    finished request. Token as 'Authorization: Bearer' header or ?token= query parameter."""
+    finished request. Token as an 'Authorization: Bearer' header, or as the subprotocol
+    token_subprotocol(token) offered beside 'kvscope.v1'; a token in the URL is refused."""
     settings = websocket.app.state.settings
-    header = websocket.headers.get("authorization")
-    query_token = websocket.query_params.get("token")
-    if not token_matches(settings, header or (f"Bearer {query_token}" if query_token else None)):
+    if "token" in websocket.query_params:
+        await websocket.close(code=1008, reason="send the token as a header or subprotocol")
+        return
+    if not token_matches(settings, presented_token(websocket)):
         await websocket.close(code=1008, reason="missing or wrong token")
         return
-    await websocket.accept()
+    offered = websocket.scope.get("subprotocols", [])
+    await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
     hub = websocket.app.state.hub
     queue = hub.subscribe()
     receiver = asyncio.ensure_future(_until_closed(websocket))

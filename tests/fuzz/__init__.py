@@ -52,7 +52,8 @@ def backend_client(tmp_path, **overrides):
     options = {**SMALL_LIMITS, **overrides}
     database_url = os.environ.get("KVSCOPE_FUZZ_DATABASE_URL", f"sqlite:///{tmp_path}/fuzz.db")
     app = create_app(Settings(database_url=database_url, **options))
-    with TestClient(app, raise_server_exceptions=False) as client:
+    # A loopback base URL: the backend answers only loopback Host names without a token.
+    with TestClient(app, base_url="http://127.0.0.1", raise_server_exceptions=False) as client:
         yield client
 
 
