@@ -9,7 +9,8 @@ DEFAULT_BACKEND_URL = "http://127.0.0.1:4318"
 
 
 class DashboardSettings(BaseSettings):
-    """KVSCOPE_BACKEND_URL, KVSCOPE_BACKEND_TOKEN, KVSCOPE_JAEGER_URL, KVSCOPE_DASHBOARD_*."""
+    """KVSCOPE_BACKEND_URL, KVSCOPE_BACKEND_TOKEN, KVSCOPE_JAEGER_URL, KVSCOPE_GRAFANA_URL,
+    KVSCOPE_DASHBOARD_*."""
 
     model_config = SettingsConfigDict(env_prefix="KVSCOPE_DASHBOARD_", populate_by_name=True)
 
@@ -17,6 +18,8 @@ class DashboardSettings(BaseSettings):
     # The dashboard only reads, so a token limited to reading is enough.
     backend_token: str | None = Field(None, validation_alias="KVSCOPE_BACKEND_TOKEN")
     jaeger_url: str | None = Field(None, validation_alias="KVSCOPE_JAEGER_URL")
+    # The provisioned kvscope dashboard in Grafana (Prometheus metrics), linked from the sidebar.
+    grafana_url: str | None = Field(None, validation_alias="KVSCOPE_GRAFANA_URL")
     # Live parts poll this often; a change shows within about this long.
     refresh_s: float = 1.0
     timeout_s: float = 5.0

@@ -70,6 +70,8 @@ def window_picker(key: str = "window") -> float:
 def backend_caption() -> None:
     settings = get_settings()
     st.caption(f"Backend: {settings.backend_url} · refresh every {settings.refresh_s:g} s")
+    if settings.grafana_url:
+        st.link_button("Metrics in Grafana", settings.grafana_url, icon=":material/query_stats:")
 
 
 def chart(figure, stretch: bool = True, height: int | None = None, **options):
