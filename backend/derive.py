@@ -4,7 +4,7 @@ import json
 from dataclasses import dataclass, field
 from json.encoder import c_make_encoder, encode_basestring_ascii
 
-from kvscope.backend import state_events
+from kvscope.backend import measures, state_events
 from kvscope.backend.otlp import Decoded, SpanRecord, clean
 from kvscope.traces import names
 
@@ -47,11 +47,14 @@ class Facts:
     points: list[dict] = field(default_factory=list)
     transfers: list[dict] = field(default_factory=list)
     failures: list[dict] = field(default_factory=list)
+    lookups: list[dict] = field(default_factory=list)
+    latencies: list[dict] = field(default_factory=list)
     leases: list[dict] = field(default_factory=list)
     blocks: list[dict] = field(default_factory=list)
     seqs: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
     telemetry: dict[str, tuple[int, int | None, int | None]] = field(default_factory=dict)
-    origins: dict[str, tuple[str | None, str | None]] = field(default_factory=dict)
+    # origin -> (service name, engine id, kv role) of the process that numbered the spans
+    origins: dict[str, tuple[str | None, str | None, str | None]] = field(default_factory=dict)
     stub_keys: set[tuple[str, str]] = field(default_factory=set)
     # Row counts before the current span: ordinals count within one span, so a span sent
     # twice (an exporter retry) yields the same keys and is stored once.
@@ -146,8 +149,10 @@ def _note_seq(facts: Facts, span: SpanRecord, attributes: dict) -> None:
     seq = attributes.get(names.SEQ)
     origin = span.instance_id
     if origin:
-        if origin not in facts.origins:
-            facts.origins[origin] = (span.service_name, span.engine_id)
+        known = facts.origins.get(origin)
+        if known is None or (known[2] is None and names.KV_ROLE in attributes):
+            role = _str(attributes.get(names.KV_ROLE))
+            facts.origins[origin] = (span.service_name, span.engine_id, role)
         if type(seq) is int:  # not a bool, which Python counts as an int
             facts.seqs.setdefault(origin, []).append((seq, span.start_ns))
 
@@ -165,6 +170,8 @@ def _by_name(facts: Facts, span: SpanRecord, attributes: dict) -> None:
         has_event = any(e["name"] == names.EVENT_TIMELINE for e in span.events)
         if point and not has_event:
             _point(facts, span, attributes, str(point), span.start_ns)
+    elif name == LLM_REQUEST:
+        facts.latencies.append(measures.latency_row(span, attributes))
     elif name == names.SPAN_TELEMETRY:
         origin = span.instance_id
         if origin:
@@ -216,6 +223,9 @@ def _hook(facts: Facts, span: SpanRecord, attributes: dict) -> None:
             facts.request_stubs.append(stub)
     if name == _LOOKUP_HOOK:
         hit = attributes.get(names.TOKENS_EXTERNAL_HIT)
+        lookup = measures.lookup_row(span, attributes)
+        if lookup is not None:
+            facts.lookups.append(lookup)
         _point(facts, span, attributes, "lookup_start", span.start_ns)
         _point(
             facts,

@@ -5,7 +5,7 @@ import time
 
 from sqlalchemy import Engine
 
-from kvscope.backend import retention
+from kvscope.backend import liveness, retention
 from kvscope.backend.checkpoint import Checkpointer
 from kvscope.backend.ingest_pool import IngestPool
 from kvscope.backend.limits import Limits
@@ -86,14 +86,21 @@ class IngestService:
             logger.exception("retention pass failed; the next batch tries again")
 
     def _prune(self, now_ns: int) -> int:
+        """Retention in bounded steps, the writer lock taken per step (batches get in between),
+        then engines that stopped reporting are closed."""
         self._last_prune = time.monotonic()
+        removed, more = 0, True
+        while more:
+            with self.writer.lock, self.engine.begin() as connection:
+                step, more = retention.prune_step(
+                    connection,
+                    self.settings.retention_max_spans,
+                    self.settings.retention_max_age_s,
+                    now_ns,
+                )
+            removed += step
         with self.writer.lock, self.engine.begin() as connection:
-            removed = retention.prune(
-                connection,
-                self.settings.retention_max_spans,
-                self.settings.retention_max_age_s,
-                now_ns,
-            )
+            liveness.close_lost(connection, now_ns, self.settings.engine_lost_after_s)
         if removed:
             logger.info("retention removed %d spans", removed)
         return removed

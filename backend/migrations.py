@@ -6,7 +6,10 @@ from collections.abc import Callable
 from sqlalchemy import Connection, Engine, text
 from sqlmodel import SQLModel
 
-from kvscope.backend import models  # noqa: F401  (registers the tables on SQLModel.metadata)
+from kvscope.backend import (
+    models,  # noqa: F401  (registers the tables on SQLModel.metadata)
+    read_schema,
+)
 from kvscope.backend.identities import migrate_ids_to_bigint, widen_ids
 
 widen_ids(SQLModel.metadata)  # before any table is created, here or by a migration
@@ -29,6 +32,8 @@ MIGRATIONS: list[Migration] = [
         "64-bit ids and id sequences on PostgreSQL",
         lambda connection: migrate_ids_to_bigint(connection, SQLModel.metadata),
     ),
+    # The read side (it was to be 2; 4 also reaches databases stamped 3 before it existed).
+    (4, "lookups, latencies and the indexes of every dashboard query", read_schema.add_missing),
 ]
 
 MIGRATION_LOCK = 0x6B7673636F7065  # 'kvscope'

@@ -69,7 +69,11 @@ class RequestBase(SQLModel):
 
 class Request(RequestBase, table=True):
     __tablename__ = "kv_request"
-    __table_args__ = (UniqueConstraint("trace_id", "span_id", name="uq_request_span"),)
+    __table_args__ = (
+        UniqueConstraint("trace_id", "span_id", name="uq_request_span"),
+        Index("ix_request_end", "end_ns"),
+        Index("ix_request_instance_status", "instance_id", "status"),
+    )
     id: int | None = Field(default=None, primary_key=True)
 
 
@@ -93,6 +97,10 @@ class TimelinePointBase(SQLModel):
 class TimelinePoint(TimelinePointBase, table=True):
     __table_args__ = (
         UniqueConstraint("trace_id", "span_id", "point", "ordinal", name="uq_point_source"),
+        # Retention deletes by time; timelines read by request; series sum one point kind.
+        Index("ix_point_time", "time_ns"),
+        Index("ix_point_request", "request_id", "engine_id"),
+        Index("ix_point_kind_time", "point", "time_ns"),
     )
     id: int | None = Field(default=None, primary_key=True)
 
@@ -145,15 +153,59 @@ class FailureBase(SQLModel):
     engine_id: str | None = None
     lease_id: str | None = None
     block_ids: str | None = None
+    # A MultiConnector's report: the child whose load failed and the one that served instead.
+    child: str | None = None
+    fallback_child: str | None = None
 
 
 class Failure(FailureBase, table=True):
-    __table_args__ = (UniqueConstraint("trace_id", "span_id", "ordinal", name="uq_failure_source"),)
+    __table_args__ = (
+        UniqueConstraint("trace_id", "span_id", "ordinal", name="uq_failure_source"),
+        Index("ix_failure_request", "request_id", "engine_id"),
+    )
     id: int | None = Field(default=None, primary_key=True)
 
 
 class FailurePublic(FailureBase):
     id: int
+
+
+# --- Lookups and vLLM's latencies: the columns the summary and series aggregate in SQL -----
+
+
+class Lookup(SQLModel, table=True):
+    """One decided external-cache lookup (a get_num_new_matched_tokens span)."""
+
+    __table_args__ = (
+        UniqueConstraint("trace_id", "span_id", name="uq_lookup_span"),
+        Index("ix_lookup_time", "time_ns"),
+    )
+    id: int | None = Field(default=None, primary_key=True)
+    trace_id: str = Field(max_length=32)
+    span_id: str = Field(max_length=16)
+    engine_id: str | None = None
+    request_id: str | None = None
+    connector: str | None = None
+    child: str | None = None
+    time_ns: int = _ns(nullable=False)
+    hit_tokens: int = _ns(nullable=False)
+
+
+class Latency(SQLModel, table=True):
+    """vLLM's llm_request timings of one request (its API server's request id)."""
+
+    __table_args__ = (
+        UniqueConstraint("trace_id", "span_id", name="uq_latency_span"),
+        Index("ix_latency_time", "time_ns"),
+        Index("ix_latency_request", "request_id"),
+    )
+    id: int | None = Field(default=None, primary_key=True)
+    trace_id: str = Field(max_length=32)
+    span_id: str = Field(max_length=16)
+    request_id: str | None = None
+    time_ns: int = _ns(nullable=False)
+    ttft_ms: float | None = None
+    queue_ms: float | None = None
 
 
 # --- Leases -----------------------------------------------------------------------------------
@@ -172,7 +224,12 @@ class LeaseBase(SQLModel):
 
 
 class Lease(LeaseBase, table=True):
-    __table_args__ = (UniqueConstraint("engine_id", "lease_id", name="uq_lease"),)
+    __table_args__ = (
+        UniqueConstraint("engine_id", "lease_id", name="uq_lease"),
+        # Held leases oldest first (ended_ns IS NULL), retention, and an engine's leases.
+        Index("ix_lease_ended_acquired", "ended_ns", "acquired_ns"),
+        Index("ix_lease_instance", "instance_id", "ended_ns"),
+    )
     id: int | None = Field(default=None, primary_key=True)
 
 
@@ -204,6 +261,7 @@ class Block(BlockBase, table=True):
     __table_args__ = (
         UniqueConstraint("engine_id", "tier", "address", name="uq_block_address"),
         Index("ix_block_updated", "updated_ns"),
+        Index("ix_block_state_updated", "state", "updated_ns"),
     )
     id: int | None = Field(default=None, primary_key=True)
 
@@ -222,6 +280,7 @@ class Process(SQLModel, table=True):
     instance_id: str = Field(primary_key=True)
     service_name: str | None = None
     engine_id: str | None = None
+    kv_role: str | None = None
     first_seen_ns: int = _ns(nullable=False)
     last_seen_ns: int = _ns(nullable=False)
     telemetry_emitted: int | None = _ns()

@@ -1,52 +1,82 @@
-"""Keeps the database bounded: drops spans beyond the count or age limit, and what they fed."""
+"""Keeps the database bounded: drops spans beyond the count or age limit, and what they fed.
 
-from sqlalchemy import Connection, and_, delete, func, select
+Every statement is a bounded range on an index (span ids are given in arrival order, so the
+newest max_spans are the ids above max(id) - max_spans): no count, no OFFSET, no scan. A pass
+is a series of steps of at most `batch` rows per table, each in its own short transaction,
+so the writer lock is never held for long.
+"""
 
-from kvscope.backend.models import Block, Failure, Lease, Request, Span, TimelinePoint, Transfer
+from sqlalchemy import Connection, text
 
 MAX_AGE_S = 1e11
 """Longer than anything a signed 64-bit nanosecond time can hold back from now."""
 
+BATCH = 20_000
+"""Rows per table per step: a step stays in the tens of milliseconds on SQLite."""
+
+_SPAN_BOUNDS = text("SELECT MIN(id), MAX(id) FROM span")
+_SPANS_UP_TO = text("DELETE FROM span WHERE id <= :upto")
+_SPANS_BEFORE = text(
+    "DELETE FROM span WHERE id IN "
+    "(SELECT id FROM span WHERE start_ns < :before ORDER BY start_ns LIMIT :batch)"
+)
+_OLDEST_SPAN = text("SELECT MIN(start_ns) FROM span")
+
+# (table, condition): rows derived from spans that are gone; current block and lease state
+# stays. Each condition is a range on that table's time index.
+_DERIVED = (
+    ("timelinepoint", "time_ns < :before"),
+    ("transfer", "start_ns < :before"),
+    ("failure", "time_ns < :before"),
+    ("lookup", "time_ns < :before"),
+    ("latency", "time_ns < :before"),
+    ("kv_request", "end_ns IS NOT NULL AND end_ns < :before"),
+    ("lease", "ended_ns IS NOT NULL AND ended_ns < :before"),
+    ("block", "state = 'evicted' AND updated_ns < :before"),
+)
+_DERIVED_DELETES = tuple(
+    text(f"DELETE FROM {table} WHERE id IN (SELECT id FROM {table} WHERE {where} LIMIT :batch)")
+    for table, where in _DERIVED
+)
+
+
+def cutoff_ns(max_age_s: float, now_ns: int) -> int:
+    # Clamped to what a 64-bit column can compare with (an age may be set to 'inf').
+    return max(0, now_ns - int(min(max_age_s, MAX_AGE_S) * 1e9))
+
+
+def prune_step(
+    connection: Connection, max_spans: int, max_age_s: float, now_ns: int, batch: int = BATCH
+) -> tuple[int, bool]:
+    """One bounded step: (spans removed, whether more is left to remove)."""
+    before = cutoff_ns(max_age_s, now_ns)
+    removed = connection.execute(_SPANS_BEFORE, {"before": before, "batch": batch}).rowcount
+    more = removed >= batch
+    low, high = connection.execute(_SPAN_BOUNDS).one()
+    if low is not None and high - low + 1 > max_spans:
+        upto = min(high - max_spans, low + batch - 1)
+        removed += connection.execute(_SPANS_UP_TO, {"upto": upto}).rowcount
+        more = more or upto < high - max_spans
+    oldest = connection.execute(_OLDEST_SPAN).scalar()
+    derived_before = max(before, oldest if oldest is not None else now_ns)
+    # Always: a few probes of time indexes, and derived rows left by an earlier step go too.
+    more = _prune_derived(connection, derived_before, batch) or more
+    return removed, more
+
+
+def _prune_derived(connection: Connection, before_ns: int, batch: int) -> bool:
+    """Deletes up to `batch` derived rows per table older than before_ns; True if more left."""
+    more = False
+    for statement in _DERIVED_DELETES:
+        gone = connection.execute(statement, {"before": before_ns, "batch": batch}).rowcount
+        more = more or gone >= batch
+    return more
+
 
 def prune(connection: Connection, max_spans: int, max_age_s: float, now_ns: int) -> int:
-    """Deletes the oldest spans beyond either limit; returns how many spans went."""
-    spans = Span.__table__
-    # Clamped to what a 64-bit column can compare with (an age may be set to 'inf').
-    cutoff_ns = max(0, now_ns - int(min(max_age_s, MAX_AGE_S) * 1e9))
-    removed = connection.execute(delete(spans).where(spans.c.start_ns < cutoff_ns)).rowcount
-    # Spans are numbered in arrival order: keep the newest max_spans ids. The OFFSET walks
-    # the rows it skips, so it runs only when the id range shows there may be too many.
-    low, high = connection.execute(select(func.min(spans.c.id), func.max(spans.c.id))).one()
-    threshold = None
-    if low is not None and high - low + 1 > max_spans:
-        threshold = connection.execute(
-            select(spans.c.id).order_by(spans.c.id.desc()).offset(max_spans).limit(1)
-        ).scalar()
-    if threshold is not None:
-        removed += connection.execute(delete(spans).where(spans.c.id <= threshold)).rowcount
-    if removed:
-        oldest = connection.execute(select(func.min(spans.c.start_ns))).scalar()
-        _prune_derived(connection, max(cutoff_ns, oldest or now_ns))
-    return removed
-
-
-def _prune_derived(connection: Connection, before_ns: int) -> None:
-    """Rows derived from spans that are gone; current block and lease state stays."""
-    for table, column in (
-        (TimelinePoint.__table__, "time_ns"),
-        (Transfer.__table__, "start_ns"),
-        (Failure.__table__, "time_ns"),
-    ):
-        connection.execute(delete(table).where(table.c[column] < before_ns))
-    requests = Request.__table__
-    connection.execute(
-        delete(requests).where(and_(requests.c.end_ns.is_not(None), requests.c.end_ns < before_ns))
-    )
-    leases = Lease.__table__
-    connection.execute(
-        delete(leases).where(and_(leases.c.ended_ns.is_not(None), leases.c.ended_ns < before_ns))
-    )
-    blocks = Block.__table__
-    connection.execute(
-        delete(blocks).where(and_(blocks.c.state == "evicted", blocks.c.updated_ns < before_ns))
-    )
+    """Every step in one transaction (tests, tools); the server runs steps one by one."""
+    total, more = prune_step(connection, max_spans, max_age_s, now_ns)
+    while more:
+        removed, more = prune_step(connection, max_spans, max_age_s, now_ns)
+        total += removed
+    return total

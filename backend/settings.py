@@ -41,6 +41,9 @@ class Settings(BaseSettings):
     retention_interval_s: float = 10.0
     # A seq hole younger than this may be spans still open or in flight, not lost ones.
     gap_grace_s: float = 30.0
+    # A process that reported telemetry and then was silent this long is gone ('engine lost'):
+    # three of its 10 s telemetry intervals.
+    engine_lost_after_s: float = Field(30.0, gt=0)
     # Finished requests whose timelines are pushed on the WebSocket per ingest batch.
     ws_max_timelines_per_batch: int = 50
     log_level: str = "info"

@@ -74,6 +74,8 @@ def failure_row(
         "engine_id": engine_key(span),
         "lease_id": _str(_get(names.LEASE_ID, event_attributes, attributes)),
         "block_ids": json.dumps(_ints(block_ids)) if block_ids is not None else None,
+        "child": _str(_get(names.CONNECTOR_CHILD, event_attributes, attributes)),
+        "fallback_child": _str(event_attributes.get(names.FALLBACK_CHILD)),
     }
 
 

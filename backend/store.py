@@ -10,7 +10,9 @@ from kvscope.backend.derive import SPAN_COLUMNS, Facts
 from kvscope.backend.models import (
     Block,
     Failure,
+    Latency,
     Lease,
+    Lookup,
     Process,
     Request,
     Span,
@@ -21,7 +23,7 @@ from kvscope.backend.otlp import SERVICE_NAME, clean
 from kvscope.traces import names
 
 STAGED_TABLES = tuple(
-    model.__table__ for model in (Span, TimelinePoint, Request, Transfer, Failure)
+    model.__table__ for model in (Span, TimelinePoint, Request, Transfer, Failure, Lookup, Latency)
 )
 """Insert-only tables: on PostgreSQL their rows go in by COPY through a staging table."""
 
@@ -66,6 +68,7 @@ _PROCESS_UPSERT = (
     "ON CONFLICT (instance_id) DO UPDATE SET last_seen_ns = excluded.last_seen_ns, "
     "service_name = COALESCE(excluded.service_name, process.service_name), "
     "engine_id = COALESCE(excluded.engine_id, process.engine_id), "
+    "kv_role = COALESCE(excluded.kv_role, process.kv_role), "
     f"{_largest('telemetry_emitted')}, {_largest('telemetry_dropped')}, "
     "resource = CASE WHEN excluded.resource != '{}' THEN excluded.resource "
     "ELSE process.resource END"
@@ -87,9 +90,11 @@ def write_batch(connection: Connection, facts: Facts, resources: dict, now_ns: i
     _insert_dicts(writer, TimelinePoint.__table__, facts.points)
     _insert_dicts(writer, Transfer.__table__, facts.transfers)
     _insert_dicts(writer, Failure.__table__, facts.failures)
+    _insert_dicts(writer, Lookup.__table__, facts.lookups)
+    _insert_dicts(writer, Latency.__table__, facts.latencies)
     _insert_dicts(writer, Lease.__table__, facts.leases, _LEASE_UPSERT)
     _insert_dicts(writer, Block.__table__, facts.blocks, _BLOCK_UPSERT)
-    _upsert_processes(writer, facts, resources, now_ns)
+    pass
     seqs.merge(writer, facts.seqs, now_ns)
 
 
@@ -107,12 +112,13 @@ def _upsert_processes(writer: BulkWriter, facts: Facts, resources: dict, now_ns:
     for origin in sorted(origins):
         resource = resources.get(origin, {})
         _, emitted, dropped = facts.telemetry.get(origin, (None, None, None))
-        service_name, engine_id = facts.origins.get(origin, (None, None))
+        service_name, engine_id, kv_role = facts.origins.get(origin, (None, None, None))
         rows.append(
             {
                 "instance_id": origin,
                 "service_name": service_name or _str(resource.get(SERVICE_NAME)),
                 "engine_id": engine_id or _str(resource.get(names.ENGINE_ID)),
+                "kv_role": kv_role,
                 "first_seen_ns": now_ns,
                 "last_seen_ns": now_ns,
                 "telemetry_emitted": _counter(emitted),

@@ -34,12 +34,10 @@ def build(session: Session, request: Request, certainty: Certainty) -> Timeline:
         if point.point in _LAST_WINS or point.point not in first:
             first[point.point] = point.time_ns
     transfers = session.exec(
-        select(Transfer)
-        .where(Transfer.trace_id == request.trace_id, _same_engine(Transfer, request))
-        .order_by(Transfer.start_ns)
+        select(Transfer).where(*of_request(Transfer, request)).order_by(Transfer.start_ns)
     ).all()
     failures = session.exec(
-        select(Failure).where(Failure.trace_id == request.trace_id).order_by(Failure.time_ns)
+        select(Failure).where(*of_request(Failure, request)).order_by(Failure.time_ns)
     ).all()
     return Timeline(
         request=request_public(request),
@@ -53,21 +51,24 @@ def build(session: Session, request: Request, certainty: Certainty) -> Timeline:
     )
 
 
-def _same_engine(model, request: Request):
-    if request.engine_id is None:
-        return True
-    return or_(model.engine_id == request.engine_id, model.engine_id.is_(None))
+def of_request(model, request: Request) -> list:
+    """Conditions selecting one request's rows: its request id on its engine.
+
+    A trace is only a link: clients (agent frameworks) reuse one trace for many requests, so
+    joining by trace would show other requests' failures. Rows from before a request id was
+    known (none carry it) fall back to the trace.
+    """
+    if request.request_id is None:
+        return [model.trace_id == request.trace_id]
+    conditions = [model.request_id == request.request_id]
+    if request.engine_id is not None:
+        conditions.append(or_(model.engine_id == request.engine_id, model.engine_id.is_(None)))
+    return conditions
 
 
 def _points(session: Session, request: Request) -> list[TimelinePoint]:
-    query = select(TimelinePoint).where(
-        TimelinePoint.trace_id == request.trace_id, _same_engine(TimelinePoint, request)
-    )
-    if request.request_id is not None:
-        query = query.where(
-            or_(TimelinePoint.request_id == request.request_id, TimelinePoint.request_id.is_(None))
-        )
-    return list(session.exec(query.order_by(TimelinePoint.time_ns)).all())
+    query = select(TimelinePoint).where(*of_request(TimelinePoint, request))
+    return list(session.exec(query.order_by(TimelinePoint.time_ns, TimelinePoint.id)).all())
 
 
 def _llm_attributes(session: Session, request: Request) -> dict:

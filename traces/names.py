@@ -45,7 +45,8 @@ SCHEMA: Final = "kvscope.schema.version"
 """SCHEMA_VERSION of the process that emitted the span."""
 
 SEQ: Final = "kvscope.seq"
-"""Per-process sequence number of each span, from 0 in start order: a hole means lost spans."""
+"""Per-process sequence number of each span, from 0 in end order (the order spans are
+exported in, so a span open for minutes leaves no hole): a hole means lost spans."""
 
 SEQ_ORIGIN: Final = "kvscope.seq.origin"
 """Unique id of the process start whose SEQ counter numbered the span: gaps are per origin."""
@@ -232,6 +233,9 @@ FAILURE_OUTCOME: Final = "kvscope.failure.outcome"
 """What became of the request or its hit: 'recomputed', 'failed' or 'served_by_fallback' after
 a failed load; 'kept_pinned' (its blocks stay until the load ends) or 'released' (the hit is
 given up) when a lease runs out (traces/outcomes.py)."""
+
+FALLBACK_CHILD: Final = "kvscope.multi.fallback_child"
+"""On a MultiConnector's load-failed event: the child that served the blocks instead."""
 
 # --- Tracing pipeline self-report -------------------------------------------------------------
 

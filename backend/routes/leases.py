@@ -15,7 +15,9 @@ from kvscope.backend.schemas import LeasesPage
 router = APIRouter(prefix="/api/v1/leases", tags=["leases"], dependencies=[TokenDep])
 
 
-@router.get("", response_model=LeasesPage, summary="Leases, newest first")
+@router.get(
+    "", response_model=LeasesPage, summary="Leases: held ones oldest first, ended newest first"
+)
 def list_leases(
     session: SessionDep,
     settings: SettingsDep,
@@ -26,7 +28,11 @@ def list_leases(
     offset: Offset = 0,
     limit: Limit = 500,
 ):
-    query = select(Lease).order_by(Lease.acquired_ns.desc(), Lease.id.desc())
+    # Held leases oldest first: the oldest are the ones leaking, and a page must not drop them.
+    if active:
+        query = select(Lease).order_by(Lease.acquired_ns, Lease.id)
+    else:
+        query = select(Lease).order_by(Lease.acquired_ns.desc(), Lease.id.desc())
     query = equal(query, engine_id=engine_id, holder=holder, outcome=outcome)
     if active is not None:
         query = query.where(Lease.ended_ns.is_(None) if active else Lease.ended_ns.is_not(None))

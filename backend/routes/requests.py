@@ -19,7 +19,7 @@ from kvscope.backend.routes.paging import (
     page,
 )
 from kvscope.backend.schemas import Page, Timeline
-from kvscope.backend.timeline import build, request_public
+from kvscope.backend.timeline import build, of_request, request_public
 
 router = APIRouter(prefix="/api/v1/requests", tags=["requests"], dependencies=[TokenDep])
 
@@ -66,7 +66,7 @@ def read_request(session: SessionDep, request_key: RowId):
 def read_timeline(session: SessionDep, settings: SettingsDep, request_key: RowId):
     request = get_request(session, request_key)
     origins = session.exec(
-        select(Span.instance_id).where(Span.trace_id == request.trace_id).distinct()
+        select(Span.instance_id).where(*of_request(Span, request)).distinct()
     ).all()
     certainty = certainty_module.certainty(
         session, settings.gap_grace_s, [o for o in origins if o] or [request.instance_id or ""]
@@ -77,12 +77,12 @@ def read_timeline(session: SessionDep, settings: SettingsDep, request_key: RowId
 @router.get(
     "/{request_key}/spans",
     response_model=list[SpanPublic],
-    summary="Every stored span of the request's trace, in start order",
+    summary="Every stored span of the request (its request id on its engine), in start order",
 )
 def read_spans(session: SessionDep, request_key: RowId, limit: Limit = 1000):
     request = get_request(session, request_key)
     spans = session.exec(
-        select(Span).where(Span.trace_id == request.trace_id).order_by(Span.start_ns).limit(limit)
+        select(Span).where(*of_request(Span, request)).order_by(Span.start_ns).limit(limit)
     ).all()
     return [
         SpanPublic.model_validate(

@@ -82,11 +82,13 @@ def load_story(
     t0: int,
     lease_id: int = 7,
     host_ids=(3, 4),
+    parent=None,
 ) -> None:
-    """A request whose prefix is loaded from the host pool: every timeline point occurs."""
+    """A request whose prefix is loaded from the host pool: every timeline point occurs.
+    `parent`: a client's span whose trace the request joins (a reused trace)."""
     host_ids = list(host_ids)
     request = scheduler.start(
-        names.SPAN_REQUEST, t0, **{names.REQUEST_ID: req_id, names.PROMPT_TOKENS: 96}
+        names.SPAN_REQUEST, t0, parent, **{names.REQUEST_ID: req_id, names.PROMPT_TOKENS: 96}
     )
     scheduler.hook(
         "update_connector_output",
@@ -236,10 +238,10 @@ def _worker_step(worker: Process, request, req_id: str, t0: int) -> None:
 
 
 def failure_story(
-    scheduler: Process, worker: Process, req_id: str, t0: int, lease_id: int = 9
+    scheduler: Process, worker: Process, req_id: str, t0: int, lease_id: int = 9, parent=None
 ) -> None:
     """A load that fails: expired lease, failed transfer, recompute policy."""
-    request = scheduler.start(names.SPAN_REQUEST, t0, **{names.REQUEST_ID: req_id})
+    request = scheduler.start(names.SPAN_REQUEST, t0, parent, **{names.REQUEST_ID: req_id})
     scheduler.hook(
         "get_num_new_matched_tokens",
         request,

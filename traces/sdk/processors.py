@@ -20,15 +20,39 @@ logger = logging.getLogger(__name__)
 
 
 class SequenceProcessor(SpanProcessor):
-    """Numbers every span of this process in start order, so the backend can see lost spans."""
+    """Numbers every span of this process in end order, so the backend can see lost spans.
+
+    Spans leave in end order: numbered at start, a request span open for a minute would
+    leave a hole in the receiver's sequence for that minute, which reads as lost spans. The
+    number is written in the SDK's OnEnding hook (`_on_ending`, before any exporter sees the
+    span); an SDK without that hook numbers at start, as before.
+    """
 
     def __init__(self, origin: str) -> None:
         self._next = itertools.count()
         self._origin = origin
+        self._at_end = hasattr(SpanProcessor, "_on_ending")
         self.ended = 0
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
-        span.set_attributes({names.SEQ: next(self._next), names.SEQ_ORIGIN: self._origin})
+        if self._at_end:
+            span.set_attribute(names.SEQ_ORIGIN, self._origin)
+        else:
+            span.set_attributes({names.SEQ: next(self._next), names.SEQ_ORIGIN: self._origin})
+
+    def _on_ending(self, span: Span) -> None:
+        if not self._at_end:
+            return
+        attributes = getattr(span, "_attributes", None)
+        frozen = getattr(attributes, "_immutable", None)
+        if frozen is None:  # an SDK whose span keeps its attributes otherwise
+            return
+        # The SDK freezes attributes just before OnEnding; the spec lets OnEnding change them.
+        attributes._immutable = False
+        try:
+            attributes[names.SEQ] = next(self._next)
+        finally:
+            attributes._immutable = frozen
 
     def on_end(self, span: ReadableSpan) -> None:
         self.ended += 1
