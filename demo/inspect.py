@@ -98,5 +98,5 @@ def _worker_core_leaks(core: Any) -> dict[str, Any]:
                 "lender_held": list(lender.held) if lender else []}  # fmt: skip
     if kind == "MultiCore":
         return {"routes": list(half.routes), "failed_blocks": half.failed_blocks,
-                "extra_saves": half.extra_saves, "loads_failed": half._loads_failed}  # fmt: skip
+                "extra_saves": half.extra_saves, "loads_held_back": half.held}  # fmt: skip
     return {}

@@ -27,14 +27,17 @@ class MultiCore(KVConnectorBase_V1):
         extra = self._kv_transfer_config.kv_connector_extra_config or {}
         fallback = bool(extra.get("fallback", True))
         self.children = build_children(vllm_config, role, kv_cache_config)
+        # vLLM gathers every rank's worker output (TP x PP): loads end when all of them did.
+        world_size = vllm_config.parallel_config.world_size
         self.scheduler = MultiScheduler(
             self.children,
             vllm_config.cache_config.block_size,
             fallback,
             str(self._kv_transfer_config.engine_id),
             self._kv_transfer_config.kv_load_failure_policy,
+            world_size,
         )
-        self.worker = MultiWorker(self.children, fallback)
+        self.worker = MultiWorker(self.children, fallback, world_size)
 
     def _each(self, method: str, *args: Any) -> list[Any]:
         return [getattr(child.connector, method)(*args) for child in self.children]

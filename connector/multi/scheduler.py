@@ -6,8 +6,9 @@ from typing import Any
 
 from opentelemetry import trace
 
+from kvscope.connector.common.rank_tally import RankTally
 from kvscope.connector.multi.children import Child
-from kvscope.connector.multi.metadata import LoadRoute, MultiMetadata, MultiWorkerMeta
+from kvscope.connector.multi.metadata import LoadEnd, LoadRoute, MultiMetadata, MultiWorkerMeta
 from kvscope.traces import names
 from kvscope.traces.attributes import lookup_attributes
 from kvscope.traces.events import add_event
@@ -40,6 +41,7 @@ class MultiScheduler:
         fallback: bool,
         engine_id: str = "",
         failure_policy: str | None = None,
+        world_size: int = 1,
     ) -> None:
         self.children = children
         self.failure_policy = failure_policy or "recompute"
@@ -52,6 +54,11 @@ class MultiScheduler:
         self._routes: dict[str, LoadRoute] = {}
         self._to_fail: dict[str, tuple[int, ...]] = {}
         self._extra_saves: dict[str, int] = {}
+        self._to_release: set[str] = set()
+        # vLLM sums one step's reports over ranks; these sum them over steps.
+        self.load_reports: RankTally[str] = RankTally(world_size)
+        self._ends_so_far: dict[str, LoadEnd] = {}
+        self.recv_reports: list[RankTally[str]] = [RankTally(world_size) for _ in children]
 
     def span(self, index: int, hook: str, **attributes: Any):
         """A span for one child's part of a hook, nested under the Multi's span for it; none
@@ -120,19 +127,26 @@ class MultiScheduler:
         for index, child in enumerate(self.children):
             with self.span(index, "build_connector_meta"):
                 metas.append(child.connector.build_connector_meta(scheduler_output))
-        metadata = MultiMetadata(tuple(metas), self._routes, self._to_fail, self._extra_saves)
-        self._routes, self._to_fail, self._extra_saves = {}, {}, {}
+        metadata = MultiMetadata(tuple(metas), self._routes, self._to_fail, self._to_release,
+                                 self._extra_saves)  # fmt: skip
+        self._routes, self._to_fail, self._to_release, self._extra_saves = {}, {}, set(), {}
         return metadata
 
     def on_worker_output(self, connector_output: Any) -> None:
         """Hands each child its own worker metadata; handles loads that failed on a child."""
         multi_meta = connector_output.kv_connector_worker_meta
         recving = connector_output.finished_recving
+        if isinstance(multi_meta, MultiWorkerMeta):
+            children_recving = [
+                {req_id for req_id, _ in tally.add(counts, {})}
+                for tally, counts in zip(self.recv_reports, multi_meta.children_recving,
+                                         strict=True)
+            ]  # fmt: skip
         try:
             for index, child in enumerate(self.children):
                 if isinstance(multi_meta, MultiWorkerMeta):
                     connector_output.kv_connector_worker_meta = multi_meta.children[index]
-                    connector_output.finished_recving = set(multi_meta.children_recving[index])
+                    connector_output.finished_recving = children_recving[index]
                 child.connector.update_connector_output(connector_output)
         finally:
             connector_output.kv_connector_worker_meta = multi_meta
@@ -140,8 +154,21 @@ class MultiScheduler:
         for req_id in connector_output.finished_recving or ():
             self.loads.pop(req_id, None)
         if isinstance(multi_meta, MultiWorkerMeta):
-            for req_id, (child, failed) in multi_meta.loads_failed.items():
-                self._fall_back(req_id, child, failed)
+            self._on_load_ends(multi_meta.loads_ended)
+
+    def _on_load_ends(self, ends: dict[str, LoadEnd]) -> None:
+        """Loads the workers held back: once every rank reported, released or retried."""
+        for req_id, end in ends.items():
+            so_far = self._ends_so_far.get(req_id)
+            self._ends_so_far[req_id] = end if so_far is None else so_far.plus(end)
+        ok = {req_id: end.ranks_ok for req_id, end in ends.items()}
+        failed = {req_id: end.ranks_failed for req_id, end in ends.items()}
+        for req_id, all_ok in self.load_reports.add(ok, failed):
+            end = self._ends_so_far.pop(req_id)
+            if all_ok:
+                self._to_release.add(req_id)
+            else:
+                self._fall_back(req_id, end.child, tuple(sorted(end.failed_block_ids)))
 
     def _fall_back(self, req_id: str, failed_child: int, failed_blocks: tuple[int, ...]) -> None:
         """Asks the other children for the same blocks; else the failure goes to the policy."""

@@ -4,27 +4,33 @@ the child whose load they belong to, and holds back a failed load the scheduler 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
 
 from kvscope.connector.multi.children import Child
-from kvscope.connector.multi.metadata import LoadRoute, MultiMetadata, MultiWorkerMeta
+from kvscope.connector.multi.metadata import LoadEnd, LoadRoute, MultiMetadata, MultiWorkerMeta
 
 
 class MultiWorker:
     """Per-step bookkeeping between vLLM's model runner and the children's worker halves."""
 
-    def __init__(self, children: list[Child], fallback: bool) -> None:
+    def __init__(self, children: list[Child], fallback: bool, world_size: int = 1) -> None:
         self.children = children
         self.fallback = fallback
+        # With more than one rank a load this rank finished may still fail on another: every
+        # routed load waits for the scheduler's word, so that all ranks fall back together.
+        self.hold_every_load = fallback and world_size > 1
         self.routes: dict[str, LoadRoute] = {}
         self.failed_blocks: dict[str, set[int]] = {}  # per routed request, until it finishes
         self.extra_saves: dict[str, int] = {}
         self._to_fail: dict[str, tuple[int, ...]] = {}
         self._errors_to_report: set[int] = set()
-        self._loads_failed: dict[str, tuple[int, tuple[int, ...]]] = {}
-        self._children_recving: list[frozenset[str]] = [frozenset()] * len(children)
+        self._loads_ended: dict[str, LoadEnd] = {}  # since the last worker_meta
+        self.held: dict[str, tuple[int, ...]] = {}  # held back well loaded -> its missing blocks
+        self._to_release: set[str] = set()
+        self._children_recving: list[dict[str, int]] = [{} for _ in children]
 
     def bind(self, metadata: MultiMetadata) -> None:
         self.routes.update(metadata.reqs_to_route)
         self._to_fail.update(metadata.reqs_to_fail)
         self.extra_saves.update(metadata.extra_async_saves)
+        self._to_release |= metadata.reqs_to_release
         for child, child_metadata in zip(self.children, metadata.children, strict=True):
             child.connector.bind_connector_metadata(child_metadata)
 
@@ -33,7 +39,7 @@ class MultiWorker:
         for index, child in enumerate(self.children):
             results = child.connector.get_transfer_results(finished_req_ids)
             self._attribute_errors(index, child.connector.get_block_ids_with_load_errors())
-            self._children_recving[index] |= results.finished_recving
+            self._children_recving[index].update(dict.fromkeys(results.finished_recving, 1))
             for req_id in results.finished_recving:
                 self._finish_load(index, req_id, req_id in results.failed_recving, merged)
             for req_id in results.finished_sending:
@@ -43,6 +49,9 @@ class MultiWorker:
             merged.failed_recving.add(req_id)
             self._errors_to_report.update(block_ids)
         self._to_fail = {}
+        for req_id in self._to_release:
+            self._release(req_id, merged)
+        self._to_release = set()
         return merged
 
     def _attribute_errors(self, index: int, block_ids: set[int]) -> None:
@@ -61,11 +70,22 @@ class MultiWorker:
         if failed and not failed_blocks:
             failed_blocks = set(route.device_block_ids)
         del self.routes[req_id]
-        if failed_blocks and self.fallback:  # held back: the scheduler may retry elsewhere
-            self._loads_failed[req_id] = (index, tuple(sorted(failed_blocks)))
+        if self.fallback and (failed_blocks or self.hold_every_load):
+            # Held back: the scheduler may retry elsewhere, or first hears from every rank.
+            failed = bool(failed_blocks)
+            self._loads_ended[req_id] = LoadEnd(index, int(not failed), int(failed),
+                                                frozenset(failed_blocks))  # fmt: skip
+            if not failed:
+                self.held[req_id] = route.missing_block_ids
             return
+        self._report_received(req_id, failed_blocks | set(route.missing_block_ids), merged)
+
+    def _release(self, req_id: str, merged) -> None:
+        """The scheduler heard every rank load it well: vLLM may count it received now."""
+        self._report_received(req_id, set(self.held.pop(req_id, ())), merged)
+
+    def _report_received(self, req_id: str, failed_blocks: set[int], merged) -> None:
         merged.finished_recving.add(req_id)
-        failed_blocks |= set(route.missing_block_ids)
         if failed_blocks:
             merged.failed_recving.add(req_id)
             self._errors_to_report |= failed_blocks
@@ -86,9 +106,9 @@ class MultiWorker:
 
     def worker_meta(self) -> MultiWorkerMeta | None:
         metas = tuple(child.connector.build_connector_worker_meta() for child in self.children)
-        failed, self._loads_failed = self._loads_failed, {}
+        ended, self._loads_ended = self._loads_ended, {}
         recving = tuple(self._children_recving)
-        self._children_recving = [frozenset()] * len(self.children)
-        if failed or any(recving) or any(meta is not None for meta in metas):
-            return MultiWorkerMeta(metas, failed, recving)
+        self._children_recving = [{} for _ in self.children]
+        if ended or any(recving) or any(meta is not None for meta in metas):
+            return MultiWorkerMeta(metas, ended, recving)
         return None

@@ -85,7 +85,8 @@ def _multi(scheduler: Any, worker: Any) -> list[str]:
         routes=list(worker.routes),
         failed_blocks=worker.failed_blocks,
         extra_saves=worker.extra_saves,
-        loads_failed=worker._loads_failed,
+        loads_held_back=worker.held,
+        loads_reported_by_some_ranks=list(scheduler.load_reports.pending()),
     )
 
 

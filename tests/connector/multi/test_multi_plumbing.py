@@ -28,7 +28,9 @@ def child(name: str, **extra) -> dict:
 def multi(*children: dict, role=KVConnectorRole.WORKER) -> KvscopeMultiConnector:
     config = outer(*children, role="kv_both")
     vllm_config = SimpleNamespace(
-        kv_transfer_config=config, cache_config=SimpleNamespace(block_size=32)
+        kv_transfer_config=config,
+        cache_config=SimpleNamespace(block_size=32),
+        parallel_config=SimpleNamespace(world_size=1),
     )
     return KvscopeMultiConnector(vllm_config, role, None)
 

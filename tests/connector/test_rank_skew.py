@@ -1,5 +1,6 @@
-"""The offload connector at tensor_parallel_size=2 when one rank's copies end steps after the
-other's: stores still commit, a load that failed on one rank still fails the request."""
+"""Connectors at tensor_parallel_size=2 when one rank's copies end steps after the other's:
+stores still commit, a load that failed on one rank still fails the request (offload) or falls
+back to the next child on every rank (Multi)."""
 
 import contextlib
 import json
@@ -44,10 +45,8 @@ def faults_path(tmp_path_factory):
     return path
 
 
-@pytest.fixture(scope="module")
-def engines(tiny_model, faults_path):
-    """(tokens without connector at TP=2, a TP=2 engine with the offload connector)."""
-    config = {
+def offload_config(faults_path, **extra) -> dict:
+    return {
         "kv_connector": "CpuOffloadConnector",
         "kv_connector_module_path": "kvscope.connector.cpu_offload.connector",
         "kv_role": "kv_both",
@@ -56,11 +55,39 @@ def engines(tiny_model, faults_path):
             "cpu_bytes_to_use": 16 << 20,
             "load_timeout_s": 5.0,
             "faults_path": str(faults_path),
+            **extra,
         },  # fmt: skip
     }
+
+
+def multi_config(first_faults, second_faults) -> dict:
+    """Two offload pools: the second serves what the first fails to load."""
+    children = [
+        {"name": name, **offload_config(path)} for name, path in
+        (("first", first_faults), ("second", second_faults))
+    ]  # fmt: skip
+    for child in children:
+        del child["kv_role"], child["kv_load_failure_policy"]  # the Multi's own
+    return {
+        "kv_connector": "KvscopeMultiConnector",
+        "kv_connector_module_path": "kvscope.connector.multi.connector",
+        "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": {"connectors": children},
+    }
+
+
+@pytest.fixture(scope="module")
+def expected(tiny_model):
+    """Greedy tokens without connector at TP=2 (they may differ from TP=1's)."""
+    with environment(**TP2_ENV), in_process_llm(tiny_model, tensor_parallel_size=2) as llm:
+        return greedy_tokens(llm, PROMPTS)
+
+
+@pytest.fixture(scope="module")
+def offload_engine(tiny_model, faults_path, expected):
     with environment(**TP2_ENV):
-        with in_process_llm(tiny_model, tensor_parallel_size=2) as llm:
-            expected = greedy_tokens(llm, PROMPTS)
+        config = offload_config(faults_path)
         with in_process_llm(tiny_model, config, tensor_parallel_size=2) as llm:
             yield expected, llm
 
@@ -87,8 +114,8 @@ def assert_no_leaks(llm) -> None:
     assert llm.collective_rpc(worker_leaks) == [[], []]
 
 
-def test_stores_commit_when_one_rank_stores_steps_later(engines, faults_path):
-    expected, llm = engines
+def test_stores_commit_when_one_rank_stores_steps_later(offload_engine, faults_path):
+    expected, llm = offload_engine
     set_plan(faults_path, {"by_rank": {"1": {"store_delay_ms": 400.0}}})
     try:
         first = greedy_tokens(llm, PROMPTS)
@@ -127,3 +154,34 @@ def test_a_load_failed_early_on_one_rank_is_recomputed_when_the_other_finishes(
     assert offload.stats["failed_loads"] - before["failed_loads"] == len(PROMPTS)
     assert offload.stats["loaded_blocks"] == before["loaded_blocks"]
     assert_no_leaks(llm)
+
+
+def test_a_load_failed_on_one_rank_falls_back_on_every_rank(tiny_model, expected, tmp_path):
+    first, second = tmp_path / "first.json", tmp_path / "second.json"
+    set_plan(first, {"by_rank": {"1": {"fail_load_every": 1}}})
+    # Rank 1's fallback load ends well after rank 0's: the request must wait for both.
+    set_plan(second, {"by_rank": {"1": {"load_delay_ms": 500.0}}})
+    config = multi_config(first, second)
+    with environment(**TP2_ENV), in_process_llm(tiny_model, config, tensor_parallel_size=2) as llm:
+        greedy_tokens(llm, PROMPTS)
+        settle_multi(llm)
+        assert llm.reset_prefix_cache(), "vLLM refused to reset its prefix cache (blocks in use)"
+        again = greedy_tokens(llm, PROMPTS)
+        settle_multi(llm)
+        children = [child.connector.scheduler for child in scheduler_connector(llm).children]
+        assert leaked_device_blocks(llm) == 0
+        assert llm.collective_rpc(worker_leaks) == [[], []]
+    assert token_mismatches(expected, again) == []
+    assert children[0].stats["failed_loads"] == len(PROMPTS)
+    assert children[1].stats["loaded_blocks"] >= 2 * len(PROMPTS)
+    for offload in children:
+        assert offload.leases.active() == [] and offload.requests == {}
+
+
+def settle_multi(llm, timeout_s: float = 30) -> None:
+    multi = scheduler_connector(llm)
+    deadline = time.monotonic() + timeout_s
+    while multi.scheduler.loads or any(c.connector.scheduler._stores for c in multi.children):
+        assert time.monotonic() < deadline, f"never settled: {multi.scheduler.loads}"
+        llm.llm_engine.step()
+        time.sleep(0.02)
