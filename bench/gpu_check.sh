@@ -1,82 +1,88 @@
 #!/usr/bin/env bash
-# GPU check of the engine-agnostic connector core (host pool, leases, copy engine, faults).
-# For a machine with an NVIDIA GPU and torch but no network and no vLLM: runs the tests of
-# connector/common (CUDA ones included) and the copy bandwidth benchmark on the GPU, then
-# prints one table. kvscope need not be installed: the repository is mapped onto the kvscope
-# namespace through a temporary folder. Needs pytest; CI skips this script.
-# Usage: bash bench/gpu_check.sh [--mib N]   (PYTHON=... to pick the interpreter)
+# GPU check of the copy path (issue 18): for a machine with a GPU, torch with CUDA and no
+# network, vLLM or NIXL. Run from the repository root; results go under $OUT.
+#   1. the tests of tests/connector/common (CUDA ones included; those needing vLLM skip),
+#   2. bench/gpu_copy_check.py: byte-exact store/load on GPU memory with pinned host memory,
+#      no host sync while submitting and polling, no device memory growth per job, and a
+#      load overlapping a matmul on the compute stream,
+#   3. bench/copy_bandwidth.py: engine store/load over a raw pinned copy_ of the same bytes.
+# kvscope need not be installed: the repository is mapped onto the kvscope namespace.
+# pytest is taken from build/gpu_deps when the interpreter has none: prepare that folder here
+# with `bash bench/gpu_check.sh --prepare-deps` and carry it (about 15 MiB).
+# Usage: bash bench/gpu_check.sh [--device cpu] [--mib N]   (PYTHON=..., OUT=...,
+#   GPU_CHECK_PYTEST_ARGS="-k ..." to pick tests). --device cpu runs every step on the CPU.
 set -uo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON="${PYTHON:-python3}"
+DEPS="$REPO/build/gpu_deps"
+DEVICE=cuda
 MIB=256
-if [[ "${1:-}" == "--mib" && -n "${2:-}" ]]; then MIB="$2"; fi
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --device) DEVICE="$2"; shift 2 ;;
+        --mib) MIB="$2"; shift 2 ;;
+        --prepare-deps)
+            SITE="$("$REPO/.venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+            rm -rf "$DEPS" && mkdir -p "$DEPS"
+            for name in pytest _pytest pluggy iniconfig packaging pygments py.py; do
+                cp -r "$SITE/$name" "$DEPS/"
+            done
+            cp -r "$SITE"/{pytest,pluggy,iniconfig,packaging,pygments}-*.dist-info "$DEPS/"
+            find "$DEPS" -name __pycache__ -prune -exec rm -rf {} +
+            echo "pytest and its dependencies in $DEPS ($(du -sh "$DEPS" | cut -f1)): carry build/gpu_deps"
+            exit 0 ;;
+        *) echo "unknown option $1: see the usage at the top of $0" >&2; exit 2 ;;
+    esac
+done
+OUT="${OUT:-$REPO/build/gpu_check}"
+mkdir -p "$OUT"
 
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 ln -s "$REPO" "$WORK/kvscope"
 export PYTHONPATH="$WORK${PYTHONPATH:+:$PYTHONPATH}"
+if ! "$PYTHON" -c "import pytest" 2>/dev/null && [[ -d "$DEPS" ]]; then
+    export PYTHONPATH="$PYTHONPATH:$DEPS"
+fi
+export KVSCOPE_BENCH_RESULTS="$OUT/results.jsonl"
+rm -f "$KVSCOPE_BENCH_RESULTS"
 
-echo "== environment"
-if ! "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-    echo "torch sees no CUDA device: run this on the GPU machine (or set PYTHON)." >&2
+echo "== environment" | tee "$OUT/summary.txt"
+if [[ "$DEVICE" == cuda ]] && ! "$PYTHON" -c "import torch, sys; sys.exit(not torch.cuda.is_available())"; then
+    echo "torch sees no CUDA device: run this on the GPU machine (or pass --device cpu)." >&2
     exit 2
 fi
-"$PYTHON" -c "import torch; p = torch.cuda.get_device_properties(0); \
-print(f'{p.name}, {p.total_memory / 2**30:.0f} GiB, torch {torch.__version__}, CUDA {torch.version.cuda}')"
+"$PYTHON" -c "import sys, torch; gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU'; \
+print(f'python {sys.version.split()[0]}, torch {torch.__version__}, CUDA {torch.version.cuda}, {gpu}')" \
+    | tee -a "$OUT/summary.txt"
 if ! "$PYTHON" -c "import pytest" 2>/dev/null; then
-    echo "pytest is missing: bring its wheels (pytest, pluggy, iniconfig, packaging) and" >&2
-    echo "  $PYTHON -m pip install --no-index --find-links <wheel folder> pytest" >&2
+    echo "pytest is missing: run 'bash bench/gpu_check.sh --prepare-deps' where it is installed" >&2
+    echo "  and carry build/gpu_deps" >&2
     exit 2
 fi
 
 echo "== tests (tests/connector/common)"
 # confcutdir keeps the repository-wide conftest (it wants the demo engine) out of this run.
+# shellcheck disable=SC2086
 (cd "$REPO" && timeout 600 "$PYTHON" -m pytest tests/connector/common -q -p no:cacheprovider \
     -o addopts="" --import-mode=importlib --confcutdir=tests/connector/common \
-    --junitxml="$WORK/tests.xml" 2>&1 | tail -n 30)
-TESTS_RC=${PIPESTATUS[0]}
+    --junitxml="$OUT/tests.xml" ${GPU_CHECK_PYTEST_ARGS:-} > "$OUT/tests.log" 2>&1)
+TESTS_RC=$?
+tail -n 15 "$OUT/tests.log"
 
-echo "== copy bandwidth (pinned host <-> GPU)"
-timeout 300 "$PYTHON" -m kvscope.bench.copy_bandwidth --device cuda --mib "$MIB" \
-    | tee "$WORK/bench.txt"
+echo "== copy engine on the device (gpu_copy_check)"
+LOAD_MIB=$([[ "$DEVICE" == cuda ]] && echo 256 || echo 8)
+timeout 300 "$PYTHON" -m kvscope.bench.gpu_copy_check --device "$DEVICE" --load-mib "$LOAD_MIB" \
+    --out "$OUT/copy_check.json" | tee "$OUT/copy_check.txt"
+CHECK_RC=${PIPESTATUS[0]}
+
+echo "== copy bandwidth (pinned host <-> device, over a raw copy_)"
+timeout 300 "$PYTHON" -m kvscope.bench.copy_bandwidth --device "$DEVICE" --mib "$MIB" \
+    | tee "$OUT/bandwidth.txt"
 BENCH_RC=${PIPESTATUS[0]}
 
 echo "== summary"
-"$PYTHON" - "$WORK/tests.xml" "$WORK/bench.txt" "$TESTS_RC" "$BENCH_RC" <<'PY'
-import sys
-import xml.etree.ElementTree as ElementTree
-
-tests_xml, bench_txt, tests_rc, bench_rc = sys.argv[1:5]
-rows = []
-try:
-    for case in ElementTree.parse(tests_xml).iter("testcase"):
-        outcome = "passed"
-        for child in case:
-            if child.tag in ("failure", "error", "skipped"):
-                outcome = child.tag
-        group = "cuda" if "cuda" in case.get("classname", "") + case.get("name", "") else "cpu"
-        rows.append((group, outcome))
-except (OSError, ElementTree.ParseError) as exc:
-    print(f"no test report ({exc})")
-print(f"{'check':<28} {'result':<40}")
-for group in ("cuda", "cpu"):
-    counts = {}
-    for row_group, outcome in rows:
-        if row_group == group:
-            counts[outcome] = counts.get(outcome, 0) + 1
-    summary = ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items())) or "none ran"
-    print(f"{group + ' tests':<28} {summary:<40}")
-with open(bench_txt) as bench:
-    for line in bench:
-        parts = line.split()
-        if len(parts) >= 5 and parts[1] in ("store", "load"):
-            label = f"bench {parts[0]} {parts[1]}"
-            print(f"{label:<28} {parts[4]}x raw ({parts[2]} vs {parts[3]} GiB/s)")
-cuda_passed = sum(1 for group, outcome in rows if group == "cuda" and outcome == "passed")
-ok = tests_rc == "0" and bench_rc == "0" and cuda_passed > 0
-verdict = "PASS" if ok else "FAIL"
-print(f"{'verdict':<28} {verdict} (pytest rc {tests_rc}, bench rc {bench_rc}, "
-      f"{cuda_passed} CUDA tests passed)")
-sys.exit(0 if verdict == "PASS" else 1)
-PY
+"$PYTHON" -m kvscope.bench.gpu_check_summary "$OUT" "$DEVICE" "$TESTS_RC" "$CHECK_RC" "$BENCH_RC" \
+    | tee -a "$OUT/summary.txt"
+exit "${PIPESTATUS[0]}"

@@ -79,3 +79,54 @@ def test_cuda_failures_and_delays_are_reported_through_poll(make_kv_cache, make_
     assert delayed.ok and delayed.finished_at - delayed.submitted_at >= 0.05
     assert injected.error == "InjectedFault: injected: test"
     assert "out of bounds for storage" in failed.error
+
+
+def test_loads_run_on_a_higher_priority_stream_and_never_wait_for_stores(
+    make_kv_cache, make_host_buffer
+):
+    from kvscope.connector.common.copy_engine import Direction
+
+    kv = make_kv_cache("flash", device="cuda")
+    host_buffer = make_host_buffer(kv, num_host_blocks=8, pin_memory=True)
+    with make_copy_engine(kv.layers, host_buffer, kv.block_dim) as engine:
+        load_stream = engine.lanes[Direction.LOAD].stream
+        store_stream = engine.lanes[Direction.STORE].stream
+        assert load_stream.priority < store_stream.priority  # lower is higher in CUDA
+        with torch.cuda.stream(store_stream):
+            torch.cuda._sleep(GPU_BUSY_CYCLES)  # offloading is busy...
+        store = engine.submit_store([1], [1])
+        load = engine.submit_load([5], [2])  # ...and a resuming request's load goes past it
+        assert engine.wait(load, timeout_s=30)
+        assert [r.job_id for r in engine.poll()] == [load]
+        assert engine.num_pending == 1 and engine.wait(store, timeout_s=30)
+
+
+def test_cancel_fails_a_queued_load_and_holds_it_until_the_copy_ended(
+    make_kv_cache, make_host_buffer
+):
+    kv = make_kv_cache("flash", device="cuda")
+    host_buffer = make_host_buffer(kv, num_host_blocks=8, pin_memory=True)
+    with make_copy_engine(kv.layers, host_buffer, kv.block_dim) as engine:
+        torch.cuda._sleep(GPU_BUSY_CYCLES)  # the load waits behind the compute stream
+        load = engine.submit_load([4], [1])
+        assert not engine.cancel(load), "queued on a stream: it cannot be withdrawn"
+        assert engine.poll() == []
+        [result] = engine.drain(timeout_s=30)
+    assert result.job_id == load and result.error == "cancelled"
+
+
+def test_submitting_and_polling_make_no_synchronising_call(make_kv_cache, make_host_buffer):
+    kv = make_kv_cache("flash", device="cuda")
+    host_buffer = make_host_buffer(kv, num_host_blocks=8, pin_memory=True)
+    with make_copy_engine(kv.layers, host_buffer, kv.block_dim) as engine:
+        engine.submit_load([3, 9], [0, 1])  # warm-up: first pinned and device allocations
+        engine.drain(timeout_s=30)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for step in range(8):
+                engine.submit_store([step, 23 - step], [step % 4, 4 + step % 4])
+                engine.submit_load([10 + step], [step])
+                engine.poll()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        assert all(r.ok for r in engine.drain(timeout_s=30))
