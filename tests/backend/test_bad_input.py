@@ -177,7 +177,7 @@ def test_out_of_range_query_numbers_get_422(backend):
     with backend.client() as client:
         for path, params in [
             ("/api/v1/requests/9223372036854775808", {}),
-            ("/api/v1/requests/2147483648/timeline", {}),
+            ("/api/v1/requests/9223372036854775808/timeline", {}),
             ("/api/v1/requests", {"since_ns": 2**63}),
             ("/api/v1/failures", {"offset": 2**64}),
             ("/api/v1/stats/summary", {"window_s": "inf"}),
