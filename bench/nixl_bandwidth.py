@@ -116,13 +116,14 @@ def _raw_reads(shape: FakeKVShape, info: PeerInfo, read_blocks: int, rounds: int
     regions = agent.register_memory(
         [(a, n, 0, "") for a, n in layout.registration_regions()], "DRAM"
     )
-    local = agent.prep_xfer_dlist("NIXL_INIT_AGENT", layout.descriptor_array(), "DRAM")
-    peer = agent.add_remote_agent(info.agent_metadata)
-    remote = agent.prep_xfer_dlist(peer, info.layout.descriptor_array(), "DRAM")
-    remote_ids, local_ids = _scattered_block_ids(shape.num_blocks, read_blocks)
-    local_idx, remote_idx = check_compatible(layout, info.layout).descriptor_ids(
-        local_ids, remote_ids
+    mapping = check_compatible(layout, info.layout)
+    local = agent.prep_xfer_dlist(
+        "NIXL_INIT_AGENT", layout.descriptor_array(mapping.per_block), "DRAM"
     )
+    peer = agent.add_remote_agent(info.agent_metadata)
+    remote = agent.prep_xfer_dlist(peer, info.layout.descriptor_array(mapping.per_block), "DRAM")
+    remote_ids, local_ids = _scattered_block_ids(shape.num_blocks, read_blocks)
+    local_idx, remote_idx = mapping.descriptor_ids(local_ids, remote_ids)
     seconds = []
     for _ in range(rounds + 2):  # the first two pay the connection set-up
         started = time.perf_counter()

@@ -12,6 +12,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 from kvscope.connector.p2p.config import P2PConfig
 from kvscope.connector.p2p.metadata import P2PMetadata
 from kvscope.connector.p2p.scheduler import P2PScheduler
+from kvscope.connector.p2p.vllm_layout import preferred_layout, resolved_layout, tensor_strides
 from kvscope.connector.p2p.worker import P2PWorker
 
 
@@ -47,6 +48,11 @@ class P2PCore(KVConnectorBase_V1):
             self.worker.failure_outcome = None
 
     @classmethod
+    def get_required_kvcache_layout(cls, vllm_config: Any) -> str | None:
+        """Asked by vLLM's resolve_kv_cache_layout, as it asks stock NIXL (vllm_layout)."""
+        return preferred_layout(vllm_config)
+
+    @classmethod
     def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
         """False: wait_for_layer_load and save_kv_layer do nothing (pulls start in
         start_load_kv, outside the captured graph), so FULL CUDA graphs skip nothing."""
@@ -76,7 +82,13 @@ class P2PCore(KVConnectorBase_V1):
     # --- worker side --------------------------------------------------------------------------
 
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
-        self.worker.register(kv_caches)
+        kv_cache_config = self._kv_cache_config
+        self.worker.register(
+            kv_caches,
+            resolved_layout(self._vllm_config, kv_cache_config),
+            getattr(kv_cache_config, "num_blocks", None),
+            tensor_strides(kv_cache_config, list(kv_caches)),
+        )
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         metadata = self._get_connector_metadata()

@@ -22,14 +22,19 @@ def new_agent(engine_id: str, tp_rank: int) -> tuple[Any, str]:
     return nixl_agent(name, config), name
 
 
-def register_layout(agent: Any, layout: KVLayout) -> tuple[Any, Any]:
-    """Register the KV cache's memory; returns it and the local descriptor list (plane-major)."""
+def register_layout(agent: Any, layout: KVLayout) -> tuple[Any, dict[bool, Any]]:
+    """Register the KV cache's memory; returns it and the local descriptor lists by unit
+    (True: one per block across layers; False: one per layer page), each the layout offers."""
     regions = [(a, n, layout.device_id, "") for a, n in layout.registration_regions()]
     registered = agent.register_memory(regions, layout.memory_kind)
-    local_dlist = agent.prep_xfer_dlist(
-        "NIXL_INIT_AGENT", layout.descriptor_array(), layout.memory_kind
-    )
-    return registered, local_dlist
+    local_dlists = {
+        per_block: agent.prep_xfer_dlist(
+            "NIXL_INIT_AGENT", layout.descriptor_array(per_block), layout.memory_kind
+        )
+        for per_block, offered in ((True, layout.block_runs), (False, layout.page_runs))
+        if offered
+    }
+    return registered, local_dlists
 
 
 def as_str(name: str | bytes) -> str:

@@ -17,8 +17,6 @@ from typing import Any, Final
 
 import torch
 
-from kvscope.connector.p2p.layout import KV_LAYOUT_CPU
-
 READY: Final = "KVSCOPE_PEER_READY"
 """Prefix of the line the child prints once it serves; stdout also carries NIXL's own logs."""
 REPLY: Final = "KVSCOPE_PEER_REPLY"
@@ -31,33 +29,49 @@ RAW_POLL_1MS: Final = "poll-1ms"
 
 @dataclass(frozen=True)
 class FakeKVShape:
-    """A small model's KV cache, in vLLM's CPU layout unless told the CUDA one (kept in DRAM)."""
+    """A small model's KV cache in one of vLLM's layouts (kept in DRAM)."""
 
     num_layers: int = 4
     num_blocks: int = 64
     num_kv_heads: int = 2
     block_size: int = 32
     head_dim: int = 32
-    kv_layout: str = KV_LAYOUT_CPU
+    kv_layout: str = "LBHNC"  # vLLM's KVCacheLayout name; the CPU attention backend's only one
 
     def to_args(self) -> list[str]:
         return [f"--{k.replace('_', '-')}={v}" for k, v in self.__dict__.items()]
 
 
 def make_fake_kv_caches(shape: FakeKVShape, seed: int | None) -> dict[str, torch.Tensor]:
-    """Per-layer bf16 views of one storage, like vLLM's KV cache; random bits if seeded."""
-    if shape.kv_layout == KV_LAYOUT_CPU:
-        layer = (shape.num_blocks, shape.num_kv_heads, shape.block_size, 2 * shape.head_dim)
-    else:
-        layer = (2, shape.num_blocks, shape.block_size, shape.num_kv_heads, shape.head_dim)
-    full = (shape.num_layers, *layer)
+    """vLLM's own per-layer bf16 views [B, H, N, C] of one buffer, in `shape.kv_layout`
+    (built by vLLM's compute_layout_strides and create_kv_cache_views); random bits if seeded.
+    The buffer's bytes depend only on the seed, so views of two layouts hold different KV."""
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheTensor,
+        compute_layout_strides,
+        create_kv_cache_views,
+    )
+    from vllm.v1.kv_cache_layout import KVCacheLayout
+
+    spec = FullAttentionSpec(block_size=shape.block_size, num_kv_heads=shape.num_kv_heads,
+                             head_size=shape.head_dim, dtype=torch.bfloat16)  # fmt: skip
+    layout = KVCacheLayout[shape.kv_layout]
+    layer_stride, block_stride, *_ = compute_layout_strides(
+        spec, shape.num_blocks, shape.num_layers, layout
+    )
+    size = shape.num_layers * shape.num_blocks * spec.page_size_bytes
     if seed is None:
-        storage = torch.zeros(full, dtype=torch.bfloat16)
+        raw = torch.zeros(size, dtype=torch.int8)
     else:
         generator = torch.Generator().manual_seed(seed)
-        bits = torch.randint(-(2**15), 2**15, full, dtype=torch.int16, generator=generator)
-        storage = bits.view(torch.bfloat16)
-    return {f"model.layers.{i}.self_attn.attn": storage[i] for i in range(shape.num_layers)}
+        bits = torch.randint(-(2**15), 2**15, (size // 2,), dtype=torch.int16, generator=generator)
+        raw = bits.view(torch.int8)
+    names = [f"model.layers.{i}.self_attn.attn" for i in range(shape.num_layers)]
+    tensor = KVCacheTensor(size=size, layers=names, layer_stride=layer_stride,
+                           block_stride=block_stride)  # fmt: skip
+    views = create_kv_cache_views(raw, spec, shape.num_blocks, layout, tensor)
+    return dict(zip(names, views, strict=True))
 
 
 def _serve(args: argparse.Namespace) -> None:

@@ -129,7 +129,7 @@ class BlockPuller:
         if cause is None and self._time_left(pull) < 0:
             cause = "lease expired during the read: the prefill side may have freed the blocks"
         end = time.monotonic()
-        descriptors = len(pull.local_block_ids) * self.transport.layout.num_planes
+        descriptors = result.descriptors
         record_transfer(pull.req_id, "p2p_read", result.nbytes, end - result.duration_s, end,
                         error=cause, **{names.TRANSFER_PEER: pull.remote.engine_id,
                         names.TRANSFER_DESCRIPTORS: descriptors,
@@ -144,6 +144,9 @@ class BlockPuller:
         self.stats["read_bytes"] += result.nbytes
         self.stats["read_s"] += result.duration_s
         self._recving.add(pull.req_id)
+        add_event(names.EVENT_BLOCK_LOADED, **{names.REQUEST_ID: pull.req_id,
+                  names.BLOCK_TIER: "device",
+                  names.BLOCK_IDS: list(pull.local_block_ids)})  # fmt: skip
 
     def _fail(self, item: BlockPull | BlockRelease, cause: str, kind: str) -> None:
         logger.warning("p2p: request %s: %s", item.req_id, cause)

@@ -23,6 +23,7 @@ class TransferResult:
     nbytes: int
     duration_s: float
     cause: str = ""
+    descriptors: int = 0  # NIXL descriptors it moved: blocks x (1, or layers)
 
     @property
     def ok(self) -> bool:

@@ -11,16 +11,11 @@ from typing import Any
 import torch
 
 from kvscope.connector.p2p.layout import BlockMapping, KVLayout, check_compatible
-from kvscope.connector.p2p.nixl_agent import (
-    as_str,
-    new_agent,
-    register_layout,
-    release_quietly,
-    try_cleanup,
-)
+from kvscope.connector.p2p.nixl_agent import as_str, new_agent, register_layout, try_cleanup
 from kvscope.connector.p2p.notif_inbox import NotifInbox
 from kvscope.connector.p2p.pacing import TransportConfig, next_poll_delay
 from kvscope.connector.p2p.poller import PollerStats, ProgressPoller
+from kvscope.connector.p2p.reads import Inflight, ReadBook
 from kvscope.connector.p2p.results import (
     PeerNotif,
     PeerRejectedError,
@@ -38,18 +33,7 @@ class _Peer:
     agent_name: str
     layout: KVLayout
     mapping: BlockMapping
-    remote_dlist: Any  # nixl_prepped_dlist_handle
-
-
-@dataclass
-class _Inflight:
-    xfer_id: int
-    peer: str
-    handle: Any  # nixl_xfer_handle
-    num_blocks: int
-    nbytes: int
-    started: float  # monotonic
-    deadline: float  # monotonic
+    remote_dlist: Any  # nixl_prepped_dlist_handle, per block or per layer page as mapping says
 
 
 class NixlTransport:
@@ -62,19 +46,24 @@ class NixlTransport:
         tp_rank: int = 0,
         tp_size: int = 1,
         config: TransportConfig | None = None,
-        kv_layout: str | None = None,
+        kv_layout: Any = None,
+        num_blocks: int | None = None,
+        tensor_strides: tuple[int, int] | None = None,
     ) -> None:
-        self.layout = KVLayout.from_layer_tensors(engine_id, kv_caches, tp_rank, tp_size, kv_layout)
+        """`kv_layout`, `num_blocks`, `tensor_strides`: what vLLM says about the views (the
+        resolved layout, the manager's block count, the KVCacheTensor's strides; see
+        KVLayout.from_layer_tensors)."""
+        self.layout = KVLayout.from_layer_tensors(
+            engine_id, kv_caches, tp_rank, tp_size, kv_layout, num_blocks, tensor_strides
+        )
         self._kv_caches = dict(kv_caches)  # registered memory must outlive the agent's use of it
         self.config = config or TransportConfig()
         self._lock = threading.Condition()  # NIXL calls and our state; agent sync mode is NONE
         self._agent, self.agent_name = new_agent(engine_id, tp_rank)
-        self._registered, self._local_dlist = register_layout(self._agent, self.layout)
+        self._registered, self._local_dlists = register_layout(self._agent, self.layout)
         self._peers: dict[str, _Peer] = {}
-        self._inflight: dict[int, _Inflight] = {}
-        self._results: dict[int, TransferResult] = {}
+        self._reads = ReadBook()
         self._inbox = NotifInbox()
-        self._unreleased: list[Any] = []  # xfer handles NIXL could not cancel yet
         self._next_xfer_id = 0
         self._closed = False
         self._last_event = time.monotonic()  # a read posted or ended, a notif, an expectation
@@ -102,7 +91,7 @@ class NixlTransport:
                 if name in self._peers:
                     self._agent.release_dlist_handle(self._peers.pop(name).remote_dlist)
                 remote_dlist = self._agent.prep_xfer_dlist(
-                    name, layout.descriptor_array(), layout.memory_kind
+                    name, layout.descriptor_array(mapping.per_block), layout.memory_kind
                 )
                 self._agent.make_connection(name)
             except PeerRejectedError:
@@ -152,7 +141,7 @@ class NixlTransport:
         with self._lock:
             self._check_open()
             self._next_xfer_id += 1
-            xfer = _Inflight(self._next_xfer_id, peer, None, len(remote_block_ids), 0, 0.0, 0.0)
+            xfer = Inflight(self._next_xfer_id, peer, None, len(remote_block_ids))
             try:
                 state = self._post_read(xfer, remote_block_ids, local_block_ids, notif_msg)
                 xfer.deadline = xfer.started + timeout_s
@@ -164,7 +153,7 @@ class NixlTransport:
                 return xfer.xfer_id
             self._last_event = time.monotonic()
             if state == "PROC":
-                self._inflight[xfer.xfer_id] = xfer
+                self._reads.inflight[xfer.xfer_id] = xfer
             else:
                 self._finish(
                     xfer, "" if state == "DONE" else f"NIXL could not post the read: {state}"
@@ -173,7 +162,7 @@ class NixlTransport:
         return xfer.xfer_id
 
     def _post_read(
-        self, xfer: _Inflight, remote_ids: list[int], local_ids: list[int], notif_msg: bytes
+        self, xfer: Inflight, remote_ids: list[int], local_ids: list[int], notif_msg: bytes
     ) -> str:
         peer = self._peers.get(xfer.peer)
         if peer is None:
@@ -182,22 +171,24 @@ class NixlTransport:
             local_idx, remote_idx = peer.mapping.descriptor_ids(local_ids, remote_ids)
         except ValueError as exc:
             raise TransportError(f"bad block ids: {exc}") from None
-        xfer.nbytes = len(local_idx) * self.layout.plane_bytes_per_block
+        xfer.nbytes = len(local_ids) * self.layout.bytes_per_block
+        xfer.descriptors = len(local_idx)
         xfer.started = time.monotonic()
         if not len(local_idx):
             if notif_msg:  # the owner may be waiting for it to free blocks
                 self._agent.send_notif(xfer.peer, notif_msg)
             return "DONE"
+        local_dlist = self._local_dlists[peer.mapping.per_block]
         xfer.handle = self._agent.make_prepped_xfer(
-            "READ", self._local_dlist, local_idx, peer.remote_dlist, remote_idx, notif_msg
+            "READ", local_dlist, local_idx, peer.remote_dlist, remote_idx, notif_msg
         )
         return self._agent.transfer(xfer.handle)
 
     def poll(self) -> list[TransferResult]:
         """Transfers that finished or failed since the last call."""
         with self._lock:
-            results, self._results = list(self._results.values()), {}
-            in_flight = bool(self._inflight)
+            results, self._reads.results = list(self._reads.results.values()), {}
+            in_flight = bool(self._reads.inflight)
         if in_flight:
             # The poller thread needs the GIL to progress them; the engine thread polls every
             # step and would otherwise hold it up to a switch interval (5 ms) at a time.
@@ -208,10 +199,11 @@ class NixlTransport:
         """Block until these transfers end (or timeout_s passes); returns those that ended."""
         deadline = time.monotonic() + timeout_s
         with self._lock:
-            while not all(i in self._results for i in xfer_ids):
+            results = self._reads.results
+            while not all(i in results for i in xfer_ids):
                 if not self._lock.wait(timeout=max(0.0, deadline - time.monotonic())):
                     break
-            return [self._results.pop(i) for i in xfer_ids if i in self._results]
+            return [results.pop(i) for i in xfer_ids if i in results]
 
     # --- notifications (the owner's side of a read) ----------------------------------------
 
@@ -252,15 +244,14 @@ class NixlTransport:
                 return None
             self._collect_notifs()
             now = time.monotonic()
-            for xfer in list(self._inflight.values()):
-                self._check(xfer, now)
+            inflight = list(self._reads.inflight.values())
+            ended = [self._reads.check(self._agent, xfer, now) for xfer in inflight]
             self._inbox.expire(now)
-            self._unreleased = [h for h in self._unreleased if not release_quietly(h)]
-            return self._pace(now)
-
-    def _pace(self, now: float) -> float | None:
-        return next_poll_delay(self.config, now, bool(self._inflight), self._inbox.waiting,
-                               self._last_event, bool(self._unreleased))  # fmt: skip
+            if self._reads.retry_releases() or any(ended):
+                self._on_results()
+            return next_poll_delay(self.config, now, bool(self._reads.inflight),
+                                   self._inbox.waiting, self._last_event,
+                                   self._reads.pending_release)  # fmt: skip
 
     def _collect_notifs(self) -> None:
         try:
@@ -274,32 +265,12 @@ class NixlTransport:
         if any(notifs.values()):
             self._last_event = time.monotonic()
 
-    def _check(self, xfer: _Inflight, now: float) -> None:
-        try:
-            state = self._agent.check_xfer_state(xfer.handle)
-        except Exception as exc:
-            self._finish(xfer, describe_failure(exc, xfer.peer))
-            return
-        if state == "DONE":
-            self._finish(xfer, "")
-        elif state != "PROC":
-            self._finish(xfer, f"NIXL reported the read from peer {xfer.peer} as {state}")
-        elif now > xfer.deadline:
-            self._finish(
-                xfer,
-                f"timed out after {xfer.deadline - xfer.started:.1f} s: peer {xfer.peer} is hung"
-                " or not polling its agent; read from another peer or recompute",
-            )
+    def _finish(self, xfer: Inflight, cause: str) -> None:
+        """End a read: its result comes once NIXL released it (see reads.ReadBook)."""
+        if self._reads.end(xfer, cause):
+            self._on_results()
 
-    def _finish(self, xfer: _Inflight, cause: str) -> None:
-        """Record the result and release the NIXL handle (cancelling the read if still running)."""
-        self._inflight.pop(xfer.xfer_id, None)
-        if xfer.handle is not None and not try_cleanup(xfer.handle.release):
-            self._unreleased.append(xfer.handle)
-        duration_s = time.monotonic() - xfer.started if xfer.started else 0.0
-        self._results[xfer.xfer_id] = TransferResult(
-            xfer.xfer_id, xfer.peer, xfer.num_blocks, xfer.nbytes, duration_s, cause
-        )
+    def _on_results(self) -> None:
         self._lock.notify_all()
         self._last_event = time.monotonic()
         self._poller.keep_hot(self.config.hot_after_activity_s)  # its notif may still be sending
@@ -311,17 +282,18 @@ class NixlTransport:
             raise TransportError("the transport is closed")
 
     def close(self) -> None:
-        """Fail in-flight reads, release every NIXL handle, deregister memory."""
+        """Fail in-flight reads (held ones reported now), release NIXL handles, deregister."""
         self._poller.stop()
         with self._lock:
             if self._closed:
                 return
-            for xfer in list(self._inflight.values()):
-                self._finish(xfer, "the transport was closed during the read")
+            self._reads.close("the transport was closed during the read")
+            self._lock.notify_all()
             self._closed = True
             for peer in list(self._peers):
                 self.remove_peer(peer)
-            try_cleanup(self._agent.release_dlist_handle, self._local_dlist)
+            for local_dlist in self._local_dlists.values():
+                try_cleanup(self._agent.release_dlist_handle, local_dlist)
             try_cleanup(self._agent.deregister_memory, self._registered)
 
     def __enter__(self) -> NixlTransport:

@@ -44,11 +44,24 @@ class P2PWorker:
         self.lender: BlockLender | None = None
         self.puller: BlockPuller | None = None
 
-    def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
+    def register(
+        self,
+        kv_caches: dict[str, torch.Tensor],
+        kv_layout: str | None = None,
+        num_blocks: int | None = None,
+        tensor_strides: tuple[int, int] | None = None,
+    ) -> None:
+        """Serve and read these views, described by what vLLM says of them (vllm_layout)."""
         transport_config = TransportConfig(transfer_timeout_s=self.config.read_timeout_s)
         self.transport = NixlTransport(
-            self.engine_id, kv_caches, self.tp_rank, self.tp_size, config=transport_config
-        )
+            self.engine_id, kv_caches, self.tp_rank, self.tp_size, transport_config,
+            kv_layout, num_blocks, tensor_strides,
+        )  # fmt: skip
+        logger.info("p2p: engine %s tp rank %d registered %d layers x %d blocks, layout %s,"
+                    " %s", self.engine_id, self.tp_rank, self.transport.layout.num_layers,
+                    self.transport.layout.num_blocks, self.transport.layout.kv_layout,
+                    "one run per block" if self.transport.layout.block_runs
+                    else "one run per layer page")  # fmt: skip
         self.lender = BlockLender(self.transport)
         self.puller = BlockPuller(
             self.transport, self.config, self.failure_policy, self.failure_outcome, self.tp_rank

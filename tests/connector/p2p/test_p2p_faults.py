@@ -7,6 +7,7 @@ import pytest
 
 os.environ.setdefault("UCX_NET_DEVICES", "lo")
 
+from kvscope.connector.p2p import nixl_agent  # noqa: E402
 from kvscope.connector.p2p.peer_process import (  # noqa: E402
     FakeKVShape,
     PeerProcess,
@@ -58,6 +59,29 @@ def test_hung_peer_fails_reads_at_their_timeout(victim):
     assert timed_out, "every read finished although the owner was stopped"
     assert all("timed out after 0.5 s" in r.cause and "hung" in r.cause for r in timed_out)
     assert all(0.5 <= r.duration_s < 1.5 for r in timed_out)
+
+
+def test_a_timed_out_read_is_reported_only_once_nixl_released_it(victim, monkeypatch):
+    """Until NIXL lets go of the read, the NIC may still write into its blocks: the read
+    stays unreported (vLLM keeps the request waiting and its blocks allocated)."""
+    peer, transport, name = victim
+    peer.pause()
+    refusing = True
+    real_release = nixl_agent.release_quietly
+    monkeypatch.setattr(
+        nixl_agent, "release_quietly", lambda handle: not refusing and real_release(handle)
+    )
+    for _ in range(3):  # a read may still finish one-sided (see above): retry until one hangs
+        xfer_id = _read_all(transport, name, timeout_s=0.3)
+        time.sleep(1.0)
+        if not (ended := transport.poll()):
+            break
+        assert all(r.ok for r in ended), "a read failed although NIXL did not release it"
+    assert transport.poll() == [], "a read was reported before NIXL released it"
+    refusing = False
+    (result,) = transport.wait([xfer_id], timeout_s=5)
+    assert "timed out after 0.3 s" in result.cause
+    assert result.duration_s >= 1.0  # reported at the release, not at the timeout
 
 
 def test_peer_killed_mid_read_fails_the_read_well_before_its_timeout(victim):

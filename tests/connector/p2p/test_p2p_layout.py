@@ -1,61 +1,140 @@
-"""KV layouts: byte addresses of blocks, the wire form, and the compatibility check."""
+"""KV layouts from vLLM's own views (every KVCacheLayout): exact block bytes, wire form, checks."""
 
-import ctypes
+from types import SimpleNamespace
 
 import pytest
 import torch
+from vllm.v1.kv_cache_layout import KVCacheLayout
 
-from kvscope.connector.p2p.layout import (
-    KV_LAYOUT_CUDA,
-    KVLayout,
-    LayoutMismatchError,
-    check_compatible,
-)
+from kvscope.connector.common.kv_layout import KVLayoutError
+from kvscope.connector.p2p.layout import KVLayout, LayoutMismatchError, check_compatible
 from kvscope.connector.p2p.peer_process import FakeKVShape, make_fake_kv_caches
 
 SHAPE = FakeKVShape(num_layers=3, num_blocks=10, num_kv_heads=2, block_size=32, head_dim=16)
+SUPPORTED = ("LBHNC", "LBNHC", "BLHNC", "BLNHC", "BHLNC")
 
 
-def _bytes_at(address: int, length: int) -> bytes:
-    return ctypes.string_at(address, length)
+def _shape(layout: str, **changes) -> FakeKVShape:
+    return FakeKVShape(**{**SHAPE.__dict__, "kv_layout": layout, **changes})
 
 
-def test_descriptors_point_at_each_layers_block():
-    kv_caches = make_fake_kv_caches(SHAPE, seed=3)
-    layout = KVLayout.from_layer_tensors("prefill", kv_caches)
-    descs = layout.descriptor_array()
-    assert len(descs) == SHAPE.num_layers * SHAPE.num_blocks
-    for layer, tensor in enumerate(kv_caches.values()):
-        for block_id in (0, 7, 9):
-            addr, length, _ = descs[layer * layout.num_blocks + block_id]
-            expected = tensor[block_id].contiguous().view(torch.uint8).numpy().tobytes()
-            assert _bytes_at(int(addr), int(length)) == expected
-    assert layout.bytes_per_block == SHAPE.num_layers * 2 * 32 * 32 * 2
+def _byte_addresses(view: torch.Tensor) -> list[int]:
+    """Every byte address the view's elements occupy, sorted (from its strides alone)."""
+    es = view.element_size()
+    offsets = torch.zeros((), dtype=torch.int64)
+    for size, stride in zip(view.shape, view.stride(), strict=True):
+        offsets = offsets[..., None] + torch.arange(size) * stride
+    starts = view.data_ptr() + offsets.flatten() * es
+    return sorted((starts[:, None] + torch.arange(es)).flatten().tolist())
+
+
+def _run(desc) -> list[int]:
+    addr, length, _ = (int(x) for x in desc)
+    return list(range(addr, addr + length))
+
+
+@pytest.mark.parametrize("name", SUPPORTED)
+def test_descriptors_cover_exactly_each_blocks_bytes(name):
+    kv_caches = make_fake_kv_caches(_shape(name), seed=3)
+    views = list(kv_caches.values())
+    layout = KVLayout.from_layer_tensors("prefill", kv_caches, kv_layout=KVCacheLayout[name])
+    vllm_layout = KVCacheLayout[name]
+    assert layout.page_runs == vllm_layout.is_block_compact
+    assert layout.block_runs == vllm_layout.is_block_outermost
     assert (layout.block_size, layout.num_kv_heads, layout.head_dim) == (32, 2, 16)
+    assert layout.bytes_per_block == SHAPE.num_layers * 2 * 32 * 32 * 2
+    for block_id in (0, 7, 9):
+        if layout.page_runs:
+            pages = layout.descriptor_array(per_block=False)
+            for layer, view in enumerate(views):
+                desc = pages[layer * layout.num_blocks + block_id]
+                assert _run(desc) == _byte_addresses(view[block_id]), (layer, block_id)
+        if layout.block_runs:
+            desc = layout.descriptor_array(per_block=True)[block_id]
+            every_layer = sorted(a for view in views for a in _byte_addresses(view[block_id]))
+            assert _run(desc) == every_layer
 
 
-def test_views_of_one_storage_register_as_one_region():
-    layout = KVLayout.from_layer_tensors("prefill", make_fake_kv_caches(SHAPE, seed=None))
-    ((start, length),) = layout.registration_regions()
-    assert start == min(layout.plane_base_addrs)
-    assert length == SHAPE.num_layers * SHAPE.num_blocks * layout.plane_bytes_per_block
+def test_the_layout_vllm_cannot_store_as_runs_is_refused_with_what_to_set():
+    kv_caches = make_fake_kv_caches(_shape("LHBNC"), seed=None)
+    with pytest.raises(KVLayoutError, match=r"LHBNC.*VLLM_KV_CACHE_LAYOUT.*LBHNC, LBNHC"):
+        KVLayout.from_layer_tensors("prefill", kv_caches, kv_layout="LHBNC")
 
 
-def test_cuda_layout_has_key_and_value_planes():
-    kv_caches = {f"l{i}": torch.zeros(2, 8, 16, 4, 32, dtype=torch.float16) for i in range(2)}
-    layout = KVLayout.from_layer_tensors("decode", kv_caches)
-    assert layout.kv_layout == KV_LAYOUT_CUDA and layout.planes_per_layer == 2
-    assert layout.plane_base_addrs[1] == kv_caches["l0"][1].data_ptr()
-    assert layout.bytes_per_block_per_layer == 2 * 16 * 4 * 32 * 2
-    assert len(layout.registration_regions()) == 2  # separate allocations stay separate
+def test_views_must_match_the_layout_vllm_resolved():
+    kv_caches = make_fake_kv_caches(_shape("LBNHC"), seed=None)
+    with pytest.raises(KVLayoutError, match=r"not as LBHNC"):
+        KVLayout.from_layer_tensors("prefill", kv_caches, kv_layout="LBHNC")
+    assert KVLayout.from_layer_tensors("p", kv_caches).kv_layout == "LBNHC"  # from strides
+    assert KVLayout.from_layer_tensors("p", kv_caches, kv_layout="NHD").kv_layout == "LBNHC"
+
+
+def test_kvcache_tensor_strides_are_checked():
+    kv_caches = make_fake_kv_caches(_shape("BLHNC"), seed=None)
+    page = 2 * 32 * 32 * 2
+    layout = KVLayout.from_layer_tensors("p", kv_caches, tensor_strides=(page, 3 * page))
+    assert layout.block_stride_bytes == 3 * page
+    with pytest.raises(KVLayoutError, match="differ from vLLM's KVCacheTensor"):
+        KVLayout.from_layer_tensors("p", kv_caches, tensor_strides=(10 * page, page))
+
+
+def test_kernel_blocks_fold_into_the_managers_blocks():
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheTensor,
+        compute_layout_strides,
+        create_kv_cache_views,
+    )
+
+    spec = FullAttentionSpec(block_size=64, num_kv_heads=2, head_size=16, dtype=torch.bfloat16)
+    layer_stride, block_stride, *_ = compute_layout_strides(spec, 6, 2, KVCacheLayout.LBHNC)
+    tensor = KVCacheTensor(size=12 * spec.page_size_bytes, layers=["a", "b"],
+                           layer_stride=layer_stride, block_stride=block_stride)  # fmt: skip
+    raw = torch.zeros(tensor.size, dtype=torch.int8)
+    views = create_kv_cache_views(raw, spec, 6, KVCacheLayout.LBHNC, tensor, kernel_block_size=32)
+    assert views[0].shape[0] == 12  # kernel blocks of 32 tokens
+    layout = KVLayout.from_layer_tensors(
+        "p", dict(zip("ab", views, strict=True)), kv_layout="LBHNC", num_blocks=6,
+        tensor_strides=(layer_stride, block_stride),
+    )  # fmt: skip
+    assert (layout.num_blocks, layout.block_size) == (6, 64)
+    desc = layout.descriptor_array(per_block=False)[6 + 4]  # layer b, manager block 4
+    assert _run(desc) == sorted(_byte_addresses(views[1][8]) + _byte_addresses(views[1][9]))
+
+
+def _layout(name: str, **changes) -> KVLayout:
+    kv_caches = make_fake_kv_caches(_shape(name, **changes), seed=None)
+    return KVLayout.from_layer_tensors(name, kv_caches, kv_layout=name)
+
+
+@pytest.mark.parametrize(
+    ("local", "remote", "per_block"),
+    [("BLHNC", "BLHNC", True), ("BLNHC", "BLNHC", True), ("BHLNC", "BHLNC", True),
+     ("LBHNC", "LBHNC", False), ("LBHNC", "BLHNC", False), ("BLNHC", "LBNHC", False)],
+)  # fmt: skip
+def test_sides_trade_whole_blocks_when_both_store_them_alike(local, remote, per_block):
+    mapping = check_compatible(_layout(local), _layout(remote))
+    assert mapping.per_block is per_block
+    assert mapping.descriptors_per_block == (1 if per_block else SHAPE.num_layers)
+
+
+@pytest.mark.parametrize(("local", "remote"), [("LBHNC", "LBNHC"), ("BLHNC", "BHLNC")])
+def test_sides_that_order_a_block_differently_are_refused(local, remote):
+    with pytest.raises(LayoutMismatchError, match=rf"local '{local}', remote '{remote}'.*"
+                       r"VLLM_KV_CACHE_LAYOUT"):  # fmt: skip
+        check_compatible(_layout(local), _layout(remote))
 
 
 def test_wire_form_round_trips_and_rejects_bad_fields():
-    layout = KVLayout.from_layer_tensors("prefill", make_fake_kv_caches(SHAPE, seed=None))
+    layout = _layout("BLNHC")
     assert KVLayout.from_wire(layout.to_wire()) == layout
     for bad in (
         {**layout.to_wire(), "num_blocks": "10"},
-        {**layout.to_wire(), "plane_base_addrs": [1]},
+        {**layout.to_wire(), "layer_base_addrs": [1]},
+        {**layout.to_wire(), "kv_layout": "XYZ"},
+        {**layout.to_wire(), "block_runs": 1},
+        {**layout.to_wire(), "page_runs": False, "block_runs": False},
+        {**layout.to_wire(), "num_blocks": 2**40},
         {**layout.to_wire(), "evil": 1},
         [1, 2],
     ):
@@ -64,22 +143,37 @@ def test_wire_form_round_trips_and_rejects_bad_fields():
 
 
 def test_mismatch_names_what_differs_and_what_to_change():
-    local = KVLayout.from_layer_tensors("decode", make_fake_kv_caches(SHAPE, seed=None))
-    other_block_size = FakeKVShape(num_layers=3, num_blocks=10, block_size=64, head_dim=16)
-    remote = KVLayout.from_layer_tensors("prefill", make_fake_kv_caches(other_block_size, None))
     with pytest.raises(LayoutMismatchError, match=r"block_size in tokens: local 32, remote 64"):
-        check_compatible(local, remote)
-    halves = {k: v.to(torch.float16) for k, v in make_fake_kv_caches(SHAPE, seed=None).items()}
-    with pytest.raises(LayoutMismatchError, match=r"dtype.*--kv-cache-dtype"):
-        check_compatible(local, KVLayout.from_layer_tensors("prefill", halves))
+        check_compatible(_layout("LBHNC"), _layout("LBHNC", block_size=64))
 
 
 def test_block_mapping_handles_different_cache_sizes():
-    local = KVLayout.from_layer_tensors("decode", make_fake_kv_caches(SHAPE, seed=None))
-    bigger = FakeKVShape(num_layers=3, num_blocks=25, num_kv_heads=2, block_size=32, head_dim=16)
-    remote = KVLayout.from_layer_tensors("prefill", make_fake_kv_caches(bigger, seed=None))
+    local, remote = _layout("LBHNC"), _layout("LBHNC", num_blocks=25)
     local_idx, remote_idx = check_compatible(local, remote).descriptor_ids([1, 2], [20, 3])
     assert local_idx.tolist() == [1, 2, 11, 12, 21, 22]
     assert remote_idx.tolist() == [20, 3, 45, 28, 70, 53]
     with pytest.raises(ValueError, match=r"remote block ids must lie in \[0, 25\)"):
         check_compatible(local, remote).descriptor_ids([1], [25])
+
+
+def test_vllm_resolves_the_connectors_preferred_layout(monkeypatch):
+    """vLLM's own resolve_kv_cache_layout asks the connector class, as it asks stock NIXL."""
+    from vllm.config import CacheConfig, KVTransferConfig
+    from vllm.v1.attention.backends.utils import resolve_kv_cache_layout
+
+    from kvscope.connector.p2p import vllm_layout
+
+    def resolve(extra: dict, supported: list[str]) -> str:
+        ktc = KVTransferConfig(kv_connector="P2PConnector", kv_role="kv_both",
+                               kv_connector_module_path="kvscope.connector.p2p.connector",
+                               kv_connector_extra_config=extra)  # fmt: skip
+        config = SimpleNamespace(cache_config=CacheConfig(), kv_transfer_config=ktc,
+                                 model_config=SimpleNamespace(use_mla=False))  # fmt: skip
+        return resolve_kv_cache_layout(config, [supported]).name
+
+    every = [layout.name for layout in KVCacheLayout]
+    assert resolve({}, ["LBHNC"]) == "LBHNC"  # the CPU platform: no preference stated
+    monkeypatch.setattr(vllm_layout, "_platform_is_cpu", lambda: False)
+    assert resolve({}, ["LBNHC", "LBHNC", "BLNHC", "BLHNC"]) == "BLNHC"
+    assert resolve({"kv_cache_layout": "BLHNC"}, every) == "BLHNC"
+    assert resolve({"kv_cache_layout": "none"}, ["LBNHC", "BLNHC"]) == "LBNHC"

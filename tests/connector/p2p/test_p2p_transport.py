@@ -8,7 +8,6 @@ import torch
 
 os.environ.setdefault("UCX_NET_DEVICES", "lo")
 
-from kvscope.connector.p2p.layout import KV_LAYOUT_CUDA  # noqa: E402
 from kvscope.connector.p2p.peer_process import (  # noqa: E402
     FakeKVShape,
     PeerProcess,
@@ -108,24 +107,27 @@ def test_incompatible_layout_is_refused_at_add_peer(owner):
             mismatched.add_peer(b"garbage" * 10, mismatched.layout)
 
 
-def test_cuda_layout_moves_keys_and_values_of_every_layer():
-    """vLLM's CUDA layout (keys and values in separate planes), here in DRAM."""
-    shape = FakeKVShape(num_layers=2, num_blocks=16, kv_layout=KV_LAYOUT_CUDA)
-    owner = PeerProcess("prefill-cuda-layout", shape, seed=OWNER_SEED)
+def test_a_block_outermost_owner_serves_a_layer_outermost_reader():
+    """Prefill in BLHNC (one run per block), decode in LBHNC: traded as layer pages."""
+    shape = FakeKVShape(num_layers=2, num_blocks=16, kv_layout="BLHNC")
+    owner = PeerProcess("prefill-blhnc", shape, seed=OWNER_SEED)
     try:
-        local = make_fake_kv_caches(shape, seed=None)
-        with NixlTransport("decode-cuda-layout", local) as transport:
+        local = make_fake_kv_caches(FakeKVShape(num_layers=2, num_blocks=16), seed=None)
+        with NixlTransport("decode-lbhnc", local, kv_layout="LBHNC") as transport:
             info = fetch_peer_info("127.0.0.1", owner.port, timeout_s=5)
+            assert info.layout.kv_layout == "BLHNC" and info.layout.block_runs
             peer = transport.add_peer(info.agent_metadata, info.layout)
             (result,) = transport.wait([transport.read_blocks(peer, [15, 2], [0, 9])], 10)
             assert result.ok, result.cause
+            assert result.descriptors == 2 * shape.num_layers
     finally:
         owner.stop()
     owners_kv = make_fake_kv_caches(shape, seed=OWNER_SEED)
     for name, layer in local.items():
-        got = layer[:, [0, 9]].view(torch.int16)  # [keys/values, blocks, ...]
-        assert torch.equal(got, owners_kv[name][:, [15, 2]].view(torch.int16)), name
-        assert not layer[:, 1:9].view(torch.int16).any()
+        assert torch.equal(
+            layer[[0, 9]].view(torch.int16), owners_kv[name][[15, 2]].view(torch.int16)
+        )
+        assert not layer[1:9].view(torch.int16).any()
 
 
 def test_idle_agents_use_almost_no_cpu(owner, reader, owner_peer):
