@@ -33,8 +33,13 @@ EXTRA_MODULE_PATH = "connector_module_path"
 """kv_connector_extra_config key with the wrapped connector's module, for non-built-ins."""
 
 
-class TracedConnector(InstrumentedConnector):
-    """Wraps the connector named in kv_connector_extra_config and traces its hooks."""
+class TracedConnector(InstrumentedConnector, SupportsHMA):
+    """Wraps the connector named in kv_connector_extra_config and traces its hooks.
+
+    SupportsHMA, because vLLM asks the class before reading any config: a wrapped connector
+    that is SupportsHMA gets every KV cache group; one that is not works with models of one
+    group, and with several groups refuses to start, naming --disable-hybrid-kv-cache-manager.
+    """
 
     @classmethod
     def inner_class(cls, extra_config: dict[str, Any]) -> type[KVConnectorBase_V1]:
@@ -74,5 +79,5 @@ class TracedConnector(InstrumentedConnector):
         return inner_class(inner_config, role, kv_cache_config)
 
 
-class TracedHMAConnector(TracedConnector, SupportsHMA):
-    """TracedConnector for connectors that support the hybrid KV cache manager (SupportsHMA)."""
+TracedHMAConnector = TracedConnector
+"""The name configs used before TracedConnector covered both cases."""

@@ -76,13 +76,16 @@ class InstrumentedConnector(SchedulerHooks, WorkerHooks, KVConnectorBase_V1):
         role_name = "scheduler" if role == KVConnectorRole.SCHEDULER else "worker"
         configure_tracing(service_name=f"kvscope-{ktc.kv_role or 'engine'}")
         self._inner: KVConnectorBase_V1 = self.build_inner(vllm_config, role, kv_cache_config)
-        # vLLM decides from our class whether it may enable the hybrid KV cache manager, so
-        # a subclass that is SupportsHMA must wrap a connector that is too.
+        # vLLM decides from our class, before any connector exists, whether it may enable the
+        # hybrid KV cache manager: a SupportsHMA wrapper given several KV cache groups must
+        # wrap a connector that is SupportsHMA too.
         self._inner_supports_hma = supports_hma(self._inner)
-        if supports_hma(self) and not self._inner_supports_hma:
+        num_groups = len(getattr(kv_cache_config, "kv_cache_groups", None) or ())
+        if supports_hma(self) and not self._inner_supports_hma and num_groups > 1:
             raise ValueError(
-                f"{type(self._inner).__name__} does not support the hybrid KV cache manager: "
-                f"wrap it with a connector class that is not SupportsHMA"
+                f"{type(self._inner).__name__} does not support vLLM's hybrid KV cache manager "
+                f"and this model has {num_groups} KV cache groups: start vLLM with "
+                "--disable-hybrid-kv-cache-manager"
             )
         extra = ktc.kv_connector_extra_config or {}
         layer_mode = layer_span_mode(extra)

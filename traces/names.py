@@ -294,3 +294,14 @@ TIMELINE_POINTS: Final = (
     "finished",  # end of the request_finished hook span
 )
 """The KV timeline points of a request, in their usual order, and where each is read from."""
+
+# --- KV cache groups (vLLM's hybrid KV cache manager) ------------------------------------------
+
+KV_CACHE_GROUP_IDS: Final = "kvscope.blocks.group_ids"
+"""vLLM's KV cache group of each block, pairwise with HOST_BLOCK_IDS (or BLOCK_IDS): block ids
+are addresses within one group and one block hash has a block in each group; all 0 for a model
+with one group."""
+
+KV_CACHE_GROUP_COUNT: Final = "kvscope.kv_cache_groups.count"
+"""How many KV cache groups a request's blocks came in (request_finished spans; 1 without
+vLLM's hybrid KV cache manager)."""

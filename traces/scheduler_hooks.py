@@ -49,7 +49,7 @@ class SchedulerHooks:
         ) as span:
             if num_external_tokens > 0:
                 self._sched.note_load(str(request.request_id))
-                span.set_attributes(block_ids_attributes(names.BLOCK_IDS, kv_blocks_ids(blocks)))
+                span.set_attributes(allocated_blocks_attributes(blocks))
             return self._inner.update_state_after_alloc(request, blocks, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: Any) -> TracedMetadata:
@@ -101,22 +101,34 @@ class SchedulerHooks:
             return self._inner.update_connector_output(connector_output)
 
     def request_finished(self, request: Any, block_ids: list[int]):
-        return self._finished("request_finished", request, block_ids, block_ids)
+        call = self._inner.request_finished
+        return self._finished("request_finished", request, block_ids, call, block_ids)
 
     def request_finished_all_groups(self, request: Any, block_ids: tuple[list[int], ...]):
-        return self._finished("request_finished_all_groups", request, block_ids[0], block_ids)
+        if self._inner_supports_hma:
+            call = self._inner.request_finished_all_groups
+            return self._finished("request_finished_all_groups", request, block_ids[0],
+                                  call, block_ids, group_count=len(block_ids))  # fmt: skip
+        if len(block_ids) != 1:  # vLLM enabled HMA for a class that is SupportsHMA: us
+            raise RuntimeError(
+                f"{type(self._inner).__name__} is not SupportsHMA and got {len(block_ids)} KV "
+                "cache groups: start vLLM with --disable-hybrid-kv-cache-manager"
+            )
+        call = self._inner.request_finished
+        return self._finished("request_finished_all_groups", request, block_ids[0], call,
+                              block_ids[0])  # fmt: skip
 
-    def _finished(self, hook: str, request: Any, first_group: list[int], block_ids: Any):
+    def _finished(self, hook: str, request: Any, first_group: list[int], call: Any,
+                  block_ids: Any, group_count: int = 1):  # fmt: skip
+        """One request_finished span; call is the wrapped connector's hook that gets block_ids."""
         ids = block_ids_attributes(names.BLOCK_IDS, first_group)
         with self._request_hook(hook, request, **ids) as span:
-            if self._inner_supports_hma:
-                delay_free, params = self._inner.request_finished_all_groups(request, block_ids)
-            else:
-                delay_free, params = self._inner.request_finished(request, first_group)
+            delay_free, params = call(request, block_ids)
             span.set_attributes(
                 {
                     names.REQUEST_DELAY_FREE: bool(delay_free),
                     names.HOOK_RESULT: short_text(sorted(params) if params else None),
+                    names.KV_CACHE_GROUP_COUNT: group_count,
                 }
             )
         status = getattr(request, "status", None)
@@ -143,3 +155,14 @@ class SchedulerHooks:
     def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
         self._kv_cache_manager = kv_cache_manager
         self._inner.bind_kv_cache_manager(kv_cache_manager)
+
+
+def allocated_blocks_attributes(blocks: Any) -> dict[str, Any]:
+    """The blocks of update_state_after_alloc: with several KV cache groups those of every group,
+    each named by KV_CACHE_GROUP_IDS (block ids are addresses within a group)."""
+    groups = blocks.get_block_ids() if hasattr(blocks, "get_block_ids") else None
+    if not isinstance(groups, tuple) or len(groups) < 2:
+        return block_ids_attributes(names.BLOCK_IDS, kv_blocks_ids(blocks))
+    ids = [block_id for group in groups for block_id in group]
+    group_ids = [group_id for group_id, group in enumerate(groups) for _ in group]
+    return {**block_ids_attributes(names.BLOCK_IDS, ids), names.KV_CACHE_GROUP_IDS: group_ids}

@@ -11,12 +11,15 @@ kv_transfer_config = {
 
 from typing import Any
 
+from vllm.distributed.kv_transfer.kv_connector.v1.base import SupportsHMA
+
 from kvscope.connector.cpu_offload.core import CpuOffloadCore
 from kvscope.traces.instrumented import InstrumentedConnector
 
 
-class CpuOffloadConnector(InstrumentedConnector):
-    """CpuOffloadCore inside the hook-span instrumentation."""
+class CpuOffloadConnector(InstrumentedConnector, SupportsHMA):
+    """CpuOffloadCore inside the hook-span instrumentation; every KV cache group of full or
+    sliding-window attention (vLLM's hybrid KV cache manager) is offloaded."""
 
     def build_inner(self, vllm_config: Any, role: Any, kv_cache_config: Any) -> CpuOffloadCore:
         return CpuOffloadCore(vllm_config, role, kv_cache_config)

@@ -6,6 +6,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    KVConnectorTransferResults,
+    SupportsHMA,
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
@@ -13,6 +15,7 @@ from kvscope.connector.common.faults import FaultInjector
 from kvscope.connector.common.host_pool import KVNamespace, num_host_blocks
 from kvscope.connector.cpu_offload import prom
 from kvscope.connector.cpu_offload.config import OffloadConfig
+from kvscope.connector.cpu_offload.groups import KVGroups, copy_layers, layers_per_block
 from kvscope.connector.cpu_offload.metadata import OffloadMetadata
 from kvscope.connector.cpu_offload.scheduler import OffloadScheduler
 from kvscope.connector.cpu_offload.stats import IntervalReporter, OffloadStats
@@ -20,8 +23,9 @@ from kvscope.connector.cpu_offload.worker import OffloadWorker
 from kvscope.traces.outcomes import outcome_of_policy
 
 
-class CpuOffloadCore(KVConnectorBase_V1):
-    """Keeps KV blocks in a host pool keyed by content; use CpuOffloadConnector (traced)."""
+class CpuOffloadCore(KVConnectorBase_V1, SupportsHMA):
+    """Keeps KV blocks in a host pool keyed by content and KV cache group; use
+    CpuOffloadConnector (traced). Every group of full or sliding-window attention is kept."""
 
     _cache_hit_source = CacheHitSource.HOST
 
@@ -35,15 +39,16 @@ class CpuOffloadCore(KVConnectorBase_V1):
         self._reporter = IntervalReporter()
         # vLLM gathers every rank's worker output (TP x PP), not only the TP group's.
         world_size = vllm_config.parallel_config.world_size
+        self.groups = KVGroups.of(kv_cache_config)
         if role == KVConnectorRole.SCHEDULER:
-            spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
-            num_layers = len(kv_cache_config.kv_cache_groups[0].layer_names)
+            spec = kv_cache_config.kv_cache_groups[self.groups.groups[0].group_id].kv_cache_spec
+            num_layers = layers_per_block(kv_cache_config)
             host_blocks = num_host_blocks(
                 config.bytes_per_rank(world_size), spec.page_size_bytes * num_layers
             )
             self.scheduler = OffloadScheduler(
                 config, kv_namespace(vllm_config, spec, num_layers), spec.block_size, host_blocks,
-                world_size, faults, kv_events_enabled(vllm_config),
+                world_size, faults, kv_events_enabled(vllm_config), self.groups,
             )  # fmt: skip
             self.scheduler.failure_outcome = outcome_of_policy(
                 self._kv_transfer_config.kv_load_failure_policy
@@ -68,7 +73,7 @@ class CpuOffloadCore(KVConnectorBase_V1):
         return self.scheduler.lookup(request, num_computed_tokens)
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int):
-        self.scheduler.bind(request, blocks.get_block_ids()[0], num_external_tokens)
+        self.scheduler.bind(request, blocks.get_block_ids(), num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
         return self.scheduler.build_metadata(scheduler_output, self._kv_cache_manager)
@@ -90,10 +95,14 @@ class CpuOffloadCore(KVConnectorBase_V1):
     def request_finished(self, request: Any, block_ids: list[int]):
         return self.scheduler.finished(request), None
 
+    def request_finished_all_groups(self, request: Any, block_ids: tuple[list[int], ...]):
+        """Blocks of every group are freed together: one answer covers them all."""
+        return self.scheduler.finished(request), None
+
     # --- worker side --------------------------------------------------------------------------
 
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
-        self.worker.register(kv_caches)
+        self.worker.register(copy_layers(kv_caches, self._kv_cache_config))
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         self.worker.start_loads(self._metadata())
@@ -112,11 +121,19 @@ class CpuOffloadCore(KVConnectorBase_V1):
         self.worker.wait_for_stores(kv_connector_metadata.reqs_preempted)
 
     def get_finished(self, finished_req_ids: set[str]):
+        results = self.get_transfer_results(finished_req_ids)
+        return results.finished_sending or None, results.finished_recving or None
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        """With several KV cache groups a failed load is reported by request (failed_recving):
+        vLLM cannot map block ids, which are per group, back to requests."""
         sending, recving = self.worker.poll()
-        return sending or None, recving or None
+        failed = self.worker.take_failed_loads()
+        return KVConnectorTransferResults(sending, recving, failed if self.groups.multi else set())
 
     def get_block_ids_with_load_errors(self) -> set[int]:
-        return self.worker.take_load_errors()
+        errors = self.worker.take_load_errors()
+        return set() if self.groups.multi else errors
 
     def build_connector_worker_meta(self):
         return self.worker.take_worker_meta()

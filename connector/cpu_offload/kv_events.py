@@ -25,6 +25,7 @@ class BlockFacts:
     parent_block_hash: Any
     token_ids: tuple[int, ...]
     lora_name: str | None
+    group_idx: int = 0  # vLLM's KV cache group: one hash is one block in each group
 
 
 class HostTierEvents:
@@ -34,17 +35,17 @@ class HostTierEvents:
         self.enabled = enabled
         self.block_size = block_size
         self._planned: dict[bytes, BlockFacts] = {}  # pool key -> facts, store in flight
-        self._stored: dict[bytes, Any] = {}  # pool key -> vLLM hash, committed
+        self._stored: dict[bytes, tuple[Any, int]] = {}  # pool key -> (vLLM hash, group)
         self._queue: list[KVCacheEvent] = []
 
-    def planned(self, request: Any, first_block: int, keys: list[bytes], reserved: list[bytes]):
-        """A store of request's blocks first_block.. (keys), of which `reserved` get host blocks."""
+    def planned(self, request: Any, positions: dict[bytes, tuple[int, int]], reserved: list[bytes]):
+        """A store of request's blocks (pool key -> block index, KV cache group), of which
+        `reserved` get host blocks."""
         if not self.enabled:
             return
-        position = {key: first_block + i for i, key in enumerate(keys)}
         lora = getattr(request, "lora_request", None)
         for key in reserved:
-            index = position[key]
+            index, group_idx = positions[key]
             start = index * self.block_size
             parent = request.block_hashes[index - 1] if index > 0 else None
             self._planned[key] = BlockFacts(
@@ -52,17 +53,19 @@ class HostTierEvents:
                 None if parent is None else maybe_convert_block_hash(parent),
                 tuple(request.all_token_ids[start : start + self.block_size]),
                 lora.name if lora is not None else None,
+                group_idx,
             )
 
     def committed(self, keys: list[bytes]) -> None:
         for key in keys:
             if (facts := self._planned.pop(key, None)) is None:
                 continue
-            self._stored[key] = facts.block_hash
+            self._stored[key] = (facts.block_hash, facts.group_idx)
             self._push(BlockStored(
                 block_hashes=[facts.block_hash], parent_block_hash=facts.parent_block_hash,
                 token_ids=list(facts.token_ids), block_size=self.block_size, lora_id=None,
-                medium=MEDIUM, lora_name=facts.lora_name, group_idx=0, locality="LOCAL",
+                medium=MEDIUM, lora_name=facts.lora_name, group_idx=facts.group_idx,
+                locality="LOCAL",
             ))  # fmt: skip
 
     def aborted(self, keys: list[bytes]) -> None:
@@ -71,9 +74,12 @@ class HostTierEvents:
             self._planned.pop(key, None)
 
     def removed(self, keys: list[bytes]) -> None:
-        hashes = [h for key in keys if (h := self._stored.pop(key, None)) is not None]
-        if hashes:
-            self._push(BlockRemoved(block_hashes=hashes, medium=MEDIUM, group_idx=0,
+        by_group: dict[int, list[Any]] = {}
+        for key in keys:
+            if (stored := self._stored.pop(key, None)) is not None:
+                by_group.setdefault(stored[1], []).append(stored[0])
+        for group_idx, hashes in sorted(by_group.items()):
+            self._push(BlockRemoved(block_hashes=hashes, medium=MEDIUM, group_idx=group_idx,
                                     locality="LOCAL"))  # fmt: skip
 
     def take(self) -> list[KVCacheEvent]:

@@ -7,17 +7,22 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorWorkerMetadata,
 )
 
-OFFLOAD_METADATA_VERSION = 3
+OFFLOAD_METADATA_VERSION = 4
 
 
 @dataclass(frozen=True)
 class BlockTransfer:
-    """Whole blocks of one request between device block ids and host block ids, pairwise."""
+    """Whole blocks of one request between device block ids and host block ids, pairwise.
+
+    With several KV cache groups (vLLM's hybrid KV cache manager) group_ids says, pairwise,
+    which group each device block id belongs to (ids are addresses within a group); empty for
+    a model with one group."""
 
     req_id: str
     device_block_ids: tuple[int, ...]
     host_block_ids: tuple[int, ...]
     transfer_id: int  # a lease id for loads, a reservation id for stores
+    group_ids: tuple[int, ...] = ()
 
 
 @dataclass

@@ -6,8 +6,6 @@ and tells the workers, through OffloadMetadata, which blocks to copy where.
 
 import itertools
 import time
-from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
 from kvscope.connector.common.faults import FaultInjector
@@ -15,45 +13,22 @@ from kvscope.connector.common.host_pool import HostBlockPool, KVNamespace
 from kvscope.connector.common.leases import Lease, LeaseTable
 from kvscope.connector.common.rank_tally import RankTally
 from kvscope.connector.cpu_offload.config import OffloadConfig
+from kvscope.connector.cpu_offload.groups import KVGroups
+from kvscope.connector.cpu_offload.hits import GroupBlock, plan_hit, request_blocks
 from kvscope.connector.cpu_offload.kv_events import HostTierEvents
 from kvscope.connector.cpu_offload.metadata import BlockTransfer, OffloadMetadata, OffloadWorkerMeta
+from kvscope.connector.cpu_offload.request_state import LoadPhase, PlannedStore, RequestState
+from kvscope.connector.cpu_offload.span_attributes import lease_attributes
 from kvscope.connector.cpu_offload.stats import Samples
+from kvscope.connector.cpu_offload.stores import StorePlanning, block_ids_by_group
 from kvscope.traces import names
-from kvscope.traces.attributes import compact_hash
 from kvscope.traces.events import add_event
 from kvscope.traces.outcomes import KEPT_PINNED, RECOMPUTED, RELEASED
 
-
-class LoadPhase(Enum):
-    """Where a request stands with the host pool's KV."""
-
-    LOOKUP = "lookup"  # may be offered a hit (new, loaded, or back from preemption)
-    LOADING = "loading"  # the workers are copying its hit into its blocks
-    RECOMPUTE = "recompute"  # its load failed: vLLM recomputes, offering the hit again would loop
+__all__ = ["LoadPhase", "OffloadScheduler", "RequestState"]
 
 
-@dataclass
-class RequestState:
-    """What the scheduler half tracks for one live request."""
-
-    request: Any
-    phase: LoadPhase = LoadPhase.LOOKUP
-    lease: Lease | None = None  # a hit waiting for its load, or loading
-    asked_at: int = -1  # num_computed_tokens of the lookup that took the lease
-    # A lease that ran out while its load copied from its blocks: pinned until the load ends.
-    expired_lease: Lease | None = None
-    load_start_block: int = 0
-    load_started_at: float = 0.0  # time.monotonic() when its load was planned
-    next_block_to_store: int = 0
-    stores_in_flight: set[int] = field(default_factory=set)
-    ended: bool = False  # vLLM called request_finished
-
-    @property
-    def loading(self) -> bool:
-        return self.phase is LoadPhase.LOADING
-
-
-class OffloadScheduler:
+class OffloadScheduler(StorePlanning):
     """Looks blocks up in the host pool, leases hits, and plans loads and stores per step."""
 
     def __init__(
@@ -65,11 +40,14 @@ class OffloadScheduler:
         world_size: int,
         faults: FaultInjector,
         kv_events: bool = False,
+        groups: KVGroups | None = None,
     ) -> None:
         self.config = config
+        self.groups = groups or KVGroups()
         self.namespace = namespace
         self.block_size = block_size
         self.pool = HostBlockPool(num_host_blocks)
+        self._host_block_group: list[int] = [0] * num_host_blocks  # for eviction events
         self.leases = LeaseTable(self.pool, config.lease_timeout_s)
         self.faults = faults
         self.requests: dict[str, RequestState] = {}
@@ -78,7 +56,7 @@ class OffloadScheduler:
         self.load_reports: RankTally[str] = RankTally(world_size)
         self._loads_to_send: list[BlockTransfer] = []
         self._to_flush: set[str] = set()
-        self._stores: dict[int, tuple[str, list[int], list[bytes]]] = {}  # id -> req, blocks
+        self._stores: dict[int, PlannedStore] = {}
         self._store_ids = itertools.count(1)
         self.stats: dict[str, int] = {"lookups": 0, "hit_tokens": 0, "stored_blocks": 0,
                                       "loaded_blocks": 0, "failed_loads": 0,
@@ -107,25 +85,42 @@ class OffloadScheduler:
         start = num_computed_tokens // self.block_size
         # Never the last prompt token: vLLM must compute at least one token itself.
         end = (request.num_prompt_tokens - 1) // self.block_size
-        hashes = request.block_hashes[start:end]
         state.load_start_block = start
         state.next_block_to_store = max(state.next_block_to_store, start)
         self.stats["lookups"] += 1
-        if not hashes:
+        if end <= start:
             return 0, False
+        hit = self._plan_hit(request, start, end)
         plan = self.faults.plan
         timeout_s = plan.lease_timeout_ms / 1000 if plan.lease_timeout_ms else None
-        lease = self.leases.lookup(req_id, self.namespace.block_keys(hashes), timeout_s=timeout_s)
-        num_tokens = len(lease.host_block_ids) * self.block_size if lease else 0
-        self.stats["miss_tokens"] += len(hashes) * self.block_size - num_tokens
+        lease = None
+        if hit:
+            lease = self.leases.lookup(req_id, [b.key for b in hit], timeout_s=timeout_s)
+        # The pool leases the committed prefix of what it was asked (all of a multi-group plan).
+        hit = hit[: len(lease.host_block_ids)] if lease else ()
+        hit_end = max(b.index for b in hit) + 1 if hit else start
+        num_tokens = (hit_end - start) * self.block_size
+        self.stats["miss_tokens"] += (end - start) * self.block_size - num_tokens
         if lease is None:
             return 0, False
-        state.lease, state.asked_at = lease, num_computed_tokens
-        add_event(names.EVENT_LEASE_ACQUIRED, **self._lease_attributes(lease))
+        state.lease, state.asked_at, state.hit, state.hit_end = (
+            lease,
+            num_computed_tokens,
+            hit,
+            hit_end,
+        )
+        add_event(names.EVENT_LEASE_ACQUIRED, **self._lease_attributes(lease, state))
         if plan.evict_leased:
             self._attack_lease(lease)
         self.stats["hit_tokens"] += num_tokens
         return num_tokens, True
+
+    def _plan_hit(self, request: Any, start: int, end: int) -> tuple[GroupBlock, ...]:
+        """The blocks of every group to lease for the longest hit of blocks [start, end)."""
+        by_group = request_blocks(self.groups, self.namespace, request.block_hashes, start, end)
+        if not self.groups.multi:  # one full-attention group: the pool's own prefix lookup
+            return tuple(by_group[self.groups.groups[0].group_id])
+        return tuple(plan_hit(self.pool, self.groups, by_group, start))
 
     def _repeat_answer(self, state: RequestState, num_computed_tokens: int):
         """The held lease's answer when the question is the one it answered, else None."""
@@ -136,7 +131,7 @@ class OffloadScheduler:
         if refreshed is None:  # it expired meanwhile
             return None
         state.lease = refreshed
-        return len(lease.host_block_ids) * self.block_size, True
+        return (state.hit_end - state.load_start_block) * self.block_size, True
 
     def _attack_lease(self, lease: Lease) -> None:
         """Fault injection: try to evict the blocks just leased; the pool must refuse."""
@@ -144,29 +139,34 @@ class OffloadScheduler:
         add_event(names.EVENT_EVICTION_REFUSED, **{names.LEASE_ID: lease.lease_id,
                                                    names.BLOCK_COUNT: refused})  # fmt: skip
 
-    def bind(self, request: Any, device_block_ids: list[int], num_external_tokens: int) -> None:
-        """update_state_after_alloc: the destination blocks of a hit; releases a declined hit."""
+    def bind(self, request: Any, block_ids: Any, num_external_tokens: int) -> None:
+        """update_state_after_alloc: the destination blocks of a hit; releases a declined hit.
+
+        block_ids: vLLM's block ids per KV cache group (one list of ints for one group)."""
         state = self.requests.get(str(request.request_id))
         if state is None or state.lease is None or state.loading:
             return
         if num_external_tokens <= 0:  # e.g. a MultiConnector chose another child
             self._release_lease(state, outcome="declined")
             return
-        lease = state.lease
+        lease, ids_by_group = state.lease, block_ids_by_group(block_ids)
         count = num_external_tokens // self.block_size
-        destination = device_block_ids[state.load_start_block : state.load_start_block + count]
-        if count != len(lease.host_block_ids) or len(destination) != count:
+        destination = tuple(
+            ids_by_group[b.group_id][b.index]
+            for b in state.hit
+            if b.index < len(ids_by_group[b.group_id])
+        )
+        if count != state.hit_end - state.load_start_block or len(destination) != len(state.hit):
             raise RuntimeError(
                 f"request {request.request_id}: {num_external_tokens} external tokens do not "
-                f"match the {len(lease.host_block_ids)} leased blocks"
+                f"match the {state.hit_end - state.load_start_block} leased blocks"
             )
         state.phase, state.load_started_at = LoadPhase.LOADING, time.monotonic()
-        state.next_block_to_store = max(state.next_block_to_store, state.load_start_block + count)
-        self._loads_to_send.append(
-            BlockTransfer(
-                str(request.request_id), tuple(destination), lease.host_block_ids, lease.lease_id
-            )  # fmt: skip
-        )
+        state.next_block_to_store = max(state.next_block_to_store, state.hit_end)
+        group_ids = tuple(b.group_id for b in state.hit) if self.groups.multi else ()
+        self._loads_to_send.append(BlockTransfer(
+            str(request.request_id), destination, lease.host_block_ids, lease.lease_id, group_ids
+        ))  # fmt: skip
 
     # --- per step -------------------------------------------------------------------------
 
@@ -184,41 +184,11 @@ class OffloadScheduler:
         self._loads_to_send, self._to_flush = [], set()
         return metadata
 
-    def _plan_store(self, req_id: str, num_tokens: int, kv_cache_manager: Any):
-        """Reserves host blocks for the request's blocks that this step fills."""
-        state = self.requests.get(req_id)
-        if state is None or state.loading:
-            return None
-        request = state.request
-        full = min((request.num_computed_tokens + num_tokens) // self.block_size,
-                   len(request.block_hashes))  # fmt: skip
-        first = state.next_block_to_store
-        if full <= first:
-            return None
-        state.next_block_to_store = full
-        keys = self.namespace.block_keys(request.block_hashes[first:full])
-        reservation = self.pool.reserve(keys)
-        self.kv_events.removed(reservation.evicted_keys)
-        self.kv_events.planned(request, first, keys, reservation.block_keys)
-        if reservation.evicted_keys:
-            add_event(names.EVENT_BLOCK_EVICTED, **self._blocks_attributes(
-                reservation.evicted_host_block_ids, reservation.evicted_keys))  # fmt: skip
-        if not reservation.host_block_ids:
-            return None
-        device_ids = kv_cache_manager.get_block_ids(req_id)[0]
-        position = {key: first + i for i, key in enumerate(keys)}
-        device = tuple(device_ids[position[key]] for key in reservation.block_keys)
-        store_id = next(self._store_ids)
-        self._stores[store_id] = (req_id, list(reservation.host_block_ids),
-                                  list(reservation.block_keys))  # fmt: skip
-        state.stores_in_flight.add(store_id)
-        return BlockTransfer(req_id, device, tuple(reservation.host_block_ids), store_id)
-
     def _expire_leases(self) -> None:
         for lease in self.leases.expire():
             state = self.requests.get(lease.req_id)
             loading = state is not None and state.loading
-            add_event(names.EVENT_LEASE_EXPIRED, **self._lease_attributes(lease), **{
+            add_event(names.EVENT_LEASE_EXPIRED, **self._lease_attributes(lease, state), **{
                 names.LEASE_OUTCOME: "expired", names.REQUEST_ID: lease.req_id,
                 names.FAILURE_CAUSE: "lease_expired" + (" during its load" if loading else ""),
                 names.FAILURE_OUTCOME: KEPT_PINNED if loading else RELEASED})  # fmt: skip
@@ -243,23 +213,6 @@ class OffloadScheduler:
             self._end_store(store_id, committed=ok)
         for req_id, ok in self.load_reports.add(worker_meta.loads_done, worker_meta.loads_failed):
             self._end_load(req_id, failed=not ok)
-
-    def _end_store(self, store_id: int, committed: bool) -> None:
-        req_id, host_block_ids, keys = self._stores.pop(store_id, (None, [], []))
-        if req_id is None:
-            return
-        (self.pool.commit if committed else self.pool.abort)(host_block_ids)
-        (self.kv_events.committed if committed else self.kv_events.aborted)(keys)
-        if not committed:
-            self.samples.fail("store_failed", "dropped")  # a later lookup misses them
-        if committed:
-            self.stats["stored_blocks"] += len(host_block_ids)
-            add_event(names.EVENT_BLOCK_STORED, **{names.REQUEST_ID: req_id},
-                      **self._blocks_attributes(host_block_ids, keys))  # fmt: skip
-        state = self.requests.get(req_id)
-        if state is not None:
-            state.stores_in_flight.discard(store_id)
-            self._forget_if_done(req_id, state)
 
     def _end_load(self, req_id: str, failed: bool) -> None:
         state = self.requests.get(req_id)
@@ -327,26 +280,12 @@ class OffloadScheduler:
     def _release_lease(self, state: RequestState, outcome: str) -> None:
         if state.lease is None:
             return
+        attributes = self._lease_attributes(state.lease, state)
         lease, state.lease = state.lease, None
         if self.leases.release(lease.lease_id) is not None:
-            add_event(names.EVENT_LEASE_RELEASED, **self._lease_attributes(lease),
-                      **{names.LEASE_OUTCOME: outcome})  # fmt: skip
+            add_event(names.EVENT_LEASE_RELEASED, **attributes, **{names.LEASE_OUTCOME: outcome})
 
-    @staticmethod
-    def _blocks_attributes(host_block_ids: list[int], keys: list[bytes]) -> dict[str, Any]:
-        return {
-            names.HOST_BLOCK_IDS: list(host_block_ids),
-            names.BLOCK_HASHES: [compact_hash(key) for key in keys],
-            names.BLOCK_COUNT: len(host_block_ids),
-            names.BLOCK_TIER: "host",
-        }
-
-    def _lease_attributes(self, lease: Lease) -> dict[str, Any]:
-        return {
-            names.LEASE_TIMEOUT_S: self.leases.timeout_s,
-            names.LEASE_ID: lease.lease_id,
-            names.LEASE_HOLDER: lease.req_id,
-            names.HOST_BLOCK_IDS: list(lease.host_block_ids),
-            names.BLOCK_HASHES: [compact_hash(key) for key in lease.block_keys],
-            names.BLOCK_COUNT: len(lease.host_block_ids),
-        }
+    def _lease_attributes(self, lease: Lease, state: RequestState | None) -> dict[str, Any]:
+        hit = state.hit if state is not None and state.lease is not None else ()
+        group_ids = [b.group_id for b in hit] if len(hit) == len(lease.host_block_ids) else []
+        return lease_attributes(lease, self.leases.timeout_s, group_ids)

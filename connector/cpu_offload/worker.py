@@ -51,6 +51,7 @@ class OffloadWorker:
         self._pending: dict[int, PendingCopy] = {}
         self._to_flush: set[str] = set()
         self._load_errors: set[int] = set()
+        self._failed_loads: set[str] = set()  # request ids, for vLLM's failed_recving
         self._meta = OffloadWorkerMeta()
         # Failed loads are counted once, by the scheduler half, when every rank reported.
         self.stats: dict[str, float] = {"load_bytes": 0, "store_bytes": 0, "load_s": 0.0,
@@ -134,8 +135,11 @@ class OffloadWorker:
 
     def _fail_load(self, transfer: BlockTransfer, cause: str) -> None:
         self._load_errors.update(transfer.device_block_ids)
+        self._failed_loads.add(transfer.req_id)
         self._meta.loads_failed[transfer.req_id] = 1
         outcome = {names.FAILURE_OUTCOME: self.failure_outcome} if self.failure_outcome else {}
+        if transfer.group_ids:  # block ids are addresses within their group
+            outcome[names.KV_CACHE_GROUP_IDS] = list(transfer.group_ids)
         add_event(names.EVENT_LOAD_FAILED, **{names.REQUEST_ID: transfer.req_id,
                   names.FAILURE_CAUSE: cause, names.BLOCK_COUNT: len(transfer.device_block_ids),
                   names.BLOCK_IDS: list(transfer.device_block_ids),
@@ -165,6 +169,11 @@ class OffloadWorker:
     def take_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
         return errors
+
+    def take_failed_loads(self) -> set[str]:
+        """Requests whose load failed since the last call (each also in finished_recving)."""
+        failed, self._failed_loads = self._failed_loads, set()
+        return failed
 
     def take_worker_meta(self) -> OffloadWorkerMeta | None:
         meta = self._meta

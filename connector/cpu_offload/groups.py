@@ -1,0 +1,115 @@
+"""The KV cache groups the offload connector keeps: which blocks a hit needs in each, and keys.
+
+vLLM's hybrid KV cache manager gives a model one group per kind of attention layer (full
+attention, sliding window); block ids are addresses within one group's block table, and the
+same tokens have different KV in each group, so every host block key names its group.
+"""
+
+from dataclasses import dataclass
+from typing import Any
+
+from vllm.v1.kv_cache_interface import (
+    FullAttentionSpec,
+    MLAAttentionSpec,
+    SlidingWindowMLASpec,
+    SlidingWindowSpec,
+)
+
+from kvscope.connector.common.host_pool import KVNamespace
+
+SUPPORTED_KINDS = "full attention (incl. MLA) and sliding window attention"
+"""The group kinds this connector keeps; any other prefix-cacheable group refuses to start."""
+
+
+@dataclass(frozen=True)
+class KVGroup:
+    """One KV cache group: its id in vLLM's block id tuples and what a hit needs of it."""
+
+    group_id: int
+    # Sliding window: the blocks before a hit's end that the next token attends to.
+    # None: full attention, which needs the whole prefix.
+    window_blocks: int | None = None
+
+    def needed(self, start: int, end: int) -> range:
+        """Block indices this group must load for a hit of blocks [start, end)."""
+        if self.window_blocks is None:
+            return range(start, end)
+        return range(max(start, end - self.window_blocks), end)
+
+    @property
+    def kind(self) -> str:
+        return "full_attention" if self.window_blocks is None else "sliding_window"
+
+
+@dataclass(frozen=True)
+class KVGroups:
+    """The groups a connector keeps, in vLLM's order; one full-attention group without HMA."""
+
+    groups: tuple[KVGroup, ...] = (KVGroup(0),)
+    num_groups: int = 1  # all of vLLM's groups, kept or not: the length of its block id tuples
+
+    @property
+    def multi(self) -> bool:
+        return self.num_groups > 1
+
+    @classmethod
+    def of(cls, kv_cache_config: Any) -> "KVGroups":
+        """The kept groups of a KVCacheConfig; raises for kinds no host pool can serve."""
+        all_groups = kv_cache_config.kv_cache_groups
+        block_sizes = {all_groups[g].kv_cache_spec.block_size for g in _cacheable(kv_cache_config)}
+        if len(block_sizes) > 1:
+            raise ValueError(
+                f"KV cache groups with different block sizes {sorted(block_sizes)}: the CPU "
+                "offload connector needs one block size; set --block-size"
+            )
+        groups = tuple(_group(g, all_groups[g].kv_cache_spec) for g in _cacheable(kv_cache_config))
+        return cls(groups, len(all_groups))
+
+    def block_keys(self, namespace: KVNamespace, block_hashes: list[bytes], group_id: int):
+        """Host pool keys of one group's blocks. With one group they are the plain keys (as
+        before HMA); with several every key names its group."""
+        if not self.multi:
+            return namespace.block_keys(block_hashes)
+        tag = b"kvscope.group=%d;" % group_id
+        return namespace.block_keys([tag + bytes(block_hash) for block_hash in block_hashes])
+
+
+def _cacheable(kv_cache_config: Any) -> tuple[int, ...]:
+    ids = getattr(kv_cache_config, "prefix_cacheable_group_ids", None)
+    return tuple(ids) if ids is not None else tuple(range(len(kv_cache_config.kv_cache_groups)))
+
+
+def _group(group_id: int, spec: Any) -> KVGroup:
+    # Exact kinds: subclasses (RSWA, sinks, hidden states) keep other KV than these rules say.
+    if type(spec) in (SlidingWindowSpec, SlidingWindowMLASpec):
+        # vLLM's own hit rule (SlidingWindowManager): the window minus the token itself.
+        return KVGroup(group_id, -(-(spec.sliding_window - 1) // spec.block_size))
+    if type(spec) in (FullAttentionSpec, MLAAttentionSpec):
+        return KVGroup(group_id)
+    raise ValueError(
+        f"KV cache group {group_id} is {type(spec).__name__}: the CPU offload connector keeps "
+        f"{SUPPORTED_KINDS} only; run without it or with --disable-hybrid-kv-cache-manager"
+    )
+
+
+def layers_per_block(kv_cache_config: Any) -> int:
+    """KV layers a host block holds. vLLM overlays its groups' layers on shared KV memory (one
+    layer of each group per tensor; a block id belongs to one group at a time), so one block of
+    any group spans as many layers as the largest group has."""
+    return max(len(group.layer_names) for group in kv_cache_config.kv_cache_groups)
+
+
+def copy_layers(kv_caches: dict[str, Any], kv_cache_config: Any) -> dict[str, Any]:
+    """The KV layers the worker copies blocks of: with several groups one view per KV memory
+    (the first group's layer), since copying overlaid views would copy the same bytes twice."""
+    if len(kv_cache_config.kv_cache_groups) <= 1:
+        return kv_caches
+    ordered = [name for g in kv_cache_config.kv_cache_groups for name in g.layer_names]
+    ordered += [name for name in kv_caches if name not in set(ordered)]
+    layers: dict[str, Any] = {}
+    seen: set[int] = set()
+    for name in ordered:
+        if name in kv_caches and (address := kv_caches[name].data_ptr()) not in seen:
+            seen.add(address)
+            layers[name] = kv_caches[name]
+    return layers

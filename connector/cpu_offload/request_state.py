@@ -1,0 +1,53 @@
+"""What the offload scheduler half tracks per request and per planned store."""
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from kvscope.connector.common.leases import Lease
+from kvscope.connector.cpu_offload.hits import GroupBlock
+
+
+class LoadPhase(Enum):
+    """Where a request stands with the host pool's KV."""
+
+    LOOKUP = "lookup"  # may be offered a hit (new, loaded, or back from preemption)
+    LOADING = "loading"  # the workers are copying its hit into its blocks
+    RECOMPUTE = "recompute"  # its load failed: vLLM recomputes, offering the hit again would loop
+
+
+@dataclass(frozen=True)
+class PlannedStore:
+    """A store the workers run: its host blocks (reserved until every rank reported)."""
+
+    req_id: str
+    host_block_ids: list[int]
+    keys: list[bytes]
+    group_ids: list[int]
+    # Sliding-window device blocks held (vLLM block pool references) while the copy reads them:
+    # vLLM frees a window's old blocks while the request still runs.
+    held_blocks: list[Any]
+    block_pool: Any = None  # vLLM's, which held_blocks go back to
+
+
+@dataclass
+class RequestState:
+    """What the scheduler half tracks for one live request."""
+
+    request: Any
+    phase: LoadPhase = LoadPhase.LOOKUP
+    lease: Lease | None = None  # a hit waiting for its load, or loading
+    hit: tuple[GroupBlock, ...] = ()  # the lease's blocks, pairwise with its host blocks
+    hit_end: int = 0  # the block index the hit ends before
+    asked_at: int = -1  # num_computed_tokens of the lookup that took the lease
+    # A lease that ran out while its load copied from its blocks: pinned until the load ends.
+    expired_lease: Lease | None = None
+    load_start_block: int = 0
+    load_started_at: float = 0.0  # time.monotonic() when its load was planned
+    next_block_to_store: int = 0
+    stores_in_flight: set[int] = field(default_factory=set)
+    ended: bool = False  # vLLM called request_finished
+
+    @property
+    def loading(self) -> bool:
+        return self.phase is LoadPhase.LOADING

@@ -1,0 +1,113 @@
+"""Store planning of the offload scheduler half: which blocks of which group go to the host.
+
+A mixin of OffloadScheduler (connector/cpu_offload/scheduler.py), which owns the state it uses.
+"""
+
+from typing import Any
+
+from kvscope.connector.cpu_offload.hits import GroupBlock, interleave, request_blocks
+from kvscope.connector.cpu_offload.metadata import BlockTransfer
+from kvscope.connector.cpu_offload.request_state import PlannedStore
+from kvscope.connector.cpu_offload.span_attributes import blocks_attributes
+from kvscope.traces import names
+from kvscope.traces.events import add_event
+
+
+class StorePlanning:
+    """Reserves host blocks for the blocks a step fills and ends stores the workers reported."""
+
+    def _plan_store(self, req_id: str, num_tokens: int, kv_cache_manager: Any):
+        """Reserves host blocks for the request's blocks, of every group, that this step fills."""
+        state = self.requests.get(req_id)
+        if state is None or state.loading:
+            return None
+        request = state.request
+        full = min((request.num_computed_tokens + num_tokens) // self.block_size,
+                   len(request.block_hashes))  # fmt: skip
+        first = state.next_block_to_store
+        if full <= first:
+            return None
+        state.next_block_to_store = full
+        ids_by_group = block_ids_by_group(kv_cache_manager.get_block_ids(req_id))
+        block_pool = getattr(kv_cache_manager, "block_pool", None)
+        blocks = [b for b in interleave(request_blocks(self.groups, self.namespace,
+                                                       request.block_hashes, first, full))
+                  if _real_block(block_pool, ids_by_group[b.group_id], b.index)]  # fmt: skip
+        of_key = {b.key: b for b in blocks}
+        reservation = self._reserve(request, of_key)
+        if not reservation.host_block_ids:
+            return None
+        reserved = [of_key[key] for key in reservation.block_keys]
+        device = tuple(ids_by_group[b.group_id][b.index] for b in reserved)
+        store_id = next(self._store_ids)
+        self._stores[store_id] = PlannedStore(
+            req_id, list(reservation.host_block_ids), list(reservation.block_keys),
+            [b.group_id for b in reserved], self._hold_window_blocks(block_pool, reserved, device),
+            block_pool,
+        )  # fmt: skip
+        state.stores_in_flight.add(store_id)
+        group_ids = tuple(b.group_id for b in reserved) if self.groups.multi else ()
+        return BlockTransfer(req_id, device, tuple(reservation.host_block_ids), store_id, group_ids)
+
+    def _reserve(self, request: Any, of_key: dict[bytes, GroupBlock]):
+        """Host blocks for the blocks not in the pool yet; evictions reported with their group."""
+        reservation = self.pool.reserve(list(of_key))
+        self.kv_events.removed(reservation.evicted_keys)
+        self.kv_events.planned(request, {k: (b.index, b.group_id) for k, b in of_key.items()},
+                               reservation.block_keys)  # fmt: skip
+        if reservation.evicted_keys:
+            evicted = reservation.evicted_host_block_ids
+            groups = [self._host_block_group[host_block_id] for host_block_id in evicted]
+            add_event(names.EVENT_BLOCK_EVICTED,
+                      **blocks_attributes(evicted, reservation.evicted_keys, groups))  # fmt: skip
+        for key, host_block_id in zip(
+            reservation.block_keys, reservation.host_block_ids, strict=True
+        ):
+            self._host_block_group[host_block_id] = of_key[key].group_id
+        return reservation
+
+    def _hold_window_blocks(self, block_pool: Any, blocks: list[GroupBlock], device: tuple):
+        """Takes a reference on the sliding-window blocks a store reads (vLLM's touch), so the
+        window moving on does not hand them to another request before the copy ends."""
+        window_groups = {g.group_id for g in self.groups.groups if g.window_blocks is not None}
+        if block_pool is None or not window_groups:
+            return []
+        held = [block_pool.blocks[block_id] for b, block_id in zip(blocks, device, strict=True)
+                if b.group_id in window_groups]  # fmt: skip
+        block_pool.touch(held)
+        return held
+
+    def _end_store(self, store_id: int, committed: bool) -> None:
+        store = self._stores.pop(store_id, None)
+        if store is None:
+            return
+        (self.pool.commit if committed else self.pool.abort)(store.host_block_ids)
+        (self.kv_events.committed if committed else self.kv_events.aborted)(store.keys)
+        if store.held_blocks:
+            store.block_pool.free_blocks(store.held_blocks)
+        if not committed:
+            self.samples.fail("store_failed", "dropped")  # a later lookup misses them
+        if committed:
+            self.stats["stored_blocks"] += len(store.host_block_ids)
+            add_event(names.EVENT_BLOCK_STORED, **{names.REQUEST_ID: store.req_id},
+                      **blocks_attributes(store.host_block_ids, store.keys,
+                                          store.group_ids))  # fmt: skip
+        state = self.requests.get(store.req_id)
+        if state is not None:
+            state.stores_in_flight.discard(store_id)
+            self._forget_if_done(store.req_id, state)
+
+
+def block_ids_by_group(block_ids: Any) -> tuple[list[int], ...]:
+    """vLLM's block ids per KV cache group; a bare list of ints is one group's."""
+    if block_ids and isinstance(block_ids[0], int):
+        return (list(block_ids),)
+    return tuple(block_ids)
+
+
+def _real_block(block_pool: Any, group_block_ids: list[int], index: int) -> bool:
+    """Whether the request has a block there: a sliding-window group holds vLLM's null block in
+    place of those that left the window (nothing to store)."""
+    if index >= len(group_block_ids):
+        return False
+    return block_pool is None or not block_pool.blocks[group_block_ids[index]].is_null
