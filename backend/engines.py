@@ -43,9 +43,10 @@ def engines(connection: Connection, now_ns: int, lost_after_s: float) -> list[En
         grouped.setdefault(row.engine_id or alone or row.instance_id, []).append(row)
     found = []
     for engine_id, rows in grouped.items():
-        # The scheduler's service names the engine; any process's name beats none.
-        service = next((r.service_name for r in rows if r.kv_role and r.service_name), None)
-        service = service or next((r.service_name for r in rows if r.service_name), None)
+        # Its processes' service name (one server's processes share OTEL_SERVICE_NAME); if
+        # they differ, the most common, then the first in order: the same answer every time.
+        names = sorted(r.service_name for r in rows if r.service_name)
+        service = max(names, key=names.count) if names else None
         role = next((r.kv_role for r in rows if r.kv_role), None)
         found.append(
             EnginePublic(

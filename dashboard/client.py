@@ -126,3 +126,36 @@ def block_history(version: int, engine_id: str, tier: str, block_id: int) -> dic
 
 def _ids(text: str | None) -> list[int]:
     return json.loads(text) if text else []
+
+
+@st.cache_data(ttl=CACHE_TTL_S, show_spinner=False, max_entries=64)
+def series(version: int, window_s: float) -> dict:
+    """Hit rate, bytes/s per path, leases held, failures per cause and TTFT over the window."""
+    return get("/api/v1/stats/series", window_s=window_s)
+
+
+@st.cache_data(ttl=CACHE_TTL_S, show_spinner=False, max_entries=16)
+def engines(version: int) -> list[dict]:
+    """Engines with their service name, role and whether they stopped reporting."""
+    return get("/api/v1/stats/engines")
+
+
+def engine_labels(version: int) -> dict[str, str]:
+    """engine id (and process id) -> 'vllm-prefill (kv_producer)', for every table."""
+    found = engines(version)
+    names = [engine["label"] for engine in found]
+    labels: dict[str, str] = {}
+    for engine in found:
+        label = engine["label"]
+        if names.count(label) > 1:  # two engines of one service: their ids tell them apart
+            label = f"{label} · {engine['engine_id'][:8]}"
+        label += " · gone" if engine["gone"] else ""
+        for key in [engine["engine_id"], *engine["instance_ids"]]:
+            labels[key] = label
+    return labels
+
+
+@st.cache_data(ttl=CACHE_TTL_S, show_spinner=False, max_entries=64)
+def incidents(version: int, since_ns: int | None = None, limit: int = 500, **filters) -> dict:
+    """Failure incidents, newest first: one per fault, its reports folded in."""
+    return get("/api/v1/failures/incidents", since_ns=since_ns, limit=limit, **filters)

@@ -82,7 +82,7 @@ def block_details(version: int, block) -> None:
 def block_page(version: int) -> None:
     found = client.blocks(version)
     failures = client.failures(version, kind="load_failed", limit=1000)["items"]
-    frame = charts.block_frame(found["items"], failures)
+    frame = charts.block_frame(found["items"], failures, client.engine_labels(version))
     ui.certainty_warning(found["certainty"])
     if frame.empty:
         ui.no_data("Blocks appear when a connector stores, loads or evicts them.")

@@ -1,16 +1,20 @@
-"""Leases: who holds which host blocks, for how long, and how ended leases ended."""
+"""Leases: who holds which host blocks, oldest first against their timeout, and how ended
+leases ended."""
 
 import time
 
 import streamlit as st
 
 from kvscope.dashboard import client, ui
+from kvscope.dashboard.charts import leases as lease_charts
 from kvscope.dashboard.charts import tables
 
 st.title("Leases")
 st.caption(
     "A lease pins host blocks from the lookup that found them until their load completes. "
-    "Expired and overdue leases are red."
+    "Held leases are listed oldest first (the leaked ones are the old ones); expired and "
+    "overdue leases are red. An engine that stopped reporting has its leases ended as "
+    "'engine_lost'."
 )
 
 
@@ -23,12 +27,21 @@ def lease_figures(held: dict, ended: dict) -> None:
     columns[3].metric("Ended (all)", ended["total"])
 
 
-def lease_table(title: str, leases: list[dict], empty: str) -> None:
+def lease_ages(held: list[dict], now_ns: int) -> None:
+    st.subheader("Age of held leases against their timeout")
+    frame = lease_charts.lease_age_frame(held, now_ns)
+    if frame.empty:
+        st.caption("No lease is held right now.")
+        return
+    ui.chart(lease_charts.lease_age_chart(frame))
+
+
+def lease_table(title: str, leases: list[dict], empty: str, labels: dict[str, str]) -> None:
     st.subheader(title)
     if not leases:
         st.caption(empty)
         return
-    table = tables.leases_table(leases, time.time_ns())
+    table = tables.leases_table(leases, time.time_ns(), labels)
     st.dataframe(tables.highlight_expired(table), hide_index=True)
 
 
@@ -40,6 +53,8 @@ def lease_page(version: int) -> None:
     if not held["total"] and not ended["total"]:
         ui.no_data("Leases appear when a lookup finds blocks in the host pool.")
         return
+    labels = client.engine_labels(version)
     lease_figures(held, ended)
-    lease_table("Held now", held["items"], "No lease is held right now.")
-    lease_table("Ended, newest first", ended["items"], "No lease has ended yet.")
+    lease_ages(held["items"], time.time_ns())
+    lease_table("Held now, oldest first", held["items"], "No lease is held right now.", labels)
+    lease_table("Ended, newest first", ended["items"], "No lease has ended yet.", labels)

@@ -1,11 +1,10 @@
-"""Overview: requests, hit rates, bytes per path, leases and failures over a window."""
-
-import time
+"""Overview: key figures, series over time, hit rates and bytes per path, engines."""
 
 import streamlit as st
 
 from kvscope.dashboard import client, ui
 from kvscope.dashboard.charts import overview as charts
+from kvscope.dashboard.charts import series as series_charts
 from kvscope.dashboard.charts.format import human_bytes, percent
 
 st.title("Overview")
@@ -23,7 +22,7 @@ def key_figures(summary: dict, hits: list[dict]) -> None:
     columns[1].metric("External hit rate", "–" if rate is None else f"{rate:g} %")
     columns[2].metric("Bytes moved", human_bytes(moved))
     columns[3].metric("Active leases", summary["leases_active"])
-    columns[4].metric("Failures", sum(summary["failures"].values()))
+    columns[4].metric("Failure incidents", sum(summary["failures"].values()))
     columns[5].metric("TTFT p50", "–" if p50 is None else f"{p50:.1f} ms")
 
 
@@ -45,15 +44,27 @@ def paths(summary: dict) -> None:
     st.dataframe(charts.paths_frame(summary), hide_index=True)
 
 
-def failures_per_minute(version: int) -> None:
-    st.subheader("Failures per minute by cause")
-    since_ns = time.time_ns() - int(window_s * 1e9)
-    found = client.failures(version, since_ns=since_ns, limit=1000)["items"]
-    per_minute = charts.failures_per_minute(found, since_ns)
-    if per_minute.empty:
-        st.success("No failures in this window.", icon=":material/check_circle:")
+def over_time(series: dict) -> None:
+    """The series operators look at first, two per row; an empty one says so."""
+    st.subheader("Over time")
+    found = list(series_charts.charts(series).items())
+    for row in range(0, len(found), 2):
+        for column, (title, chart) in zip(st.columns(2), found[row : row + 2], strict=False):
+            with column:
+                st.markdown(f"**{title}**")
+                if chart is None:
+                    st.caption("Nothing in this window.")
+                else:
+                    ui.chart(chart)
+
+
+def engines(version: int) -> None:
+    st.subheader("Engines")
+    found = client.engines(version)
+    if not found:
+        st.caption("No engine has reported yet.")
         return
-    ui.chart(charts.failures_chart(per_minute))
+    st.dataframe(charts.engines_frame(found), hide_index=True)
 
 
 @ui.live
@@ -67,9 +78,10 @@ def overview(version: int) -> None:
             "(OTEL_EXPORTER_OTLP_ENDPOINT at the backend), or pick a longer window."
         )
     key_figures(summary, hits)
+    over_time(client.series(version, window_s))
     left, right = st.columns(2)
     with left:
         hit_rates(hits)
         paths(summary)
     with right:
-        failures_per_minute(version)
+        engines(version)

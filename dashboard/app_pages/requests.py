@@ -90,7 +90,8 @@ def request_page(version: int) -> None:
     if not found:
         ui.no_data("No request matches." if search else "Requests appear as engines serve them.")
         return
-    st.dataframe(tables.requests_table(found), hide_index=True, height=240)
+    labels = client.engine_labels(version)
+    st.dataframe(tables.requests_table(found, labels), hide_index=True, height=240)
     detail = client.timeline(version, request_picker(found))
     request_header(detail["request"])
     ui.certainty_warning(detail["certainty"])

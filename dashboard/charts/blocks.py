@@ -5,7 +5,7 @@ import json
 import altair as alt
 import pandas as pd
 
-from kvscope.dashboard.charts.format import short_id
+from kvscope.dashboard.charts.format import engine_name
 
 # The backend counts a host block as loading exactly while a lease pins it, so one state.
 STATE_COLORS = {
@@ -33,7 +33,9 @@ COLUMNS_OUT = [
 ]
 
 
-def block_frame(blocks: list[dict], failures: list[dict] = ()) -> pd.DataFrame:
+def block_frame(
+    blocks: list[dict], failures: list[dict] = (), labels: dict[str, str] | None = None
+) -> pd.DataFrame:
     """Blocks with the state to show: leased while a lease pins them, failed when a load
     failure named the engine block after its last update (or it never arrived)."""
     rows = [{name: block.get(name) for name in COLUMNS_OUT} for block in blocks]
@@ -51,7 +53,7 @@ def block_frame(blocks: list[dict], failures: list[dict] = ()) -> pd.DataFrame:
             elif row["updated_ns"] <= failure["time_ns"]:
                 row["state"] = "failed"
     frame = pd.DataFrame(rows, columns=COLUMNS_OUT)
-    return _place(frame)
+    return _place(frame, labels)
 
 
 def _failed_row(failure: dict, block_id: int) -> dict:
@@ -68,7 +70,7 @@ def _failed_row(failure: dict, block_id: int) -> dict:
     }
 
 
-def _place(frame: pd.DataFrame) -> pd.DataFrame:
+def _place(frame: pd.DataFrame, labels: dict[str, str] | None = None) -> pd.DataFrame:
     """A slot keeps its cell as its state changes: cell = block id; slots known only by
     hash go after the highest id."""
     frame = frame.sort_values(["engine_id", "tier", "block_id", "address"], na_position="last")
@@ -86,7 +88,8 @@ def _place(frame: pd.DataFrame) -> pd.DataFrame:
     frame["col"] = frame["cell"] % COLUMNS
     frame["row"] = frame["cell"] // COLUMNS
     frame["panel"] = [
-        f"{short_id(e)} · {t}" for e, t in zip(frame["engine_id"], frame["tier"], strict=True)
+        f"{engine_name(e, labels)} · {t}"
+        for e, t in zip(frame["engine_id"], frame["tier"], strict=True)
     ]
     return frame
 

@@ -36,3 +36,10 @@ def short_cause(cause: str | None) -> str:
 
 def percent(part: float, whole: float) -> float | None:
     return round(100.0 * part / whole, 1) if whole else None
+
+
+def engine_name(engine_id: str | None, labels: dict[str, str] | None = None) -> str:
+    """'vllm-prefill (kv_producer)' when the backend knows the engine, else its short id."""
+    if engine_id and labels and engine_id in labels:
+        return labels[engine_id]
+    return short_id(engine_id)

@@ -1,9 +1,8 @@
-"""Overview figures: hit rates, bytes per path, failures per minute, span-stream warnings."""
+"""Overview figures: hit rates, bytes per path, engines, span-stream warnings."""
 
-import altair as alt
 import pandas as pd
 
-from kvscope.dashboard.charts.format import human_bytes, percent, short_cause
+from kvscope.dashboard.charts.format import clock, human_bytes, percent
 
 PATH_LABELS = {"store": "GPU→CPU store", "load": "CPU→GPU load", "p2p_read": "P→D read"}
 
@@ -47,34 +46,6 @@ def hit_rate_frame(hits: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=columns + ["external tokens"])
 
 
-def failures_per_minute(failures: list[dict], since_ns: int) -> pd.DataFrame:
-    """Failure counts per minute and cause, from since_ns on."""
-    rows = [
-        {"minute": pd.Timestamp(f["time_ns"], unit="ns", tz="UTC").floor("min"), "cause": c}
-        for f in failures
-        if f["time_ns"] >= since_ns
-        for c in [short_cause(f.get("cause") or f.get("kind"))]
-    ]
-    if not rows:
-        return pd.DataFrame(columns=["minute", "cause", "failures"])
-    frame = pd.DataFrame(rows)
-    return frame.groupby(["minute", "cause"]).size().reset_index(name="failures")
-
-
-def failures_chart(per_minute: pd.DataFrame) -> alt.Chart:
-    return (
-        alt.Chart(per_minute)
-        .mark_bar()
-        .encode(
-            x=alt.X("minute:T", title="minute", axis=alt.Axis(format="%H:%M")),
-            y=alt.Y("failures:Q", title="failures per minute"),
-            color=alt.Color("cause:N", title="cause"),
-            tooltip=["minute:T", "cause:N", "failures:Q"],
-        )
-        .properties(height=220)
-    )
-
-
 def stream_warnings(streams: list[dict]) -> list[str]:
     """One sentence per process whose span stream lost or has not yet delivered spans."""
     warnings = []
@@ -93,3 +64,21 @@ def stream_warnings(streams: list[dict]) -> list[str]:
 
 def request_total(summary: dict) -> int:
     return sum(summary.get("requests", {}).values())
+
+
+def engines_frame(engines: list[dict]) -> pd.DataFrame:
+    """Engines by service name and role; gone ones say since when they were silent."""
+    rows = [
+        {
+            "engine": engine["label"],
+            "service": engine["service_name"] or "–",
+            "role": engine["kv_role"] or "–",
+            "processes": engine["processes"],
+            "state": "gone (engine lost)" if engine["gone"] else "reporting",
+            "last heard": clock(engine["last_seen_ns"]),
+            "id": engine["engine_id"][:8],
+        }
+        for engine in engines
+    ]
+    columns = ["engine", "service", "role", "processes", "state", "last heard", "id"]
+    return pd.DataFrame(rows, columns=columns)

@@ -34,19 +34,6 @@ def test_hit_rates_by_request_and_by_token_per_connector_and_child():
     assert frame.loc[1, "child"] == "–" and pd.isna(frame.loc[1, "tokens hit %"])
 
 
-def test_failures_per_minute_group_by_minute_and_short_cause():
-    failures = [
-        {"time_ns": NOW + 1 * S, "cause": "InjectedFault: load 3", "kind": "load_failed"},
-        {"time_ns": NOW + 2 * S, "cause": "InjectedFault: load 6", "kind": "load_failed"},
-        {"time_ns": NOW + 90 * S, "cause": None, "kind": "lease_expired"},
-        {"time_ns": NOW - 600 * S, "cause": "old", "kind": "load_failed"},
-    ]
-    frame = overview.failures_per_minute(failures, since_ns=NOW)
-    counts = {(row.cause, row.failures) for row in frame.itertuples()}
-    assert counts == {("InjectedFault", 2), ("lease_expired", 1)}
-    assert overview.failures_chart(frame).to_dict()["mark"]["type"] == "bar"
-
-
 def test_stream_warnings_name_dropped_missing_and_pending_spans():
     hole = {"count": 5, "state": "missing"}
     streams = [
