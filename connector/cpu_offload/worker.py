@@ -129,6 +129,9 @@ class OffloadWorker:
         recving.add(transfer.req_id)
         if result.ok and not pending.timed_out:
             self._meta.loads_done[transfer.req_id] = 1
+            add_event(names.EVENT_BLOCK_LOADED, **{names.REQUEST_ID: transfer.req_id,
+                      names.BLOCK_TIER: "device",
+                      names.BLOCK_IDS: list(transfer.device_block_ids)})  # fmt: skip
         else:
             cause = "timeout" if pending.timed_out else result.error or "load failed"
             self._fail_load(transfer, cause)
