@@ -131,7 +131,8 @@ class OffloadWorker:
             self._meta.loads_done[transfer.req_id] = 1
             add_event(names.EVENT_BLOCK_LOADED, **{names.REQUEST_ID: transfer.req_id,
                       names.BLOCK_TIER: "device",
-                      names.BLOCK_IDS: list(transfer.device_block_ids)})  # fmt: skip
+                      names.BLOCK_IDS: list(transfer.device_block_ids)},
+                      **_group_attribute(transfer))  # fmt: skip
         else:
             cause = "timeout" if pending.timed_out else result.error or "load failed"
             self._fail_load(transfer, cause)
@@ -141,12 +142,11 @@ class OffloadWorker:
         self._failed_loads.add(transfer.req_id)
         self._meta.loads_failed[transfer.req_id] = 1
         outcome = {names.FAILURE_OUTCOME: self.failure_outcome} if self.failure_outcome else {}
-        if transfer.group_ids:  # block ids are addresses within their group
-            outcome[names.KV_CACHE_GROUP_IDS] = list(transfer.group_ids)
         add_event(names.EVENT_LOAD_FAILED, **{names.REQUEST_ID: transfer.req_id,
                   names.FAILURE_CAUSE: cause, names.BLOCK_COUNT: len(transfer.device_block_ids),
                   names.BLOCK_IDS: list(transfer.device_block_ids),
-                  names.FAILURE_POLICY: self.failure_policy or "recompute"}, **outcome)  # fmt: skip
+                  names.FAILURE_POLICY: self.failure_policy or "recompute"}, **outcome,
+                  **_group_attribute(transfer))  # fmt: skip
 
     def _time_out_loads(self) -> set[str]:
         """Loads past their deadline fail. One whose copy never began or already ended is
@@ -196,3 +196,8 @@ class OffloadWorker:
     def shutdown(self) -> None:
         if self.copies is not None:
             self.copies.shutdown(timeout_s=10)
+
+
+def _group_attribute(transfer: BlockTransfer) -> dict[str, list[int]]:
+    """The KV cache group of each device block id (ids are addresses within a group)."""
+    return {names.KV_CACHE_GROUP_IDS: list(transfer.group_ids)} if transfer.group_ids else {}

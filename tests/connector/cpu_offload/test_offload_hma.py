@@ -78,6 +78,9 @@ def test_a_hit_loads_the_full_prefix_and_only_the_window_of_the_sliding_group(ti
                 if e.name == names.EVENT_LEASE_ACQUIRED
                 and e.attributes[names.LEASE_HOLDER] == "r2"]  # fmt: skip
     assert list(acquired[0].attributes[names.KV_CACHE_GROUP_IDS]) == [0, 0, 0, 0, 0, 1, 0, 1]
+    [loaded] = [e for span in spans() for e in span.events if e.name == names.EVENT_BLOCK_LOADED]
+    assert list(loaded.attributes[names.KV_CACHE_GROUP_IDS]) == [0, 0, 0, 0, 0, 1, 0, 1]
+    assert list(loaded.attributes[names.BLOCK_IDS])[5] == swa_ids[4]
     engine.run()
     assert engine.scheduler.requests == {}
 
