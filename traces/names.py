@@ -303,5 +303,5 @@ are addresses within one group and one block hash has a block in each group; all
 with one group."""
 
 KV_CACHE_GROUP_COUNT: Final = "kvscope.kv_cache_groups.count"
-"""How many KV cache groups a request's blocks came in (request_finished spans; 1 without
-vLLM's hybrid KV cache manager)."""
+"""How many KV cache groups a request's blocks came in, on request_finished spans (which also
+cover vLLM's request_finished_all_groups); 1 without vLLM's hybrid KV cache manager."""

@@ -102,27 +102,26 @@ class SchedulerHooks:
 
     def request_finished(self, request: Any, block_ids: list[int]):
         call = self._inner.request_finished
-        return self._finished("request_finished", request, block_ids, call, block_ids)
+        return self._finished(request, block_ids, call, block_ids)
 
     def request_finished_all_groups(self, request: Any, block_ids: tuple[list[int], ...]):
         if self._inner_supports_hma:
             call = self._inner.request_finished_all_groups
-            return self._finished("request_finished_all_groups", request, block_ids[0],
-                                  call, block_ids, group_count=len(block_ids))  # fmt: skip
+            return self._finished(request, block_ids[0], call, block_ids, len(block_ids))
         if len(block_ids) != 1:  # vLLM enabled HMA for a class that is SupportsHMA: us
             raise RuntimeError(
                 f"{type(self._inner).__name__} is not SupportsHMA and got {len(block_ids)} KV "
                 "cache groups: start vLLM with --disable-hybrid-kv-cache-manager"
             )
         call = self._inner.request_finished
-        return self._finished("request_finished_all_groups", request, block_ids[0], call,
-                              block_ids[0])  # fmt: skip
+        return self._finished(request, block_ids[0], call, block_ids[0])
 
-    def _finished(self, hook: str, request: Any, first_group: list[int], call: Any,
-                  block_ids: Any, group_count: int = 1):  # fmt: skip
-        """One request_finished span; call is the wrapped connector's hook that gets block_ids."""
+    def _finished(self, request: Any, first_group: list[int], call: Any, block_ids: Any,
+                  group_count: int = 1):  # fmt: skip
+        """One request_finished span, whichever of the two vLLM called (one event: the request
+        ended; KV_CACHE_GROUP_COUNT tells them apart); call gets block_ids."""
         ids = block_ids_attributes(names.BLOCK_IDS, first_group)
-        with self._request_hook(hook, request, **ids) as span:
+        with self._request_hook("request_finished", request, **ids) as span:
             delay_free, params = call(request, block_ids)
             span.set_attributes(
                 {
