@@ -133,10 +133,8 @@ def test_stores_commit_when_one_rank_stores_steps_later(offload_engine, faults_p
     assert_no_leaks(llm)
 
 
-def test_a_load_failed_early_on_one_rank_is_recomputed_when_the_other_finishes(
-    engines, faults_path
-):
-    expected, llm = engines
+def test_a_load_failed_early_on_one_rank_is_recomputed(offload_engine, faults_path):
+    expected, llm = offload_engine
     greedy_tokens(llm, PROMPTS)
     settle(llm)
     assert llm.reset_prefix_cache(), "vLLM refused to reset its prefix cache (blocks in use)"
