@@ -29,6 +29,15 @@ HITS_BY_CONNECTOR = text(
     f"FROM ({LAST_LOOKUPS.text}) last GROUP BY connector, child"
 )
 
+# The series' hit rate per step: the composite's (or a plain connector's) lookups only.
+HITS_PER_BUCKET = text(
+    "SELECT (time_ns - :since) / :step AS bucket, COUNT(*), "
+    "SUM(CASE WHEN hit_tokens > 0 THEN 1 ELSE 0 END), SUM(hit_tokens), "
+    "SUM(COALESCE(prompt, 0)) "
+    f"FROM ({LAST_LOOKUPS.text}) last WHERE child IS NULL "
+    "GROUP BY (time_ns - :since) / :step"
+)
+
 TTFT_SAMPLES = text(
     "SELECT time_ns, ttft_ms FROM latency "
     "WHERE time_ns >= :since AND time_ns < :until AND ttft_ms IS NOT NULL"

@@ -72,6 +72,8 @@ class Request(RequestBase, table=True):
     __table_args__ = (
         UniqueConstraint("trace_id", "span_id", name="uq_request_span"),
         Index("ix_request_end", "end_ns"),
+        # The prompt length of a lookup's request: one probe per lookup in the hit rates.
+        Index("ix_request_request_engine", "request_id", "engine_id"),
         Index("ix_request_instance_status", "instance_id", "status"),
     )
     id: int | None = Field(default=None, primary_key=True)

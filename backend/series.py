@@ -74,7 +74,7 @@ def build(session: Session, bounds: dict, incidents: list[IncidentPublic]) -> Se
         since_ns=since,
         until_ns=bounds["until"],
         step_s=step / 1e9,
-        hits=_hits(sql.rows(connection, sql.LAST_LOOKUPS, bounds), since, step),
+        hits=_hits(sql.rows(connection, sql.HITS_PER_BUCKET, bounds), since, step),
         bytes=[
             BytesPoint(
                 time_ns=since + int(bucket) * step,
@@ -103,26 +103,17 @@ def _bucket(time_ns: int, since: int, step: int) -> int:
     return since + (time_ns - since) // step * step
 
 
-def _hits(lookups: list[tuple], since: int, step: int) -> list[HitPoint]:
-    totals: dict[int, list[int]] = {}
-    for _connector, child, time_ns, hit, prompt in lookups:
-        if child is not None:  # a child's hit is inside its composite's
-            continue
-        total = totals.setdefault(_bucket(time_ns, since, step), [0, 0, 0, 0])
-        total[0] += 1
-        total[1] += hit > 0
-        total[2] += hit
-        total[3] += prompt or 0
+def _hits(buckets: list[tuple], since: int, step: int) -> list[HitPoint]:
     return [
         HitPoint(
-            time_ns=at,
+            time_ns=since + int(bucket) * step,
             lookups=n,
-            hit_requests=hit_n,
-            hit_tokens=tokens,
-            prompt_tokens=prompt,
+            hit_requests=hit_n or 0,
+            hit_tokens=tokens or 0,
+            prompt_tokens=prompt or 0,
             hit_rate=tokens / prompt if prompt else None,
         )
-        for at, (n, hit_n, tokens, prompt) in sorted(totals.items())
+        for bucket, n, hit_n, tokens, prompt in sorted(buckets)
     ]
 
 

@@ -18,6 +18,7 @@ WINDOWED = {
     for name in (
         "LAST_LOOKUPS",
         "HITS_BY_CONNECTOR",
+        "HITS_PER_BUCKET",
         "TTFT_SAMPLES",
         "KV_WAITS",
         "TRANSFERS_BY_DIRECTION",

@@ -1,0 +1,139 @@
+"""Backend at scale: ingest rate with N spans stored against an empty database, timeline,
+summary and series p95 at N, and database bytes per span (SQLite; PostgreSQL with --postgres).
+
+python -m kvscope.bench.scale [--spans 10000000] [--postgres URL]: replays OTLP protobuf bodies
+(520 spans each, the shapes the connectors emit, every batch its own traces and requests)
+into the backend's app in this process (decode, derive, write; HTTP routing through
+Starlette's test client, no sockets), retention off. The rate of the first CHUNK spans (an
+empty database) and of the last CHUNK (N stored) are measured in the same run; their ratio is
+the verdict. Then the reads the dashboard makes are timed with N spans stored.
+"""
+
+import argparse
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from fastapi.testclient import TestClient
+
+from kvscope.backend.main import create_app
+from kvscope.backend.settings import Settings
+from kvscope.bench.results import record
+from kvscope.bench.scale_spans import Batches
+
+BENCH = "scale"
+CHUNK = 100_000
+"""Spans per measured stretch: the empty database's rate is the first one's."""
+TARGET_P95_MS = 50.0
+TARGET_INGEST_RATIO = 0.9
+PROTOBUF = {"Content-Type": "application/x-protobuf"}
+TOKEN = "scale-bench"  # the test client is not on loopback: a tokenless backend refuses it
+
+
+def size_label(spans: int) -> str:
+    """10_000_000 -> '10m', 2_000_000 -> '2m', 300_000 -> '300k'."""
+    if spans >= 1_000_000 and spans % 1_000_000 == 0:
+        return f"{spans // 1_000_000}m"
+    if spans >= 1_000_000:
+        return f"{spans / 1e6:.1f}m".replace(".", "_")
+    return f"{spans // 1000}k"
+
+
+def fill(client: TestClient, batches: Batches) -> tuple[float, float, int]:
+    """Sends every batch; returns spans/s of the first and of the last CHUNK, spans sent."""
+    per_chunk = max(1, CHUNK // batches.spans)
+    rates, started, sent, last_report = [], time.perf_counter(), 0, time.monotonic()
+    for batch in range(batches.count):
+        body = batches.body(batch)  # about 2 ms, timed with the batch it builds
+        response = client.post("/v1/traces", content=body, headers=PROTOBUF)
+        if response.status_code != 200:
+            raise SystemExit(f"batch {batch} refused: {response.status_code} {response.text}")
+        sent += batches.spans
+        in_stretch = batch % per_chunk + 1
+        if in_stretch == per_chunk or batch + 1 == batches.count:
+            elapsed = time.perf_counter() - started
+            rates.append(in_stretch * batches.spans / elapsed)
+            started = time.perf_counter()
+        if time.monotonic() - last_report > 10:
+            last_report = time.monotonic()
+            print(f"  {sent:>10,} spans stored, this stretch {rates[-1] if rates else 0:,.0f}/s",
+                  flush=True)  # fmt: skip
+    return rates[0], rates[-1] if len(rates) > 1 else rates[0], sent
+
+
+def p95_ms(client: TestClient, paths: list[str]) -> tuple[float, float]:
+    """(p50, p95) in ms of GETting each path once, in order."""
+    took = []
+    for path in paths:
+        started = time.perf_counter()
+        response = client.get(path)
+        took.append((time.perf_counter() - started) * 1e3)
+        if response.status_code != 200:
+            raise SystemExit(f"GET {path}: {response.status_code} {response.text[:200]}")
+    cuts = statistics.quantiles(took, n=20, method="inclusive")
+    return statistics.median(took), cuts[18]
+
+
+def reads(client: TestClient, samples: int) -> dict[str, tuple[float, float]]:
+    """The dashboard's reads with everything stored: a request's timeline, summary, series."""
+    newest = client.get("/api/v1/requests", params={"limit": 1}).json()["items"][0]["id"]
+    keys = [random.randint(1, newest) for _ in range(samples)]
+    timelines = [f"/api/v1/requests/{key}/timeline" for key in keys]
+    found = {"timeline": p95_ms(client, [p for p in timelines if _exists(client, p)])}
+    found["summary"] = p95_ms(client, ["/api/v1/stats/summary?window_s=300"] * samples)
+    found["series"] = p95_ms(client, ["/api/v1/stats/series?window_s=900"] * samples)
+    return found
+
+
+def _exists(client: TestClient, path: str) -> bool:
+    return client.get(path).status_code == 200
+
+
+def database_bytes(url: str) -> int | None:
+    if not url.startswith("sqlite:///"):
+        return None
+    path = Path(url.removeprefix("sqlite:///"))
+    return sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
+
+
+def run(database: str, url: str, spans: int, samples: int) -> None:
+    settings = Settings(database_url=url, ingest_workers=0, retention_max_spans=10**12, token=TOKEN)
+    batches = Batches(spans)
+    label = f"{database}_{{}}_{size_label(batches.count * batches.spans)}"
+    print(f"{database}: {batches.count * batches.spans:,} spans in {batches.count} batches")
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    with TestClient(create_app(settings), headers=headers) as client:
+        empty_rate, full_rate, sent = fill(client, batches)
+        ratio = full_rate / empty_rate
+        note = f"{sent:,} spans; first and last {CHUNK:,}-span stretch of one run"
+        print(f"  ingest: empty {empty_rate:,.0f}/s, at {sent:,} {full_rate:,.0f}/s ({ratio:.2f})")
+        record(BENCH, label.format("ingest") + "_over_empty", ratio, "ratio",
+               f">= {TARGET_INGEST_RATIO}", note)  # fmt: skip
+        record(BENCH, label.format("ingest_spans_per_s"), full_rate, "spans/s", "", note)
+        for name, (p50, p95) in reads(client, samples).items():
+            print(f"  {name}: p50 {p50:.1f} ms, p95 {p95:.1f} ms")
+            record(BENCH, label.format(f"{name}_p95_ms"), p95, "ms",
+                   f"<= {TARGET_P95_MS:.0f} ms", f"{sent:,} spans stored")  # fmt: skip
+    size = database_bytes(url)
+    if size is not None:
+        print(f"  database: {size / 2**20:,.0f} MiB, {size / sent:,.0f} bytes per span")
+        record(BENCH, label.format("bytes_per_span"), size / sent, "bytes", "", note)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--spans", type=int, default=10_000_000, help="spans to store")
+    parser.add_argument("--samples", type=int, default=100, help="timed reads of each kind")
+    parser.add_argument("--postgres", help="also a PostgreSQL database URL (emptied first)")
+    parser.add_argument("--workdir", help="where the SQLite file goes (default: a temp dir)")
+    arguments = parser.parse_args()
+    with tempfile.TemporaryDirectory(dir=arguments.workdir) as folder:
+        run("sqlite", f"sqlite:///{folder}/scale.db", arguments.spans, arguments.samples)
+    if arguments.postgres:
+        run("postgres", arguments.postgres, arguments.spans, arguments.samples)
+
+
+if __name__ == "__main__":
+    main()
