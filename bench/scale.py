@@ -101,7 +101,7 @@ def database_bytes(url: str) -> int | None:
 def run(database: str, url: str, spans: int, samples: int) -> None:
     settings = Settings(database_url=url, ingest_workers=0, retention_max_spans=10**12, token=TOKEN)
     batches = Batches(spans)
-    label = f"{database}_{{}}_{size_label(batches.count * batches.spans)}"
+    label = f"{database}_{{}}_{size_label(spans)}"  # the size asked for: 10m, not 9_9m
     print(f"{database}: {batches.count * batches.spans:,} spans in {batches.count} batches")
     headers = {"Authorization": f"Bearer {TOKEN}"}
     with TestClient(create_app(settings), headers=headers) as client:
