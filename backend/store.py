@@ -94,7 +94,7 @@ def write_batch(connection: Connection, facts: Facts, resources: dict, now_ns: i
     _insert_dicts(writer, Latency.__table__, facts.latencies)
     _insert_dicts(writer, Lease.__table__, facts.leases, _LEASE_UPSERT)
     _insert_dicts(writer, Block.__table__, facts.blocks, _BLOCK_UPSERT)
-    pass
+    _upsert_processes(writer, facts, resources, now_ns)
     seqs.merge(writer, facts.seqs, now_ns)
 
 
