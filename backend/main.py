@@ -21,6 +21,7 @@ from kvscope.backend.routes import (
     health,
     ingest,
     leases,
+    metrics,
     requests,
     stats,
     streams,
@@ -30,7 +31,8 @@ from kvscope.backend.routes import (
 from kvscope.backend.settings import Settings, check_bind_is_safe, get_settings
 from kvscope.backend.store import STAGED_TABLES
 
-ROUTERS = (health, ingest, requests, blocks, leases, failures, transfers, stats, streams, ws)
+ROUTERS = (health, metrics, ingest, requests, blocks, leases, failures, transfers, stats, streams,
+           ws)  # fmt: skip
 
 
 def create_app(settings: Settings | None = None, grpc_host: str | None = None) -> FastAPI:
