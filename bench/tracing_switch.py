@@ -7,17 +7,19 @@ figure comes from the same process, memory and connector state as the traced one
 
 from typing import Any
 
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, SupportsHMA
 
 from kvscope.traces.instrumented import InstrumentedConnector
 
 HOOKS = tuple(
     name
-    for name, value in vars(KVConnectorBase_V1).items()
+    for base in (KVConnectorBase_V1, SupportsHMA)
+    for name, value in vars(base).items()
     if callable(value) and not name.startswith("__") and name != "shutdown"
 )
 """Every method vLLM may call on a connector instance (both roles), but shutdown: the traced
-one flushes the spans on the way out."""
+one flushes the spans on the way out. TracedConnector is SupportsHMA, so vLLM ends requests
+through request_finished_all_groups."""
 
 
 def traced_connectors(llm: Any) -> list[InstrumentedConnector]:
@@ -44,5 +46,17 @@ def set_traced(connectors: list[InstrumentedConnector], traced: bool) -> None:
                 connector.__dict__.pop(name, None)
             elif hasattr(connector.inner, name):
                 setattr(connector, name, getattr(connector.inner, name))
+            elif name == "request_finished_all_groups":  # a wrapped connector without HMA
+                setattr(connector, name, _one_group(connector.inner))
         if traced:  # as loaded: some hooks are the wrapped connector's own
             connector.__dict__.update(connector.untraced_hooks())
+
+
+def _one_group(inner: KVConnectorBase_V1):
+    """request_finished_all_groups for a connector that knows only request_finished, as the
+    traced wrapper calls it (one KV cache group)."""
+
+    def request_finished_all_groups(request: Any, block_ids: tuple[list[int], ...]):
+        return inner.request_finished(request, block_ids[0])
+
+    return request_finished_all_groups
