@@ -2,7 +2,6 @@
 stores still commit, a load that failed on one rank still fails the request (offload) or falls
 back to the next child on every rank (Multi)."""
 
-import contextlib
 import json
 import os
 import time
@@ -13,6 +12,7 @@ from kvscope.demo.engine import in_process_llm
 from kvscope.demo.inspect import leaked_device_blocks, scheduler_connector, worker_leaks
 from kvscope.demo.oracle import greedy_tokens, token_mismatches
 from kvscope.demo.prompts import DISTINCT
+from tests.topology.runs import environ
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 PROMPTS = DISTINCT[:3]
@@ -22,20 +22,6 @@ TP2_ENV = {
     # llm.collective_rpc sends demo.inspect's functions to the worker processes.
     "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
 }
-
-
-@contextlib.contextmanager
-def environment(**values: str):
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 @pytest.fixture(scope="module")
@@ -80,13 +66,13 @@ def multi_config(first_faults, second_faults) -> dict:
 @pytest.fixture(scope="module")
 def expected(tiny_model):
     """Greedy tokens without connector at TP=2 (they may differ from TP=1's)."""
-    with environment(**TP2_ENV), in_process_llm(tiny_model, tensor_parallel_size=2) as llm:
+    with environ(**TP2_ENV), in_process_llm(tiny_model, tensor_parallel_size=2) as llm:
         return greedy_tokens(llm, PROMPTS)
 
 
 @pytest.fixture(scope="module")
 def offload_engine(tiny_model, faults_path, expected):
-    with environment(**TP2_ENV):
+    with environ(**TP2_ENV):
         config = offload_config(faults_path)
         with in_process_llm(tiny_model, config, tensor_parallel_size=2) as llm:
             yield expected, llm
@@ -160,7 +146,7 @@ def test_a_load_failed_on_one_rank_falls_back_on_every_rank(tiny_model, expected
     # Rank 1's fallback load ends well after rank 0's: the request must wait for both.
     set_plan(second, {"by_rank": {"1": {"load_delay_ms": 500.0}}})
     config = multi_config(first, second)
-    with environment(**TP2_ENV), in_process_llm(tiny_model, config, tensor_parallel_size=2) as llm:
+    with environ(**TP2_ENV), in_process_llm(tiny_model, config, tensor_parallel_size=2) as llm:
         greedy_tokens(llm, PROMPTS)
         settle_multi(llm)
         assert llm.reset_prefix_cache(), "vLLM refused to reset its prefix cache (blocks in use)"
