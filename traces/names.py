@@ -39,6 +39,10 @@ SPAN_HANDSHAKE: Final = "kvscope.handshake"
 SPAN_TELEMETRY: Final = "kvscope.telemetry"
 """Periodic self-report of the tracing pipeline: spans emitted and dropped so far."""
 
+SPAN_TIER_HEALTH: Final = "kvscope.tier.health"
+"""A KV tier (offload pool, P2P peer) changed health state (TIER_STATE): a root span, emitted
+by the scheduler half when the tier is bypassed, probed or healthy again."""
+
 # --- Resource and process attributes ----------------------------------------------------------
 
 SCHEMA: Final = "kvscope.schema.version"
@@ -305,3 +309,22 @@ with one group."""
 KV_CACHE_GROUP_COUNT: Final = "kvscope.kv_cache_groups.count"
 """How many KV cache groups a request's blocks came in, on request_finished spans (which also
 cover vLLM's request_finished_all_groups); 1 without vLLM's hybrid KV cache manager."""
+
+# --- Tier health (connector/common/tier_health.py) --------------------------------------------
+
+TIER: Final = "kvscope.tier"
+"""On SPAN_TIER_HEALTH: which tier, e.g. 'cpu_offload'."""
+
+TIER_STATE: Final = "kvscope.tier.state"
+"""On SPAN_TIER_HEALTH: the state entered, 'healthy', 'bypassed' (lookups answer 0) or
+'probing' (one lookup let through)."""
+
+TIER_REASON: Final = "kvscope.tier.reason"
+"""On SPAN_TIER_HEALTH: why the state changed, in words (e.g. the last failed load's cause)."""
+
+TIER_FAILURES: Final = "kvscope.tier.failures"
+"""On SPAN_TIER_HEALTH: loads failed or timed out in a row when the state changed."""
+
+TIER_BYPASS_S: Final = "kvscope.tier.bypass_s"
+"""On SPAN_TIER_HEALTH: seconds of the bypass begun (bypassed) or just over (probing); 0 when
+healthy."""
