@@ -34,6 +34,7 @@ MIGRATIONS: list[Migration] = [
     ),
     # The read side (it was to be 2; 4 also reaches databases stamped 3 before it existed).
     (4, "lookups, latencies and the indexes of every dashboard query", read_schema.add_missing),
+    (5, "blocks' KV cache group; the tier health spans' index", read_schema.add_missing),
 ]
 
 MIGRATION_LOCK = 0x6B7673636F7065  # 'kvscope'

@@ -1,6 +1,6 @@
 """SQLModel tables and their public schemas: one family (XBase, X, XPublic) per entity."""
 
-from sqlalchemy import BigInteger, Column, Index, Text, UniqueConstraint
+from sqlalchemy import BigInteger, Column, Index, Text, UniqueConstraint, text
 from sqlmodel import Field, SQLModel
 
 
@@ -34,8 +34,22 @@ class SpanBase(SQLModel):
     request_id: str | None = Field(default=None, index=True)
 
 
+_TIER_HEALTH_SPANS = text("name = 'kvscope.tier.health'")
+
+
 class Span(SpanBase, table=True):
-    __table_args__ = (UniqueConstraint("trace_id", "span_id", name="uq_span_trace_span"),)
+    __table_args__ = (
+        UniqueConstraint("trace_id", "span_id", name="uq_span_trace_span"),
+        # Tier state changes are rare spans: a partial index makes the latest per tier a
+        # small range read (backend/tiers.py); other spans' inserts only test the name.
+        Index(
+            "ix_span_tier_health",
+            "engine_id",
+            "end_ns",
+            sqlite_where=_TIER_HEALTH_SPANS,
+            postgresql_where=_TIER_HEALTH_SPANS,
+        ),
+    )
     id: int | None = Field(default=None, primary_key=True)
     attributes: str = _json_text()
     events: str = Field(default="[]", sa_column=Column(Text, nullable=False))
@@ -257,6 +271,8 @@ class BlockBase(SQLModel):
     updated_ns: int = _ns(nullable=False)
     instance_id: str | None = None
     request_id: str | None = None
+    # vLLM's KV cache group (hybrid KV cache manager); NULL (rows before migration 5) = 0.
+    kv_group: int | None = None
 
 
 class Block(BlockBase, table=True):
