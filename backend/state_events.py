@@ -130,20 +130,36 @@ def _blocks(facts, span, attributes: dict, event: dict, state: str) -> None:
     ]
     if not ids:
         addresses = [(f"hash:{block_hash}", None, block_hash) for block_hash in hashes]
+    groups = _groups(_get(names.KV_CACHE_GROUP_IDS, event_attributes, attributes), len(addresses))
     holder = _get(names.REQUEST_ID, event_attributes, attributes) or _get(
         names.LEASE_HOLDER, event_attributes, attributes
     )
-    for address, block_id, block_hash in addresses:
+    for (address, block_id, block_hash), group in zip(addresses, groups, strict=True):
         facts.blocks.append(
             {
                 "engine_id": engine_key(span),
                 "tier": tier,
-                "address": address,
+                "address": group_address(address, group),
                 "block_id": block_id,
                 "block_hash": block_hash,
                 "state": state,
                 "updated_ns": event["time_ns"],
                 "instance_id": span.instance_id,
                 "request_id": _str(holder),
+                "kv_group": group,
             }
         )
+
+
+def _groups(value, count: int) -> list[int]:
+    """Each block's KV cache group, pairwise; spans without group ids (one group) mean 0."""
+    groups = _ints(value)
+    return groups if len(groups) == count else [0] * count
+
+
+def group_address(address: str, group: int) -> str:
+    """Block ids are addresses within one KV cache group: other groups' slots are kept apart.
+
+    Group 0 keeps the plain address, so rows stored before groups were named stay the same.
+    """
+    return address if group == 0 else f"g{group}:{address}"
