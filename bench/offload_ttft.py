@@ -1,7 +1,13 @@
 """Time to first token with a long shared prefix served from the CPU offload pool, over
-recomputing it with no connector, measured side by side in one run.
+recomputing it with no connector, measured side by side in one run, at one or more prefix
+lengths.
 
-    python -m kvscope.bench.offload_ttft [--prefix-sentences 40] [--repeats 7]
+    python -m kvscope.bench.offload_ttft [--shape mid] [--prefix-tokens 1024,2048,4096]
+        [--repeats 5] [--rounds 2]
+
+Each round starts one engine per arm (recompute, offload) and times every length on it: a
+warm-up request first (it stores the prefix, and runs the kernels at that length once), then
+--repeats requests behind the same prefix with vLLM's prefix cache reset before each.
 """
 
 import argparse
@@ -9,78 +15,106 @@ import statistics
 import time
 from pathlib import Path
 
-from kvscope.bench.results import record
+from kvscope.bench.results import length_metric, record
 
-TARGET = "<= 0.5"
+TARGET = "<= 0.1"
+"""The goal at the headline length (2k tokens on the mid model)."""
+ROOM_TOKENS = 512
+"""max_model_len above the longest prefix: the question and the output."""
 
 
-def offload_config() -> dict:
+def offload_config(pool_bytes: int = 256 << 20) -> dict:
     return {
         "kv_connector": "CpuOffloadConnector",
         "kv_connector_module_path": "kvscope.connector.cpu_offload.connector",
         "kv_role": "kv_both",
         "kv_load_failure_policy": "recompute",
-        "kv_connector_extra_config": {"cpu_bytes_to_use": 256 << 20},
+        "kv_connector_extra_config": {"cpu_bytes_to_use": pool_bytes},
     }
 
 
-def ttft_s(llm, prompt: str) -> float:
+def ttft_s(llm, prompt_ids: list[int]) -> float:
     """Wall time of a one-token generation: the prefill (and any KV load) plus one step."""
     from kvscope.demo.oracle import greedy_params
 
     start = time.perf_counter()
-    llm.generate([prompt], greedy_params(1), use_tqdm=False)
+    llm.generate([{"prompt_token_ids": prompt_ids}], greedy_params(1), use_tqdm=False)
     return time.perf_counter() - start
 
 
-def measure(model: Path, config: dict | None, prefix: str, repeats: int) -> list[float]:
-    """TTFTs of prompts sharing `prefix`; the local prefix cache is reset before each."""
+def measure(
+    model: Path, config: dict | None, lengths: list[int], repeats: int
+) -> dict[int, list[float]]:
+    """TTFTs per prefix length of prompts sharing that prefix; one engine for all lengths."""
     from kvscope.demo.engine import in_process_llm
+    from kvscope.model.prompts import encode, token_prompt
 
-    with in_process_llm(model, config, max_model_len=2048) as llm:
-        ttft_s(llm, prefix + " Warm-up question.")  # with a connector: stores the prefix
-        for _ in range(20):  # let the stores commit
-            llm.llm_engine.step()
-        times = []
-        for i in range(repeats):
-            llm.reset_prefix_cache()
-            times.append(ttft_s(llm, f"{prefix} Question number {i}?"))
+    times: dict[int, list[float]] = {}
+    with in_process_llm(model, config, max_model_len=max(lengths) + ROOM_TOKENS) as llm:
+        for tokens in lengths:
+            prefix = token_prompt(model, tokens, seed=tokens)
+            ttft_s(llm, prefix + encode(model, " Warm-up question."))  # stores the prefix
+            for _ in range(20):  # let the stores commit
+                llm.llm_engine.step()
+            times[tokens] = []
+            for i in range(repeats):
+                llm.reset_prefix_cache()
+                times[tokens].append(ttft_s(llm, prefix + encode(model, f" Question {i}?")))
     return times
 
 
+def parse_lengths(text: str) -> list[int]:
+    lengths = [int(part) for part in text.split(",") if part.strip()]
+    if not lengths or min(lengths) < 32:
+        raise argparse.ArgumentTypeError(f"prefix lengths of at least 32 tokens, not {text!r}")
+    return lengths
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--prefix-sentences", type=int, default=60, help="shared prefix length")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", default="tiny", help="model shape (model/shapes.py)")
+    parser.add_argument("--model", type=Path, default=None, help="model dir (over --shape)")
+    parser.add_argument("--prefix-tokens", type=parse_lengths, default=[1024],
+                        help="shared prefix lengths in tokens, comma-separated")  # fmt: skip
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--model", type=Path, default=None)
     args = parser.parse_args(argv)
 
     from kvscope.demo.engine import use_in_process_engine
-    from kvscope.demo.prompts import long_prompt
-    from kvscope.model.build import build_model, default_model_dir
+    from kvscope.model.build import ensure_model
+    from kvscope.model.shapes import SHAPES
 
     use_in_process_engine()
-    model = args.model or default_model_dir()
-    if not (model / "config.json").exists():
-        build_model(model)
-    prefix = long_prompt(0, sentences=args.prefix_sentences)
-    results: dict[str, list[float]] = {"recompute": [], "offload": []}
+    model = args.model or ensure_model(args.shape)
+    lengths = args.prefix_tokens
+    pool = max(256 << 20, 3 * sum(lengths) * SHAPES[args.shape].kv_bytes_per_token)
+    results = {arm: {n: [] for n in lengths} for arm in ("recompute", "offload")}
     for round_index in range(args.rounds):
-        for name, config in (("recompute", None), ("offload", offload_config())):
-            results[name] += measure(model, config, prefix, args.repeats)
-            print(f"round {round_index + 1}: {name:9s} median TTFT "
-                  f"{statistics.median(results[name][-args.repeats:]) * 1000:7.1f} ms",
-                  flush=True)  # fmt: skip
-    recompute, offload = (statistics.median(results[k]) for k in ("recompute", "offload"))
-    print("\n| path | median TTFT (ms) | ratio to recompute |\n| --- | --- | --- |")
-    print(f"| recompute, no connector | {recompute * 1000:.1f} | 1.000 |")
-    print(f"| prefix from the offload pool | {offload * 1000:.1f} | {offload / recompute:.3f} |")
-    print(f"\nhit over recompute: {offload / recompute:.3f} (target {TARGET})")
-    record("offload_ttft", "ttft_hit_over_recompute", offload / recompute, "ratio", TARGET,
-           f"{offload * 1000:.1f} vs {recompute * 1000:.1f} ms, {args.prefix_sentences} "
-           f"sentences of prefix, median of {len(results['offload'])}")  # fmt: skip
+        for arm, config in (("recompute", None), ("offload", offload_config(pool))):
+            for tokens, times in measure(model, config, lengths, args.repeats).items():
+                results[arm][tokens] += times
+                print(f"round {round_index + 1}: {arm:9s} {tokens:5d} tokens: median TTFT "
+                      f"{statistics.median(times) * 1000:8.1f} ms", flush=True)  # fmt: skip
+    report(results, args.shape, len(lengths))
     return 0
+
+
+def report(results: dict[str, dict[int, list[float]]], shape: str, count: int) -> None:
+    """The table, and per length: the ratio and both medians as figures."""
+    print("\n| prefix tokens | recompute TTFT (ms) | offload hit TTFT (ms) | hit over recompute |")
+    print("| --- | --- | --- | --- |")
+    for tokens, recompute_s in results["recompute"].items():
+        recompute = statistics.median(recompute_s)
+        offload = statistics.median(results["offload"][tokens])
+        ratio = offload / recompute
+        print(f"| {tokens} | {recompute * 1000:.1f} | {offload * 1000:.1f} | {ratio:.3f} |")
+        metric = length_metric("ttft_hit_over_recompute", shape, tokens, count)
+        headline = metric.endswith("_mid") or metric == "ttft_hit_over_recompute"
+        note = (f"{offload * 1000:.1f} vs {recompute * 1000:.1f} ms, {shape} model, {tokens}-token"
+                f" prefix, median of {len(results['offload'][tokens])}")  # fmt: skip
+        record("offload_ttft", metric, ratio, "ratio", TARGET if headline else "", note)
+        record("offload_ttft", f"ttft_recompute_{shape}_{tokens}_ms", recompute * 1000, "ms")
+        record("offload_ttft", f"ttft_hit_{shape}_{tokens}_ms", offload * 1000, "ms")
 
 
 if __name__ == "__main__":

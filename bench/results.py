@@ -41,3 +41,17 @@ def load(path: Path) -> list[dict]:
         return []
     lines = path.read_text(encoding="utf-8").splitlines()
     return [json.loads(line) for line in lines if line.strip()]
+
+
+HEADLINE_TOKENS = 2048
+"""The prefix length a shape's headline figure is measured at (the `_mid` figures)."""
+
+
+def length_metric(base: str, shape: str, tokens: int, lengths: int = 1) -> str:
+    """A per-prefix-length figure's name: `<base>_mid` for the mid shape at 2k tokens,
+    `<base>_1k`, `<base>_4k`... for its other lengths; on another shape `<base>` when the run
+    has one length, else `<base>_<shape>_<n>k`."""
+    size = f"{tokens // 1024}k" if tokens % 1024 == 0 else str(tokens)
+    if shape == "mid":
+        return f"{base}_mid" if tokens == HEADLINE_TOKENS else f"{base}_{size}"
+    return base if lengths == 1 else f"{base}_{shape}_{size}"

@@ -1,4 +1,4 @@
-"""Writes a tiny Llama checkpoint (random weights, local tokenizer) that vLLM loads offline."""
+"""Writes a Llama checkpoint (random weights, local tokenizer) that vLLM loads offline."""
 
 import json
 from pathlib import Path
@@ -19,14 +19,24 @@ def default_model_dir(shape: str = "tiny", seed: int = 0) -> Path:
     return DEFAULT_DIR / f"{shape}-seed{seed}"
 
 
-def build_model(out: Path, shape: str = "tiny", seed: int = 0) -> Path:
-    """Writes config, weights and tokenizer into out; byte-identical for one shape and seed."""
-    spec = SHAPES[shape]
+def build_model(out: Path, shape: str | ModelShape = "tiny", seed: int = 0) -> Path:
+    """Writes config, weights and tokenizer into out; byte-identical for one shape and seed.
+
+    `shape` is a SHAPES name, or a ModelShape (tests build cut-down variants of a shape)."""
+    spec = SHAPES[shape] if isinstance(shape, str) else shape
     out.mkdir(parents=True, exist_ok=True)
     _write_tokenizer(out, spec, seed)
     save_file(_random_weights(spec, seed), out / "model.safetensors", metadata={"format": "pt"})
     _write_json(out / "config.json", _config(spec))
     _write_json(out / "generation_config.json", {"bos_token_id": 0, "eos_token_id": 1})
+    return out
+
+
+def ensure_model(shape: str = "tiny", seed: int = 0) -> Path:
+    """The cached model of a shape and seed (default_model_dir), built first if absent."""
+    out = default_model_dir(shape, seed)
+    if not (out / "config.json").is_file():  # written last: its presence means complete
+        build_model(out, shape, seed)
     return out
 
 
