@@ -65,6 +65,14 @@ class TierHealthConfig:
                              f">= bypass_s ({self.bypass_s})")  # fmt: skip
 
 
+def failure_reason(waited_s: float, timeout_s: float) -> str:
+    """A failed load in words, from how long it ran against its timeout (when the copy's own
+    error stays on the worker side)."""
+    if waited_s >= timeout_s:
+        return f"timed out after {waited_s:.2f} s (timeout {timeout_s:g} s)"
+    return f"failed after {waited_s:.2f} s"
+
+
 def emit_state_span(tier: str, state: TierState, reason: str, failures: int, bypass_s: float):
     """One kvscope.tier.health span, a root of its own (the tier's, not a request's trace)."""
     attributes = {names.TIER: tier, names.TIER_STATE: str(state), names.TIER_REASON: reason,
@@ -91,7 +99,7 @@ class TierHealth:
         self.bypasses = 0  # times the tier went from healthy or probing to bypassed
         self.bypassed_lookups = 0  # lookups answered 0 because of a bypass
         self.ever_unhealthy = False
-        self._until = 0.0  # end of the current bypass
+        self.bypassed_until = 0.0  # time.monotonic() (the clock) at which the bypass ends
         self._probe: tuple[str, float] | None = None  # (key, admitted at)
 
     @property
@@ -103,7 +111,7 @@ class TierHealth:
         if self.state is TierState.HEALTHY:
             return True
         now = self.clock()
-        if self.state is TierState.BYPASSED and now >= self._until:
+        if self.state is TierState.BYPASSED and now >= self.bypassed_until:
             self._probe = (key, now)
             self._change(TierState.PROBING, f"bypass of {self.bypass_s:g} s over: one lookup "
                          "let through as a probe")  # fmt: skip
@@ -149,8 +157,19 @@ class TierHealth:
             self._bypass(self.config.bypass_s, f"{self.failures} loads in a row failed; "
                          f"last: {reason}")  # fmt: skip
 
+    def counters(self) -> dict[str, int]:
+        """Cumulative counts for the connector's stats."""
+        return {"tier_bypasses": self.bypasses, "tier_bypassed_lookups": self.bypassed_lookups}
+
+    def gauges(self) -> dict[str, int]:
+        """tier_bypassed: 1 while lookups answer 0 (bypassed, or probing with one let through),
+        else 0; reported once the tier has been bypassed (until then it is 0 anyway)."""
+        if not self.ever_unhealthy:
+            return {}
+        return {"tier_bypassed": int(self.state is not TierState.HEALTHY)}
+
     def _bypass(self, bypass_s: float, reason: str) -> None:
-        self.bypass_s, self._until = bypass_s, self.clock() + bypass_s
+        self.bypass_s, self.bypassed_until = bypass_s, self.clock() + bypass_s
         self.bypasses += 1
         self.ever_unhealthy = True
         self._change(TierState.BYPASSED, reason)

@@ -3,6 +3,8 @@
 from dataclasses import dataclass
 from typing import Any
 
+from kvscope.connector.common.tier_health import TierHealthConfig
+
 DEFAULT_CPU_BYTES = 256 * 2**20
 
 
@@ -16,6 +18,8 @@ class OffloadConfig:
     cpu_bytes_to_use_per_rank: int | None = None
     lease_timeout_s: float = 30.0  # a hit not loaded by then is released and reported
     load_timeout_s: float = 10.0  # a load not finished by then is reported failed
+    # When loads keep failing or timing out, the pool is bypassed for a while (tier_health.py).
+    tier_health: TierHealthConfig = TierHealthConfig()
 
     @classmethod
     def from_extra_config(cls, extra: dict[str, Any] | None) -> "OffloadConfig":
@@ -26,6 +30,7 @@ class OffloadConfig:
             cpu_bytes_to_use_per_rank=None if per_rank is None else int(per_rank),
             lease_timeout_s=float(extra.get("lease_timeout_s", 30.0)),
             load_timeout_s=float(extra.get("load_timeout_s", 10.0)),
+            tier_health=TierHealthConfig.from_extra_config(extra),
         )
         if config.cpu_bytes_to_use <= 0:
             raise ValueError(f"cpu_bytes_to_use must be positive, got {config.cpu_bytes_to_use}")

@@ -26,6 +26,8 @@ COUNTERS = {
     "evicted_blocks": "Host pool blocks evicted to make room (least recently used first).",
     "lease_expiries": "Leases that ran out before their load ended.",
     "samples_dropped": "Histogram samples beyond the per-interval bound (totals stay exact).",
+    "tier_bypasses": "Times the host pool was bypassed after loads kept failing or timing out.",
+    "tier_bypassed_lookups": "Lookups answered 0 at once because the host pool was bypassed.",
 }
 GAUGES = {
     "host_blocks": "Host pool capacity, in blocks.",
@@ -33,6 +35,7 @@ GAUGES = {
     "host_blocks_pinned": "Host pool blocks pinned by leases (not evictable).",
     "pending_stores": "Stores to the host pool not yet reported by every rank.",
     "active_leases": "Leases held by requests waiting for or running their load.",
+    "tier_bypassed": "1 while the host pool is bypassed (lookups answer 0; one probe at a time).",
 }
 SECONDS_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                    2.5, 5.0, 10.0)  # fmt: skip

@@ -12,6 +12,7 @@ from kvscope.connector.common.faults import FaultInjector
 from kvscope.connector.common.host_pool import HostBlockPool, KVNamespace
 from kvscope.connector.common.leases import Lease, LeaseTable
 from kvscope.connector.common.rank_tally import RankTally
+from kvscope.connector.common.tier_health import TierHealth, failure_reason
 from kvscope.connector.cpu_offload.config import OffloadConfig
 from kvscope.connector.cpu_offload.groups import KVGroups
 from kvscope.connector.cpu_offload.hits import GroupBlock, plan_hit, request_blocks
@@ -65,6 +66,8 @@ class OffloadScheduler(StorePlanning):
         self.samples = Samples()  # histogram samples and failures for the next stats report
         self.failure_outcome = RECOMPUTED  # what a failed load becomes; the core says
         self.kv_events = HostTierEvents(kv_events, block_size)
+        # Fed by every load's outcome (once all ranks reported); lookups ask it first.
+        self.health = TierHealth("cpu_offload", config.tier_health)
         self._pool_read_at, self._pool_gauges, self._evicted = float("-inf"), {}, 0
 
     # --- lookups --------------------------------------------------------------------------
@@ -90,6 +93,8 @@ class OffloadScheduler(StorePlanning):
         self.stats["lookups"] += 1
         if end <= start:
             return 0, False
+        if not self.health.admit(req_id):  # a sick pool: recompute now, not after a timeout
+            return 0, False
         hit = self._plan_hit(request, start, end)
         plan = self.faults.plan
         timeout_s = plan.lease_timeout_ms / 1000 if plan.lease_timeout_ms else None
@@ -102,6 +107,7 @@ class OffloadScheduler(StorePlanning):
         num_tokens = (hit_end - start) * self.block_size
         self.stats["miss_tokens"] += (end - start) * self.block_size - num_tokens
         if lease is None:
+            self.health.cancel(req_id)  # nothing to load: no outcome will come
             return 0, False
         state.lease, state.asked_at, state.hit, state.hit_end = (
             lease,
@@ -201,6 +207,7 @@ class OffloadScheduler(StorePlanning):
                 state.expired_lease = lease
             elif state is not None:
                 state.lease = None  # no load started: nothing failed, the next lookup leases again
+                self.health.cancel(lease.req_id)
 
     # --- worker reports -------------------------------------------------------------------
 
@@ -218,9 +225,10 @@ class OffloadScheduler(StorePlanning):
         state = self.requests.get(req_id)
         if state is None or not state.loading:
             return
-        lease = state.lease
+        lease, waited_s = state.lease, time.monotonic() - state.load_started_at
         state.phase = LoadPhase.RECOMPUTE if failed else LoadPhase.LOOKUP
-        self.samples.observe("kv_wait_seconds", time.monotonic() - state.load_started_at)
+        self.samples.observe("kv_wait_seconds", waited_s)
+        self.health.record(req_id, not failed, failure_reason(waited_s, self.config.load_timeout_s))
         if failed:
             self.samples.fail("load_failed", self.failure_outcome)
         if lease is not None:
@@ -270,8 +278,8 @@ class OffloadScheduler(StorePlanning):
                                  "host_blocks_pinned": pool.pinned}  # fmt: skip
             self._evicted = pool.evicted_blocks
         gauges = {**self._pool_gauges, "pending_stores": len(self._stores),
-                  "active_leases": len(self.leases.active())}  # fmt: skip
-        return {**self.stats, "evicted_blocks": self._evicted}, gauges
+                  "active_leases": len(self.leases.active()), **self.health.gauges()}  # fmt: skip
+        return {**self.stats, "evicted_blocks": self._evicted, **self.health.counters()}, gauges
 
     def expired_leases_in_flight(self) -> list[str]:
         """Requests whose lease ran out during their load, blocks still pinned (leak checks)."""
@@ -282,6 +290,8 @@ class OffloadScheduler(StorePlanning):
             return
         attributes = self._lease_attributes(state.lease, state)
         lease, state.lease = state.lease, None
+        if outcome not in ("failed", "released"):  # no load outcome will come for it
+            self.health.cancel(lease.req_id)
         if self.leases.release(lease.lease_id) is not None:
             add_event(names.EVENT_LEASE_RELEASED, **attributes, **{names.LEASE_OUTCOME: outcome})
 

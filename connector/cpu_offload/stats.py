@@ -26,9 +26,10 @@ COUNTERS = (
     "lookups", "hit_tokens", "miss_tokens", "stored_blocks", "loaded_blocks", "failed_loads",
     "failed_load_blocks", "evicted_blocks", "lease_expiries",
     "load_bytes", "store_bytes", "load_s", "store_s", "samples_dropped",
+    "tier_bypasses", "tier_bypassed_lookups",
 )  # fmt: skip
 GAUGES = ("host_blocks", "host_blocks_used", "host_blocks_pinned", "pending_stores",
-          "active_leases")  # fmt: skip
+          "active_leases", "tier_bypassed")  # fmt: skip
 HISTOGRAMS = ("load_seconds", "store_seconds", "load_size_bytes", "store_size_bytes",
               "kv_wait_seconds")  # fmt: skip
 FAILURE_CAUSES = ("lease_expired", "lease_expired_during_load", "load_failed", "store_failed")
