@@ -13,12 +13,15 @@ handshake_timeout_s (see config.P2PConfig).
 
 from typing import Any
 
+from vllm.distributed.kv_transfer.kv_connector.v1.base import SupportsHMA
+
 from kvscope.connector.p2p.core import P2PCore
 from kvscope.traces.instrumented import InstrumentedConnector
 
 
-class P2PConnector(InstrumentedConnector):
-    """P2PCore inside the hook-span instrumentation."""
+class P2PConnector(InstrumentedConnector, SupportsHMA):
+    """P2PCore inside the hook-span instrumentation; every KV cache group of full or
+    sliding-window attention (vLLM's hybrid KV cache manager) moves."""
 
     def build_inner(self, vllm_config: Any, role: Any, kv_cache_config: Any) -> P2PCore:
         return P2PCore(vllm_config, role, kv_cache_config)

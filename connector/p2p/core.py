@@ -6,18 +6,22 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    KVConnectorTransferResults,
+    SupportsHMA,
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvscope.connector.p2p.config import P2PConfig
+from kvscope.connector.p2p.groups import P2PGroups, transfer_layers
 from kvscope.connector.p2p.metadata import P2PMetadata
 from kvscope.connector.p2p.scheduler import P2PScheduler
 from kvscope.connector.p2p.vllm_layout import preferred_layout, resolved_layout, tensor_strides
 from kvscope.connector.p2p.worker import P2PWorker
 
 
-class P2PCore(KVConnectorBase_V1):
-    """Prefill/decode over NIXL READs; use P2PConnector (traced).
+class P2PCore(KVConnectorBase_V1, SupportsHMA):
+    """Prefill/decode over NIXL READs; use P2PConnector (traced). Every KV cache group of full
+    or sliding-window attention moves (a sliding-window group only its window's blocks).
 
     Under tensor parallelism every worker rank holds its own shard of each block (its KV heads)
     and trades it only with the same rank of the peer engine, on its own side channel port.
@@ -32,10 +36,13 @@ class P2PCore(KVConnectorBase_V1):
         ktc = self._kv_transfer_config
         config = P2PConfig.from_extra_config(ktc.kv_connector_extra_config)
         engine_id = str(ktc.engine_id)
+        self.groups = P2PGroups.of(kv_cache_config)
         self.scheduler: P2PScheduler | None = None
         self.worker: P2PWorker | None = None
         if role == KVConnectorRole.SCHEDULER:
-            self.scheduler = P2PScheduler(config, engine_id, vllm_config.cache_config.block_size)
+            self.scheduler = P2PScheduler(
+                config, engine_id, vllm_config.cache_config.block_size, self.groups
+            )
         else:
             serves = ktc.kv_role in ("kv_producer", "kv_both")
             tp_size = vllm_config.parallel_config.tensor_parallel_size
@@ -64,7 +71,18 @@ class P2PCore(KVConnectorBase_V1):
         return self.scheduler.lookup(request, num_computed_tokens)
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int):
-        self.scheduler.bind(request, blocks.get_block_ids()[0], num_external_tokens)
+        def is_null(group: int, index: int) -> bool:
+            return blocks.blocks[group][index].is_null
+
+        self.scheduler.bind(request, blocks.get_block_ids(), num_external_tokens, is_null)
+
+    def get_loaded_kv_cache_group_ids(self, request: Any) -> tuple[int, ...]:
+        """A pull restores the request's own blocks of every group (as stock NIXL's)."""
+        return self.groups.group_ids
+
+    def bind_gpu_block_pool(self, gpu_block_pool: Any) -> None:
+        if self.scheduler is not None:
+            self.scheduler.null_block_id = gpu_block_pool.null_block.block_id
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
         return self.scheduler.build_metadata()
@@ -77,12 +95,17 @@ class P2PCore(KVConnectorBase_V1):
         )
 
     def request_finished(self, request: Any, block_ids: list[int]):
-        return self.scheduler.finished(request, block_ids)
+        return self.scheduler.finished(request, (block_ids,))
+
+    def request_finished_all_groups(self, request: Any, block_ids: tuple[list[int], ...]):
+        """Every group's blocks are held for the reader and freed together."""
+        return self.scheduler.finished(request, tuple(block_ids))
 
     # --- worker side --------------------------------------------------------------------------
 
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
         kv_cache_config = self._kv_cache_config
+        kv_caches = transfer_layers(kv_caches, kv_cache_config)
         self.worker.register(
             kv_caches,
             resolved_layout(self._vllm_config, kv_cache_config),
@@ -105,11 +128,19 @@ class P2PCore(KVConnectorBase_V1):
         return None
 
     def get_finished(self, finished_req_ids: set[str]):
+        results = self.get_transfer_results(finished_req_ids)
+        return results.finished_sending or None, results.finished_recving or None
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        """With several KV cache groups a failed pull is reported by request (failed_recving):
+        vLLM cannot map block ids, which are per group, back to requests."""
         sending, recving = self.worker.poll()
-        return sending or None, recving or None
+        failed = self.worker.take_failed_loads()
+        return KVConnectorTransferResults(sending, recving, failed if self.groups.multi else set())
 
     def get_block_ids_with_load_errors(self) -> set[int]:
-        return self.worker.take_load_errors()
+        errors = self.worker.take_load_errors()
+        return set() if self.groups.multi else errors
 
     def build_connector_worker_meta(self):
         return self.worker.take_worker_meta()

@@ -67,7 +67,7 @@ class BlockLender:
             **{
                 names.LEASE_HOLDER: held.req_id,
                 names.REQUEST_ID: held.req_id,
-                names.BLOCK_COUNT: len(held.block_ids),
+                names.BLOCK_COUNT: held.num_blocks,
                 names.FAILURE_CAUSE: "lease_expired: no reader came before the deadline",
             },
         )

@@ -10,7 +10,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 from kvscope.connector.p2p.params import RemotePrefill
 
-P2P_METADATA_VERSION: Final = 1
+P2P_METADATA_VERSION: Final = 2
 NOTIF_PREFIX: Final = b"kvscope.p2p/1 done "
 """A decode side's 'I read (or no longer need) your blocks of request X' notification."""
 
@@ -28,12 +28,26 @@ def req_id_of_notif(message: bytes) -> str | None:
 
 @dataclass(frozen=True)
 class BlockPull:
-    """Decode side: read these remote blocks into these local blocks, pairwise."""
+    """Decode side: read these remote blocks into these local blocks, pairwise, per KV cache
+    group (a sliding-window group names only the blocks inside its window)."""
 
     req_id: str
-    local_block_ids: tuple[int, ...]
-    remote_block_ids: tuple[int, ...]
+    local_block_ids: tuple[tuple[int, ...], ...]
+    remote_block_ids: tuple[tuple[int, ...], ...]
     remote: RemotePrefill
+
+    @property
+    def flat_local(self) -> list[int]:
+        return [block_id for group in self.local_block_ids for block_id in group]
+
+    @property
+    def flat_remote(self) -> list[int]:
+        return [block_id for group in self.remote_block_ids for block_id in group]
+
+    @property
+    def group_of_blocks(self) -> list[int]:
+        """The KV cache group of each block of flat_local, pairwise."""
+        return [g for g, group in enumerate(self.local_block_ids) for _ in group]
 
 
 @dataclass(frozen=True)
@@ -49,8 +63,12 @@ class HeldBlocks:
     """Prefill side: blocks kept for a remote reader until it notifies or the lease ends."""
 
     req_id: str
-    block_ids: tuple[int, ...]
+    block_ids: tuple[tuple[int, ...], ...]  # per KV cache group
     lease_deadline_unix_s: float
+
+    @property
+    def num_blocks(self) -> int:
+        return sum(len(group) for group in self.block_ids)
 
 
 @dataclass

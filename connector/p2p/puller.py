@@ -53,6 +53,7 @@ class BlockPuller:
         self._reads: dict[int, BlockPull] = {}  # transfer id -> pull
         self._recving: set[str] = set()
         self.load_errors: set[int] = set()
+        self.failed_loads: set[str] = set()  # request ids, for vLLM's failed_recving
         self.loads_failed: dict[str, str] = {}  # since the last take
         self.stats = {"read_bytes": 0, "read_s": 0.0, "reads": 0, "failed_reads": 0,
                       "handshakes": 0}  # fmt: skip
@@ -120,7 +121,7 @@ class BlockPuller:
             return
         timeout_s = min(self.config.read_timeout_s, time_left_s)
         xfer_id = self.transport.read_blocks(
-            agent, list(item.remote_block_ids), list(item.local_block_ids), notif, timeout_s
+            agent, item.flat_remote, item.flat_local, notif, timeout_s
         )
         self._reads[xfer_id] = item
 
@@ -132,8 +133,8 @@ class BlockPuller:
         descriptors = result.descriptors
         record_transfer(pull.req_id, "p2p_read", result.nbytes, end - result.duration_s, end,
                         error=cause, **{names.TRANSFER_PEER: pull.remote.engine_id,
-                        names.TRANSFER_DESCRIPTORS: descriptors,
-                        names.BLOCK_COUNT: len(pull.local_block_ids)})  # fmt: skip
+                        names.TRANSFER_DESCRIPTORS: descriptors},
+                        **pulled_block_attributes(pull))  # fmt: skip
         if cause is not None:
             kind = "lease_expired" if "lease expired" in cause else "read_failed"
             self._release_quietly(pull, result.peer)
@@ -145,23 +146,22 @@ class BlockPuller:
         self.stats["read_s"] += result.duration_s
         self._recving.add(pull.req_id)
         add_event(names.EVENT_BLOCK_LOADED, **{names.REQUEST_ID: pull.req_id,
-                  names.BLOCK_TIER: "device",
-                  names.BLOCK_IDS: list(pull.local_block_ids)})  # fmt: skip
+                  names.BLOCK_TIER: "device"}, **pulled_block_attributes(pull))  # fmt: skip
 
     def _fail(self, item: BlockPull | BlockRelease, cause: str, kind: str) -> None:
         logger.warning("p2p: request %s: %s", item.req_id, cause)
         if isinstance(item, BlockRelease):
             return  # nothing was loaded; the prefill side's lease frees its blocks
         self.stats["failed_reads"] += 1
-        self.load_errors.update(item.local_block_ids)
+        self.load_errors.update(item.flat_local)
+        self.failed_loads.add(item.req_id)
         self.loads_failed[item.req_id] = f"{kind}: {cause}"
         self._recving.add(item.req_id)
         add_event(names.EVENT_LOAD_FAILED, **{names.REQUEST_ID: item.req_id,
                   names.FAILURE_CAUSE: f"{kind}: {cause}",
                   names.FAILURE_POLICY: self.failure_policy,
-                  names.FAILURE_OUTCOME: self.failure_outcome,
-                  names.BLOCK_IDS: list(item.local_block_ids),
-                  names.BLOCK_COUNT: len(item.local_block_ids)})  # fmt: skip
+                  names.FAILURE_OUTCOME: self.failure_outcome},
+                  **pulled_block_attributes(item))  # fmt: skip
 
     def _release_quietly(self, pull: BlockPull, agent: str) -> None:
         """The read was cancelled and its blocks will be recomputed: the prefill side may free
@@ -186,9 +186,24 @@ class BlockPuller:
         errors, self.load_errors = self.load_errors, set()
         return errors
 
+    def take_failed_loads(self) -> set[str]:
+        """Requests whose pull failed since the last call (each also in finished_recving)."""
+        failed, self.failed_loads = self.failed_loads, set()
+        return failed
+
     def take_loads_failed(self) -> dict[str, str]:
         failed, self.loads_failed = self.loads_failed, {}
         return failed
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def pulled_block_attributes(pull: BlockPull) -> dict:
+    """The local block ids a pull wrote, their count and, with several KV cache groups, the
+    group of each (kvscope.blocks.group_ids) and the groups it moved."""
+    attributes: dict = {names.BLOCK_IDS: pull.flat_local, names.BLOCK_COUNT: len(pull.flat_local)}
+    if len(pull.local_block_ids) > 1:
+        attributes[names.KV_CACHE_GROUP_IDS] = pull.group_of_blocks
+        attributes[names.KV_CACHE_GROUP_COUNT] = len(pull.local_block_ids)
+    return attributes

@@ -12,6 +12,7 @@ from typing import Any
 
 from kvscope.connector.common.leases import next_lease_id
 from kvscope.connector.p2p.config import P2PConfig
+from kvscope.connector.p2p.groups import P2PGroups, held_tails, needed_ranges, pull_pairs
 from kvscope.connector.p2p.metadata import (
     BlockPull,
     BlockRelease,
@@ -31,10 +32,14 @@ _FINISHED_OK = ("FINISHED_LENGTH_CAPPED", "FINISHED_STOPPED")
 class P2PScheduler:
     """Both halves of the protocol: an engine may prefill for some requests, decode for others."""
 
-    def __init__(self, config: P2PConfig, engine_id: str, block_size: int) -> None:
+    def __init__(
+        self, config: P2PConfig, engine_id: str, block_size: int, groups: P2PGroups | None = None
+    ) -> None:
         self.config = config
         self.engine_id = engine_id
         self.block_size = block_size
+        self.groups = groups or P2PGroups()
+        self.null_block_id = 0  # vLLM's BlockPool makes block 0 its null block
         self.held: dict[str, HeldBlocks] = {}  # prefill: req_id -> blocks kept for a reader
         self._lease_ids: dict[str, int] = {}
         self.lookups: dict[str, tuple[RemotePrefill, int]] = {}  # decode: (remote, computed)
@@ -64,10 +69,33 @@ class P2PScheduler:
             )
             return self._refuse(request, cause, remote)
         pullable = min(request.num_prompt_tokens - 1, remote.num_tokens,
-                       len(remote.block_ids) * self.block_size)  # fmt: skip
+                       remote.num_blocks * self.block_size)  # fmt: skip
+        if (cause := self._uncovered(remote, num_computed_tokens, pullable)) is not None:
+            return self._refuse(request, cause, remote)
         self.lookups[req_id] = (remote, num_computed_tokens)
         count = pullable - num_computed_tokens
         return (count, True) if count > 0 else (0, False)
+
+    def _uncovered(self, remote: RemotePrefill, num_computed: int, num_tokens: int) -> str | None:
+        """Why the prefill side's blocks cannot serve this hit, or None."""
+        if len(remote.block_ids) != len(self.groups.groups):
+            return (
+                f"KV cache groups differ: the prefill side sent {len(remote.block_ids)}, this"
+                f" engine has {len(self.groups.groups)}; serve the same model on both, both"
+                " with the hybrid KV cache manager or both with --disable-hybrid-kv-cache-manager"
+            )
+        if num_tokens <= num_computed:
+            return None
+        for group, needed in enumerate(
+            needed_ranges(self.groups, num_computed, num_tokens, self.block_size)
+        ):
+            if needed and needed.start < remote.first_held(group):
+                return (
+                    f"KV cache group {group} needs blocks from {needed.start}, the prefill side"
+                    f" holds them from {remote.first_held(group)} (its sliding window ended a"
+                    " token later): computing the prompt here"
+                )
+        return None
 
     def _refuse(self, request: Any, cause: str, remote: RemotePrefill | None) -> tuple[int, bool]:
         """No external hit (vLLM computes the prompt); the prefill side frees its blocks."""
@@ -79,8 +107,15 @@ class P2PScheduler:
             self._to_release.append(BlockRelease(str(request.request_id), remote))
         return 0, False
 
-    def bind(self, request: Any, block_ids: list[int], num_external_tokens: int) -> None:
-        """update_state_after_alloc: pair the local blocks with the remote ones, once."""
+    def bind(
+        self,
+        request: Any,
+        block_ids: tuple[list[int], ...],
+        num_external_tokens: int,
+        local_null: Any = None,
+    ) -> None:
+        """update_state_after_alloc: pair the local blocks with the remote ones, once, per
+        group; `local_null(group, index)` says where vLLM put its null block."""
         req_id = str(request.request_id)
         looked_up = self.lookups.pop(req_id, None)
         if looked_up is None:
@@ -90,34 +125,37 @@ class P2PScheduler:
         if num_external_tokens <= 0:  # all local hits: the prefill side may free its blocks
             self._to_release.append(BlockRelease(req_id, remote))
             return
-        first = num_computed // self.block_size
-        end = -(-(num_computed + num_external_tokens) // self.block_size)
-        self._to_recv.append(BlockPull(
-            req_id, tuple(block_ids[first:end]), remote.block_ids[first:end], remote))  # fmt: skip
+        ranges = needed_ranges(
+            self.groups, num_computed, num_computed + num_external_tokens, self.block_size
+        )
+        local, remote_ids = pull_pairs(ranges, remote, block_ids, local_null or _never_null)
+        self._to_recv.append(BlockPull(req_id, local, remote_ids, remote))
         self.pulling.add(req_id)
         self.stats["pulls"] += 1
         self.stats["pull_tokens"] += num_external_tokens
 
     # --- prefill side ---------------------------------------------------------------------
 
-    def finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict | None]:
-        """request_finished: keep a prefilled request's blocks for the decode side."""
+    def finished(self, request: Any, block_ids: tuple[list[int], ...]) -> tuple[bool, dict | None]:
+        """request_finished(_all_groups): keep a prefilled request's blocks (every group's)
+        for the decode side."""
         req_id = str(request.request_id)
         params = request.kv_transfer_params or {}
         if (looked_up := self.lookups.pop(req_id, None)) is not None:
             self._to_release.append(BlockRelease(req_id, looked_up[0]))  # aborted before alloc
         if req_id in self.pulling:
             return True, None  # the read still writes into them: freed on finished_recving
-        if not params.get("do_remote_decode") or not block_ids:
+        if not params.get("do_remote_decode") or not any(block_ids):
             return False, None
         if getattr(request.status, "name", "") not in _FINISHED_OK:
             return False, None  # aborted: nobody will read them
         return True, self._hold(request, block_ids).to_params()
 
-    def _hold(self, request: Any, block_ids: list[int]) -> RemotePrefill:
+    def _hold(self, request: Any, block_ids: tuple[list[int], ...]) -> RemotePrefill:
         req_id = str(request.request_id)
         deadline = time.time() + self.config.lease_timeout_s
-        held = HeldBlocks(req_id, tuple(block_ids), deadline)
+        tails = held_tails(block_ids, self.null_block_id)
+        held = HeldBlocks(req_id, tails, deadline)
         self.held[req_id] = held
         self._lease_ids[req_id] = next_lease_id()
         self._to_send.append(held)
@@ -125,7 +163,8 @@ class P2PScheduler:
         add_event(names.EVENT_LEASE_ACQUIRED, **self._lease_attributes(held))
         return RemotePrefill(
             self.engine_id, req_id, self.config.side_channel_host, self.config.side_channel_port,
-            tuple(block_ids), request.num_computed_tokens, self.block_size, deadline,
+            tails, request.num_computed_tokens, self.block_size, deadline,
+            max(len(group) for group in block_ids),
         )  # fmt: skip
 
     # --- per step -------------------------------------------------------------------------
@@ -162,6 +201,20 @@ class P2PScheduler:
             names.LEASE_ID: self._lease_ids.get(held.req_id, 0),
             names.LEASE_HOLDER: held.req_id,
             names.LEASE_TIMEOUT_S: self.config.lease_timeout_s,
-            names.BLOCK_IDS: list(held.block_ids),
-            names.BLOCK_COUNT: len(held.block_ids),
+            **held_block_attributes(held.block_ids),
         }
+
+
+def held_block_attributes(block_ids: tuple[tuple[int, ...], ...]) -> dict[str, Any]:
+    """Block ids (every group's, in order) and, with several groups, the group of each."""
+    attributes: dict[str, Any] = {
+        names.BLOCK_IDS: [b for group in block_ids for b in group],
+        names.BLOCK_COUNT: sum(len(group) for group in block_ids),
+    }
+    if len(block_ids) > 1:
+        attributes[names.KV_CACHE_GROUP_IDS] = [g for g, ids in enumerate(block_ids) for _ in ids]
+    return attributes
+
+
+def _never_null(group: int, index: int) -> bool:
+    return False

@@ -107,6 +107,9 @@ class P2PWorker:
     def take_load_errors(self) -> set[int]:
         return self.puller.take_load_errors() if self.puller else set()
 
+    def take_failed_loads(self) -> set[str]:
+        return self.puller.take_failed_loads() if self.puller else set()
+
     def take_worker_meta(self) -> P2PWorkerMeta | None:
         if self.transport is None:
             return None

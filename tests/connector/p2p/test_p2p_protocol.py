@@ -34,7 +34,7 @@ class Request:
 def prefilled(num_tokens: int = 100, block_ids=(7, 3, 9, 4)) -> tuple[P2PScheduler, dict]:
     prefill = P2PScheduler(P2PConfig(side_channel_port=6001, lease_timeout_s=20), "P", BLOCK)
     request = Request("p-1", num_tokens, {"do_remote_decode": True}, num_computed_tokens=num_tokens)
-    keep, params = prefill.finished(request, list(block_ids))
+    keep, params = prefill.finished(request, (list(block_ids),))
     assert keep
     return prefill, params
 
@@ -43,7 +43,8 @@ def test_prefill_keeps_the_blocks_and_says_where_they_are():
     prefill, params = prefilled()
     remote = RemotePrefill.from_params(params)
     assert (remote.engine_id, remote.request_id, remote.port) == ("P", "p-1", 6001)
-    assert remote.block_ids == (7, 3, 9, 4) and remote.num_tokens == 100
+    assert remote.block_ids == ((7, 3, 9, 4),) and remote.num_tokens == 100
+    assert params["kvscope_p2p_version"] == 1, "one group: the flat list of before"
     assert 19 < remote.lease_deadline_unix_s - time.time() <= 20
     assert [h.req_id for h in prefill.build_metadata().reqs_to_send] == ["p-1"]
 
@@ -51,7 +52,7 @@ def test_prefill_keeps_the_blocks_and_says_where_they_are():
 def test_prefill_frees_at_once_when_aborted():
     prefill = P2PScheduler(P2PConfig(), "P", BLOCK)
     request = Request("p-2", 64, {"do_remote_decode": True}, 64, Status.FINISHED_ABORTED)
-    assert prefill.finished(request, [1, 2]) == (False, None)
+    assert prefill.finished(request, ([1, 2],)) == (False, None)
 
 
 def test_decode_pulls_the_prompt_less_local_hits_and_the_last_token():
@@ -59,13 +60,13 @@ def test_decode_pulls_the_prompt_less_local_hits_and_the_last_token():
     decode = P2PScheduler(P2PConfig(), "D", BLOCK)
     request = Request("d-1", 100, dict(params))
     assert decode.lookup(request, num_computed_tokens=32) == (99 - 32, True)
-    decode.bind(request, [10, 11, 12, 13], 99 - 32)
+    decode.bind(request, ([10, 11, 12, 13],), 99 - 32)
     (pull,) = decode.build_metadata().reqs_to_recv
-    assert pull.local_block_ids == (11, 12, 13) and pull.remote_block_ids == (3, 9, 4)
+    assert pull.local_block_ids == ((11, 12, 13),) and pull.remote_block_ids == ((3, 9, 4),)
     assert decode.lookup(request, 32) == (0, False)  # one transfer per request
-    assert decode.finished(request, [10, 11, 12, 13]) == (True, None)  # still being written
+    assert decode.finished(request, ([10, 11, 12, 13],)) == (True, None)  # still being written
     decode.on_worker_output(P2PWorkerMeta(), set(), {"d-1"})
-    assert decode.finished(request, [10, 11, 12, 13]) == (False, None)
+    assert decode.finished(request, ([10, 11, 12, 13],)) == (False, None)
 
 
 def test_decode_with_every_block_local_releases_the_prefill_blocks():
@@ -73,7 +74,7 @@ def test_decode_with_every_block_local_releases_the_prefill_blocks():
     decode = P2PScheduler(P2PConfig(), "D", BLOCK)
     request = Request("d-2", 40, dict(params))
     assert decode.lookup(request, 32) == (39 - 32, True)
-    decode.bind(request, [1, 2], 0)  # vLLM decided on no external tokens
+    decode.bind(request, ([1, 2],), 0)  # vLLM decided on no external tokens
     metadata = decode.build_metadata()
     assert not metadata.reqs_to_recv and [r.req_id for r in metadata.reqs_to_release] == ["d-2"]
 
