@@ -9,7 +9,7 @@ from pathlib import Path
 from kvscope.bench.report.benches import BENCHES, BenchSpec
 from kvscope.bench.report.machine import REPO, Machine
 from kvscope.bench.report.markdown import render
-from kvscope.bench.report.plots import plot_ratios, plot_runs
+from kvscope.bench.report.plots import plot_ratios, plot_runs, plot_ttft_vs_prefix
 from kvscope.bench.report.runner import BenchRun, run_bench
 from kvscope.bench.report.saved import RUN_FILE, load_run, save_run
 from kvscope.bench.report.table import build_rows
@@ -51,6 +51,7 @@ def write_report(out_dir: Path, machine: Machine, runs: list[BenchRun], command:
     plots = {
         "ratios": plot_ratios(rows, out_dir / "ratios.png"),
         "runs": plot_runs(runs, machine, out_dir / "runs.png"),
+        "ttft_vs_prefix": plot_ttft_vs_prefix(rows, out_dir / "ttft_vs_prefix.png"),
     }
     report = out_dir / "README.md"
     report.write_text(render(machine, runs, rows, out_dir, command, plots) + "\n")

@@ -39,12 +39,20 @@ BENCHES: list[BenchSpec] = [
                  quick_args=["--blocks", "128", "--read-blocks", "48", "--rounds", "4",
                              "--idle-s", "1"],
                  quick_timeout_s=300, full_timeout_s=900),
+    # The mid model (model/shapes.py): quick at the 2k-token headline length only.
     module_bench("offload_ttft",
-                 quick_args=["--prefix-sentences", "40", "--repeats", "3", "--rounds", "1"],
+                 quick_args=["--shape", "mid", "--prefix-tokens", "2048", "--repeats", "3",
+                             "--rounds", "1"],
+                 full_args=["--shape", "mid", "--prefix-tokens", "1024,2048,4096",
+                            "--repeats", "5", "--rounds", "2"],
                  quick_timeout_s=400, full_timeout_s=1200),
+    # Quick: the tiny model's short prompts (the connector's own overheads against the stock
+    # pair); full: the mid model at three prompt lengths, every request prefilled for real.
     module_bench("pd_latency",
                  quick_args=["--requests", "10", "--idle-s", "2", "--start-timeout", "240"],
-                 quick_timeout_s=900, full_timeout_s=3000),
+                 full_args=["--shape", "mid", "--prefix-tokens", "1024,2048,4096",
+                            "--requests", "8", "--warmup", "1"],
+                 quick_timeout_s=900, full_timeout_s=3600),
     module_bench("ingest",
                  quick_args=["--spans", "10000", "--samples", "50", "--compare-spans", "20000"],
                  full_args=["--spans", "1000000"], quick_timeout_s=300, full_timeout_s=3600),

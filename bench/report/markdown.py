@@ -96,7 +96,8 @@ def render(
     command: str,
     plots: dict[str, Path | None],
 ) -> str:
-    """The whole report; plots maps "ratios" and "runs" to PNG paths in out_dir (or None)."""
+    """The whole report; plots maps "ratios", "runs" and "ttft_vs_prefix" to PNG paths in
+    out_dir (or None)."""
     ok = sum(run.status == "ok" for run in runs)
     judged = [row for row in rows if row.expected and row.met is not None]
     total_s = sum(run.seconds for run in runs)
@@ -119,5 +120,7 @@ def render(
     ]
     lines += machine_section(machine)
     lines += figures_section(rows, plots.get("ratios"))
+    if plots.get("ttft_vs_prefix") is not None:
+        lines += [f"![TTFT against prefix length]({plots['ttft_vs_prefix'].name})", ""]
     lines += runs_section(runs, out_dir, plots.get("runs"))
     return "\n".join(lines)

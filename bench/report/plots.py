@@ -1,6 +1,7 @@
 """PNG plots for the report: ratios against their targets, bench wall times, machine load."""
 
 import math
+import re
 from pathlib import Path
 
 from kvscope.bench.report.figures import target_bound
@@ -42,6 +43,48 @@ def plot_ratios(rows: list[Row], path: Path) -> Path | None:
     axes.axvline(1.0, color="#9e9e9e", lw=0.8, ls="--")
     axes.set_xlabel("ratio (green: target met, red: not met; black tick: target)")
     axes.set_title("kvscope ratios measured side by side in one run")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+_TTFT = re.compile(r"^ttft_(recompute|hit|pd|single)_([a-z0-9-]+)_(\d+)_ms$")
+TTFT_SERIES = {"recompute": "recompute (no connector)", "hit": "prefix from the offload pool",
+               "single": "one server alone", "pd": "kvscope P/D pair"}  # fmt: skip
+
+
+def ttft_points(rows: list[Row]) -> dict[tuple[str, str], list[tuple[int, float]]]:
+    """(series, shape) -> [(prefix tokens, median TTFT ms)] from the ttft_<series>_<shape>_<n>_ms
+    figures offload_ttft and pd_latency record."""
+    points: dict[tuple[str, str], list[tuple[int, float]]] = {}
+    for row in rows:
+        match = _TTFT.match(row.metric)
+        if match and row.value is not None and not math.isnan(row.value):
+            series, shape, tokens = match.groups()
+            points.setdefault((series, shape), []).append((int(tokens), row.value))
+    return {key: sorted(values) for key, values in points.items()}
+
+
+def plot_ttft_vs_prefix(rows: list[Row], path: Path) -> Path | None:
+    """TTFT against prefix length: recompute, offload hit, one server and the P/D pair."""
+    points = ttft_points(rows)
+    if not points:
+        return None
+    plt = _pyplot()
+    figure, axes = plt.subplots(figsize=(7.5, 4.8))
+    for (series, shape), values in sorted(points.items()):
+        tokens, ms = zip(*values, strict=True)
+        axes.plot(tokens, ms, marker="o", label=f"{TTFT_SERIES[series]} ({shape} model)")
+        for x, y in values:
+            axes.annotate(f"{y:.0f}", (x, y), textcoords="offset points", xytext=(4, 4),
+                          fontsize=7)  # fmt: skip
+    axes.set_yscale("log")
+    axes.set_xlabel("prompt prefix length (tokens)")
+    axes.set_ylabel("median TTFT (ms, log scale)")
+    axes.set_title("Time to first token against prefix length")
+    axes.grid(True, which="both", lw=0.3)
+    axes.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)

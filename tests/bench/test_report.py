@@ -55,7 +55,7 @@ def test_report_from_fake_benches(tmp_path: Path) -> None:
     met = row_of(report, "store_over_raw_contiguous")
     assert "| 0.950 | >= 0.9 | yes | copy_bandwidth | fast |" in met
     assert "| 0.500 | >= 0.9 | **no** |" in row_of(report, "load_over_raw_contiguous")
-    assert "| bench failed |" in row_of(report, "ttft_hit_over_recompute")
+    assert "| bench failed |" in row_of(report, "ttft_hit_over_recompute_mid")
     assert "| bench timed out |" in row_of(report, "sqlite_timeline_p95_ms")
     assert "| not run |" in row_of(report, "ttft_over_stock")
     assert "### Other recorded figures" in report
@@ -97,3 +97,25 @@ def test_targets_and_the_expected_list() -> None:
     keys = [(figure.bench, figure.metric) for figure in FIGURES]
     assert len(keys) == len(set(keys)), "a figure is listed twice"
     assert {bench for bench, _ in keys} <= {spec.name for spec in BENCHES}
+
+
+def test_ttft_against_prefix_length_is_plotted_from_the_recorded_medians(tmp_path: Path) -> None:
+    from kvscope.bench.report.plots import plot_ttft_vs_prefix, ttft_points
+    from kvscope.bench.report.table import Row
+
+    def row(metric: str, value: float) -> Row:
+        return Row("offload_ttft", metric, metric, "ms", "", value, "", "", expected=False)
+
+    rows = [
+        row("ttft_recompute_mid_4096_ms", 4800.0),
+        row("ttft_recompute_mid_1024_ms", 700.0),
+        row("ttft_hit_mid_1024_ms", 35.0),
+        row("ttft_hit_over_recompute_mid", 0.03),
+    ]
+    assert ttft_points(rows) == {
+        ("recompute", "mid"): [(1024, 700.0), (4096, 4800.0)],
+        ("hit", "mid"): [(1024, 35.0)],
+    }
+    path = plot_ttft_vs_prefix(rows, tmp_path / "ttft.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert plot_ttft_vs_prefix(rows[-1:], tmp_path / "none.png") is None
