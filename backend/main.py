@@ -17,6 +17,7 @@ from kvscope.backend.otlp_grpc import start_receiver
 from kvscope.backend.receive import IngestGate
 from kvscope.backend.routes import (
     blocks,
+    clocks,
     failures,
     health,
     ingest,
@@ -25,6 +26,7 @@ from kvscope.backend.routes import (
     requests,
     stats,
     streams,
+    tiers,
     transfers,
     ws,
 )
@@ -32,7 +34,7 @@ from kvscope.backend.settings import Settings, check_bind_is_safe, get_settings
 from kvscope.backend.store import STAGED_TABLES
 
 ROUTERS = (health, metrics, ingest, requests, blocks, leases, failures, transfers, stats, streams,
-           ws)  # fmt: skip
+           ws, tiers, clocks)  # fmt: skip
 
 
 def create_app(settings: Settings | None = None, grpc_host: str | None = None) -> FastAPI:
