@@ -12,7 +12,7 @@ from kvscope.bench.results import record
 from kvscope.connector.common.copy_engine import CopyEngine, make_copy_engine
 from kvscope.connector.common.host_buffer import BlockLayout, HostBuffer
 
-TARGET_RATIO = 0.9
+TARGET_RATIO = 0.95
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class BenchConfig:
     block_size: int = 32
     head_dim: int = 128
     pattern: str = "scattered"  # device block ids: "contiguous" or "scattered" (shuffled)
-    repeats: int = 15
+    repeats: int = 31
     device: str = "cpu"
     threads: int = 1  # torch threads of the raw copy and of the CPU engine's worker
 
@@ -41,12 +41,41 @@ class BenchConfig:
 @dataclass(frozen=True)
 class Measurement:
     name: str
-    seconds: float  # median over repeats
+    seconds: list[float]  # one per timed round, in round order
     num_bytes: int
 
     @property
+    def median_s(self) -> float:
+        return statistics.median(self.seconds)
+
+    @property
     def gib_per_s(self) -> float:
-        return self.num_bytes / 2**30 / self.seconds
+        return self.num_bytes / 2**30 / self.median_s
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """Engine over raw bandwidth: per round (the two copies ran back to back), and best-of."""
+
+    per_round: list[float]
+
+    @classmethod
+    def of(cls, ours: Measurement, raw: Measurement) -> "Ratio":
+        return cls([r / o for o, r in zip(ours.seconds, raw.seconds, strict=True)])
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.per_round)
+
+    def spread(self) -> str:
+        """The middle half of the rounds' ratios."""
+        q1, _, q3 = statistics.quantiles(self.per_round, n=4)
+        return f"{q1:.2f}-{q3:.2f}"
+
+
+def best_of_ratio(ours: Measurement, raw: Measurement) -> float:
+    """Fastest over fastest: what the machine gives each when neighbours leave it alone."""
+    return min(raw.seconds) / min(ours.seconds)
 
 
 @dataclass
@@ -121,33 +150,38 @@ def measure(config: BenchConfig) -> list[Measurement]:
     engine.shutdown()
     # The engine's own copy time, without submit and hand-off: where any gap comes from.
     samples |= {f"copy only {direction}": s for direction, s in copy_only.items()}
-    return [Measurement(n, statistics.median(s[1:]), num_bytes) for n, s in samples.items()]
+    return [Measurement(n, s[1:], num_bytes) for n, s in samples.items()]
 
 
 def print_table(config: BenchConfig, rows: list[tuple[str, list[Measurement]]]) -> None:
     print(
         f"copy engine vs raw torch copy: {config.num_blocks} blocks of "
         f"{config.bytes_per_block / 2**20:.2f} MiB ({config.num_layers} layers) per job, "
-        f"{config.device}, {config.threads} torch thread(s), median of {config.repeats}"
+        f"{config.device}, {config.threads} torch thread(s), {config.repeats} rounds; ratio: "
+        "median of the rounds' ratios (middle half), best: fastest over fastest"
     )
     print(
         f"{'pattern':<11} {'direction':<9} {'engine GiB/s':>12} {'raw GiB/s':>10} {'ratio':>6}"
-        f"  {'verdict':<10} {'copy-only ratio':>15}"
+        f" {'(spread)':>11} {'best':>5}  {'verdict':<10} {'copy-only ratio':>15}"
     )
     for pattern, measurements in rows:
         by_name = {m.name: m for m in measurements}
         for direction in ("store", "load"):
             engine, raw = by_name[f"engine {direction}"], by_name[f"raw {direction}"]
-            ratio = engine.gib_per_s / raw.gib_per_s
-            copy_ratio = by_name[f"copy only {direction}"].gib_per_s / raw.gib_per_s
-            verdict = "ok" if ratio >= TARGET_RATIO else f"below {TARGET_RATIO}"
+            ratio = Ratio.of(engine, raw)
+            best = best_of_ratio(engine, raw)
+            copy_ratio = Ratio.of(by_name[f"copy only {direction}"], raw).median
+            verdict = "ok" if ratio.median >= TARGET_RATIO else f"below {TARGET_RATIO}"
             note = (f"{engine.gib_per_s:.2f} vs {raw.gib_per_s:.2f} GiB/s, {config.device}, "
-                    f"{config.mib} MiB per job; the copy alone {copy_ratio:.2f}x raw")  # fmt: skip
-            record("copy_bandwidth", f"{direction}_over_raw_{pattern}", ratio, "ratio",
+                    f"{config.mib} MiB per job, {config.repeats} rounds (middle half "
+                    f"{ratio.spread()}, best-of {best:.2f}); the copy alone "
+                    f"{copy_ratio:.2f}x raw")  # fmt: skip
+            record("copy_bandwidth", f"{direction}_over_raw_{pattern}", ratio.median, "ratio",
                    f">= {TARGET_RATIO}", note)  # fmt: skip
             print(
                 f"{pattern:<11} {direction:<9} {engine.gib_per_s:>12.2f} {raw.gib_per_s:>10.2f} "
-                f"{ratio:>6.2f}  {verdict:<10} {copy_ratio:>15.2f}"
+                f"{ratio.median:>6.2f} {ratio.spread():>11} {best:>5.2f}  {verdict:<10} "
+                f"{copy_ratio:>15.2f}"
             )
 
 
