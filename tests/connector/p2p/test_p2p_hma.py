@@ -1,0 +1,175 @@
+"""P2P under vLLM's hybrid KV cache manager: two engines' real Schedulers over two KV cache
+groups (full attention + a 64-token sliding window), worker halves doing real NIXL READs."""
+
+import pytest
+import torch
+from vllm import SamplingParams
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole, supports_hma
+from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec, KVCacheGroupSpec
+from vllm.v1.request import Request, RequestStatus
+
+from kvscope.connector.p2p.connector import P2PConnector
+from kvscope.connector.p2p.core import P2PCore
+from kvscope.connector.p2p.metadata import P2PMetadata
+from kvscope.traces import names
+from tests.connector.cpu_offload.hma_harness import (
+    BLOCK,
+    HASHER,
+    NUM_BLOCKS,
+    NUM_LAYERS,
+    block_value,
+    kv_cache_config,
+)
+from tests.connector.p2p.hma_pair import Side, p2p_vllm_config, pump, recved
+
+
+def prompt(start: int, num_tokens: int = 6 * BLOCK + 5) -> list[int]:
+    """A prompt no other test shares a prefix with (T = 197: 6 full blocks, a partial one)."""
+    return list(range(start, start + num_tokens))
+
+
+FULL, SWA = 0, 1
+# The prefill side holds sliding-window blocks from (197 - 64 + 1) // 32 = 4; the decode side
+# pulls 196 tokens and attends from (196 - 64 + 1) // 32 = 4: blocks 4-6, none before.
+WINDOW_INDICES = (4, 5, 6)
+
+
+def request(req_id: str, prompt: list[int], params: dict, max_tokens: int) -> Request:
+    sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    sampling.extra_args = {"kv_transfer_params": params}
+    return Request(req_id, prompt, sampling, None, block_hasher=HASHER)
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_model):
+    """A prefill side and a decode side; the decode side ran a local request first, so that
+    its block ids differ from the prefill side's."""
+    prefill, decode = Side(tiny_model, "prefill", +1), Side(tiny_model, "decode", -1)
+    decode.scheduler.add_request(request("warm", list(range(9000, 9100)), {}, 2))
+    pump([decode], lambda: not decode.scheduler.has_unfinished_requests())
+    yield prefill, decode
+    decode.close()
+    prefill.close()
+
+
+def prefilled(prefill: Side, req_id: str, tokens: list[int]) -> dict:
+    """Prefill one request for a remote decode; returns the kv_transfer_params it returned."""
+    prefill.scheduler.add_request(request(req_id, tokens, {"do_remote_decode": True}, 1))
+    pump([prefill], lambda: req_id in prefill.params)
+    return prefill.params[req_id]
+
+
+@pytest.fixture(scope="module")
+def first(pair) -> dict:
+    """Request p-1 prefilled (the first test looks at it held, the second reads it)."""
+    return prefilled(pair[0], "p-1", prompt(100))
+
+
+def pulls_of(decode: Side) -> list:
+    metadata = [getattr(meta, "inner", meta) for meta in decode.metadata]  # TracedMetadata
+    return [pull for meta in metadata if isinstance(meta, P2PMetadata)
+            for pull in meta.reqs_to_recv]  # fmt: skip
+
+
+def test_the_p2p_connector_is_supports_hma():
+    assert supports_hma(P2PConnector) and supports_hma(P2PCore)
+
+
+def test_prefill_returns_each_groups_blocks_and_holds_them(pair, first):
+    prefill, params = pair[0], first
+    held = prefill.p2p.held["p-1"]
+    assert params["kvscope_p2p_version"] == 2 and params["remote_num_blocks"] == 7
+    full, window = params["remote_block_ids"]
+    assert len(full) == 7, "full attention: the whole prefix"
+    assert len(window) == len(WINDOW_INDICES), "sliding window: only the window's blocks"
+    null = prefill.scheduler.kv_cache_manager.block_pool.null_block.block_id
+    assert null not in full + window and held.block_ids == (tuple(full), tuple(window))
+    assert prefill.free_blocks() == NUM_BLOCKS - 1 - 7 - 3, "vLLM keeps the held blocks"
+
+
+def test_decode_reads_the_full_prefix_and_only_the_window(pair, first, spans):
+    (prefill, decode), params = pair, first
+    decode.scheduler.add_request(request("d-1", prompt(100), dict(params), 3))
+    pump([prefill, decode], lambda: recved(decode, "d-1"))
+    (pull,) = [p for p in pulls_of(decode) if p.req_id == "d-1"]
+    full_ids, swa_ids = decode.block_ids("d-1")
+    assert pull.local_block_ids == (tuple(full_ids[:7]), tuple(swa_ids[i] for i in WINDOW_INDICES))
+    assert pull.remote_block_ids == tuple(tuple(g) for g in params["remote_block_ids"])
+    assert set(full_ids) & set(swa_ids) == set(), "block ids of two groups never overlap here"
+    for layer in range(NUM_LAYERS):  # the prefill side's KV (positive), each in its group
+        for index in range(7):
+            assert decode.read(FULL, full_ids[index], layer) == block_value(FULL, index, layer)
+        for index in WINDOW_INDICES:
+            assert decode.read(SWA, swa_ids[index], layer) == block_value(SWA, index, layer)
+    null = decode.scheduler.kv_cache_manager.block_pool.null_block.block_id
+    assert all(swa_ids[i] == null for i in range(4)), "vLLM's null block before the window"
+    assert not any(view[null].any() for view in decode.kv_caches.values()), "null written"
+    [read] = [s for s in spans() if s.name == names.SPAN_TRANSFER
+              and s.attributes.get(names.TRANSFER_DIRECTION) == "p2p_read"]  # fmt: skip
+    assert list(read.attributes[names.KV_CACHE_GROUP_IDS]) == [0] * 7 + [1] * 3
+    assert list(read.attributes[names.BLOCK_IDS]) == list(pull.flat_local)
+    assert read.attributes[names.TRANSFER_BYTES] == 10 * NUM_LAYERS * _page_bytes(decode)
+    pump([prefill, decode], lambda: not decode.scheduler.has_unfinished_requests()
+         and "p-1" not in prefill.p2p.held)  # fmt: skip
+    assert decode.scheduler.requests == {} and decode.p2p.pulling == set()
+
+
+def test_the_prefill_side_frees_every_groups_blocks_once_read(pair):
+    prefill, decode = pair
+    pump([prefill, decode], lambda: not prefill.p2p.held, timeout_s=40)
+    assert prefill.free_blocks() == NUM_BLOCKS - 1, "every block but the null one is free"
+    assert prefill.scheduler.requests == {}
+
+
+def test_a_failed_read_is_reported_through_failed_recving(pair):
+    prefill, decode = pair
+    params = prefilled(prefill, "p-bad", prompt(1000))
+    full, window = params["remote_block_ids"]
+    bad = {**params, "remote_block_ids": [full, [b + 10_000 for b in window]]}
+    decode.scheduler.add_request(req := request("d-bad", prompt(1000), bad, 2))
+    pump([prefill, decode], lambda: recved(decode, "d-bad"))
+    output = decode.outputs[-1]
+    assert output.failed_recving == {"d-bad"}
+    assert output.invalid_block_ids == set(), "block ids are per group: vLLM refuses them"
+    decode.step()
+    assert req.status is RequestStatus.RUNNING and req.num_computed_tokens == len(prompt(1000))
+    pump([prefill, decode], lambda: not decode.scheduler.has_unfinished_requests()
+         and not prefill.p2p.held)  # fmt: skip
+    assert prefill.free_blocks() == NUM_BLOCKS - 1, "the failed reader released them"
+
+
+def test_a_window_the_prefill_side_no_longer_holds_is_computed_here(pair):
+    prefill, decode = pair
+    tokens = prompt(2000, 63 + 4 * BLOCK)  # T = 191: held from 128 // 32 = 4, needed from 3
+    params = prefilled(prefill, "p-edge", tokens)
+    decode.scheduler.add_request(req := request("d-edge", tokens, dict(params), 2))
+    decode.step()
+    assert req.status is RequestStatus.RUNNING and not decode.p2p.pulling
+    pump([prefill, decode], lambda: not decode.scheduler.has_unfinished_requests()
+         and not prefill.p2p.held)  # fmt: skip
+    assert prefill.free_blocks() == NUM_BLOCKS - 1, "released without a read"
+
+
+def test_two_group_params_at_a_one_group_engine_are_refused(pair, tiny_model):
+    prefill, _ = pair
+    params = prefilled(prefill, "p-one", prompt(3000))
+    config = p2p_vllm_config(tiny_model, "one", 5999, "recompute")
+    one = P2PConnector(config, KVConnectorRole.SCHEDULER, kv_cache_config(("full",)))
+    req = request("d-one", prompt(3000), dict(params), 2)
+    assert one.get_num_new_matched_tokens(req, 0) == (0, False)
+    assert [r.req_id for r in one.inner.scheduler.build_metadata().reqs_to_release] == ["d-one"]
+
+
+def test_a_group_p2p_cannot_move_refuses_to_start(tiny_model):
+    config = kv_cache_config()
+    local = ChunkedLocalAttentionSpec(BLOCK, num_kv_heads=2, head_size=32, dtype=torch.bfloat16,
+                                      attention_chunk_size=64)  # fmt: skip
+    config.kv_cache_groups[1] = KVCacheGroupSpec(["local.0", "local.1"], local)
+    vllm_config = p2p_vllm_config(tiny_model, "x", 5998, "recompute")
+    with pytest.raises(ValueError, match="ChunkedLocalAttentionSpec.*hybrid-kv-cache-manager"):
+        P2PConnector(vllm_config, KVConnectorRole.SCHEDULER, config)
+
+
+def _page_bytes(side: Side) -> int:
+    view = next(iter(side.kv_caches.values()))
+    return view[0].numel() * view.element_size()
