@@ -20,15 +20,19 @@ what it leaves out it inherits from the Multi, whose kv_role it must share.
 
 from typing import Any
 
+from vllm.distributed.kv_transfer.kv_connector.v1.base import SupportsHMA
+
 from kvscope.connector.multi.core import MultiCore
 from kvscope.traces.instrumented import InstrumentedConnector
 
 
-class KvscopeMultiConnector(InstrumentedConnector):
+class KvscopeMultiConnector(InstrumentedConnector, SupportsHMA):
     """MultiCore inside the hook-span instrumentation.
 
     Not named MultiConnector: vLLM's connector factory special-cases that name and would read
-    our children's configs as its own.
+    our children's configs as its own. So vLLM asks this class alone, before reading any config,
+    whether it may turn on the hybrid KV cache manager: SupportsHMA, and a child that is not
+    refuses to start when the model has several KV cache groups (see MultiCore).
     """
 
     def build_inner(self, vllm_config: Any, role: Any, kv_cache_config: Any) -> MultiCore:

@@ -5,6 +5,7 @@ from typing import Any
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorRole,
+    SupportsHMA,
 )
 
 from kvscope.connector.multi import stats
@@ -14,18 +15,30 @@ from kvscope.connector.multi.children import (
     child_configs,
     child_vllm_config,
 )
+from kvscope.connector.multi.groups import num_groups, refuse_children_without_hma
 from kvscope.connector.multi.metadata import MultiMetadata
 from kvscope.connector.multi.scheduler import MultiScheduler
 from kvscope.connector.multi.worker import MultiWorker
 
 
-class MultiCore(KVConnectorBase_V1):
-    """Composes the connectors listed in extra config; use KvscopeMultiConnector (traced)."""
+class MultiCore(KVConnectorBase_V1, SupportsHMA):
+    """Composes the connectors listed in extra config; use KvscopeMultiConnector (traced).
+
+    SupportsHMA: every child gets each KV cache group's block ids. With several groups every
+    child must be SupportsHMA too, else it refuses to start naming those that are not; with
+    one group any child works.
+    """
 
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
-        extra = self._kv_transfer_config.kv_connector_extra_config or {}
+        outer = self._kv_transfer_config
+        extra = outer.kv_connector_extra_config or {}
         fallback = bool(extra.get("fallback", True))
+        groups = num_groups(kv_cache_config)
+        if groups > 1:  # asked of the classes, before any child starts (a NIXL agent, a pool)
+            configs = child_configs(extra, outer.kv_role)
+            classes = [(c["name"], child_class(c, outer)) for c in configs]
+            refuse_children_without_hma(classes, groups)
         self.children = build_children(vllm_config, role, kv_cache_config)
         # vLLM gathers every rank's worker output (TP x PP): loads end when all of them did.
         world_size = vllm_config.parallel_config.world_size
@@ -36,8 +49,9 @@ class MultiCore(KVConnectorBase_V1):
             str(self._kv_transfer_config.engine_id),
             self._kv_transfer_config.kv_load_failure_policy,
             world_size,
+            groups,
         )
-        self.worker = MultiWorker(self.children, fallback, world_size)
+        self.worker = MultiWorker(self.children, fallback, world_size, groups)
 
     def _each(self, method: str, *args: Any) -> list[Any]:
         return [getattr(child.connector, method)(*args) for child in self.children]
@@ -58,7 +72,10 @@ class MultiCore(KVConnectorBase_V1):
         self.scheduler.on_worker_output(connector_output)
 
     def request_finished(self, request: Any, block_ids: list[int]):
-        return self.scheduler.finished(request, block_ids)
+        return self.scheduler.finished(request, (block_ids,), all_groups=False)
+
+    def request_finished_all_groups(self, request: Any, block_ids: tuple[list[int], ...]):
+        return self.scheduler.finished(request, tuple(block_ids), all_groups=True)
 
     def on_new_request(self, request: Any) -> None:
         self._each("on_new_request", request)

@@ -7,18 +7,22 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorWorkerMetadata,
 )
 
-MULTI_METADATA_VERSION = 2
+from kvscope.connector.multi.groups import GroupBlock, GroupBlockIds
+
+MULTI_METADATA_VERSION = 3
+"""3: block ids per KV cache group (vLLM's hybrid KV cache manager)."""
 
 
 @dataclass(frozen=True)
 class LoadRoute:
-    """Which child loads a request's external blocks, into which device blocks."""
+    """Which child loads a request's external blocks, into which device blocks of each group."""
 
     child: int
-    device_block_ids: tuple[int, ...]
-    # Blocks of the original hit the loading child does not have (a shorter fallback hit):
-    # reported failed when its load finishes, so the policy recomputes them.
-    missing_block_ids: tuple[int, ...] = ()
+    device_block_ids: GroupBlockIds
+    # Blocks of the original hit the loading child does not have (a shorter fallback hit, one
+    # KV cache group only): reported failed when its load finishes, so the policy recomputes
+    # them.
+    missing_block_ids: GroupBlockIds = ()
 
 
 @dataclass(frozen=True)
@@ -28,7 +32,7 @@ class LoadEnd:
     child: int
     ranks_ok: int = 0
     ranks_failed: int = 0
-    failed_block_ids: frozenset[int] = frozenset()  # over every rank that failed it
+    failed_block_ids: frozenset[GroupBlock] = frozenset()  # over every rank that failed it
 
     def plus(self, other: "LoadEnd") -> "LoadEnd":
         if other.child != self.child:
@@ -43,7 +47,7 @@ class MultiMetadata(KVConnectorMetadata):
     children: tuple[KVConnectorMetadata | None, ...]
     reqs_to_route: dict[str, LoadRoute] = field(default_factory=dict)
     # Requests whose load failed with no child to fall back to: finish them as failed.
-    reqs_to_fail: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    reqs_to_fail: dict[str, frozenset[GroupBlock]] = field(default_factory=dict)
     # Held-back loads that every rank finished well: report them received now.
     reqs_to_release: set[str] = field(default_factory=set)
     extra_async_saves: dict[str, int] = field(default_factory=dict)

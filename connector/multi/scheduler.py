@@ -5,9 +5,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry import trace
+from vllm.distributed.kv_transfer.kv_connector.v1.base import supports_hma
 
 from kvscope.connector.common.rank_tally import RankTally
+from kvscope.connector.multi import groups
 from kvscope.connector.multi.children import Child
+from kvscope.connector.multi.groups import GroupBlock, GroupBlockIds
 from kvscope.connector.multi.metadata import LoadEnd, LoadRoute, MultiMetadata, MultiWorkerMeta
 from kvscope.traces import names
 from kvscope.traces.attributes import lookup_attributes
@@ -25,8 +28,8 @@ class LoadPlan:
     num_computed_tokens: int
     num_tokens: int
     child: int
-    device_block_ids: tuple[int, ...]  # what this child loads
-    hit_block_ids: tuple[int, ...] = ()  # the whole original hit (a fallback may load less)
+    device_block_ids: GroupBlockIds  # what this child loads, per KV cache group
+    hit_block_ids: GroupBlockIds = ()  # the whole original hit (a fallback may load less)
     failed_children: set[int] = field(default_factory=set)
     finished: bool = False  # aborted or failed while loading: a failed load is not retried
 
@@ -42,8 +45,10 @@ class MultiScheduler:
         engine_id: str = "",
         failure_policy: str | None = None,
         world_size: int = 1,
+        num_groups: int = 1,
     ) -> None:
         self.children = children
+        self.num_groups = num_groups
         self.failure_policy = failure_policy or "recompute"
         self.span_attributes = {names.ENGINE_ID: engine_id}
         self.block_size = block_size
@@ -52,7 +57,7 @@ class MultiScheduler:
         self.computed: dict[str, int] = {}  # req -> local hit at lookup
         self.loads: dict[str, LoadPlan] = {}
         self._routes: dict[str, LoadRoute] = {}
-        self._to_fail: dict[str, tuple[int, ...]] = {}
+        self._to_fail: dict[str, frozenset[GroupBlock]] = {}
         self._extra_saves: dict[str, int] = {}
         self._to_release: set[str] = set()
         # vLLM sums one step's reports over ranks; these sum them over steps.
@@ -115,12 +120,13 @@ class MultiScheduler:
         # loaded too, so a failure there is the child's to report, not vLLM's to see.
         first = computed // self.block_size
         end = -(-(computed + num_external_tokens) // self.block_size)
-        device = tuple(blocks.get_block_ids()[0][first:end])
+        device = groups.load_block_ids(blocks, first, end)
         self.loads[req_id] = LoadPlan(request, blocks, computed, num_external_tokens, chosen,
                                       device, device)  # fmt: skip
         self._routes[req_id] = LoadRoute(chosen, device)
         add_event("kvscope.multi.load_routed", **{names.REQUEST_ID: req_id,
-                  names.CONNECTOR_CHILD: self.children[chosen].name})  # fmt: skip
+                  names.CONNECTOR_CHILD: self.children[chosen].name},
+                  **groups.span_attributes(device))  # fmt: skip
 
     def build_metadata(self, scheduler_output: Any) -> MultiMetadata:
         metas = []
@@ -168,10 +174,12 @@ class MultiScheduler:
             if all_ok:
                 self._to_release.add(req_id)
             else:
-                self._fall_back(req_id, end.child, tuple(sorted(end.failed_block_ids)))
+                self._fall_back(req_id, end.child, end.failed_block_ids)
 
-    def _fall_back(self, req_id: str, failed_child: int, failed_blocks: tuple[int, ...]) -> None:
-        """Asks the other children for the same blocks; else the failure goes to the policy."""
+    def _fall_back(self, req_id: str, failed_child: int, failed_blocks: frozenset[GroupBlock]):
+        """Asks the other children for the same blocks; else the failure goes to the policy.
+        With several KV cache groups only a fallback with the whole hit serves it: vLLM takes
+        their failures by request, so a shorter one would be recomputed whole anyway."""
         plan = self.loads.get(req_id)
         if plan is None:
             return
@@ -187,6 +195,8 @@ class MultiScheduler:
         failure = {names.REQUEST_ID: req_id, names.FAILURE_CAUSE: "load_error",
                    names.CONNECTOR_CHILD: self.children[failed_child].name,
                    names.FAILURE_POLICY: self.failure_policy}  # fmt: skip
+        if tokens and self.num_groups > 1 and tokens < plan.num_tokens:
+            tokens = 0
         if not tokens:
             outcome = outcome_of_policy(self.failure_policy)
             add_event(names.EVENT_LOAD_FAILED, **failure, **{names.FAILURE_OUTCOME: outcome})
@@ -198,20 +208,27 @@ class MultiScheduler:
         fallback = self.loads[req_id]
         fallback.failed_children = plan.failed_children
         fallback.hit_block_ids = plan.hit_block_ids
-        missing = plan.hit_block_ids[len(fallback.device_block_ids) :]
+        missing = groups.missing(plan.hit_block_ids, fallback.device_block_ids)
         self._routes[req_id] = LoadRoute(child, fallback.device_block_ids, missing)
         # Blocks the fallback does not have go to vLLM's policy with the rest of the request.
-        outcome = outcome_of_policy(self.failure_policy) if missing else SERVED_BY_FALLBACK
+        count = len(groups.pairs(missing))
+        outcome = outcome_of_policy(self.failure_policy) if count else SERVED_BY_FALLBACK
         add_event(names.EVENT_LOAD_FAILED, **failure, **{
-            names.FAILURE_OUTCOME: outcome, "kvscope.multi.blocks_not_in_fallback": len(missing),
+            names.FAILURE_OUTCOME: outcome, "kvscope.multi.blocks_not_in_fallback": count,
             "kvscope.multi.fallback_child": self.children[child].name})  # fmt: skip
 
-    def finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict | None]:
+    def finished(
+        self, request: Any, block_ids: tuple[list[int], ...], all_groups: bool
+    ) -> tuple[bool, dict | None]:
+        """request_finished (all_groups False: one group's ids) or request_finished_all_groups
+        for every child: a child that is not SupportsHMA gets request_finished with group 0,
+        which is all there is (several groups refused such children at start)."""
         req_id = str(request.request_id)
         delayed, params = 0, None
+        attributes = {names.REQUEST_ID: req_id, names.KV_CACHE_GROUP_COUNT: len(block_ids)}
         for index, child in enumerate(self.children):
-            with self.span(index, "request_finished", **{names.REQUEST_ID: req_id}):
-                delay, child_params = child.connector.request_finished(request, block_ids)
+            with self.span(index, "request_finished", **attributes):
+                delay, child_params = _finish_child(child, request, block_ids, all_groups)
             delayed += bool(delay)
             if child_params:
                 clash = set(params or {}) & set(child_params)
@@ -225,3 +242,14 @@ class MultiScheduler:
         self.serving.pop(req_id, None)
         self.computed.pop(req_id, None)
         return delayed > 0, params
+
+
+def _finish_child(child: Child, request: Any, block_ids: tuple[list[int], ...], all_groups: bool):
+    if all_groups and supports_hma(child.connector):
+        return child.connector.request_finished_all_groups(request, block_ids)
+    if len(block_ids) != 1:
+        raise RuntimeError(
+            f"child {child.name} ({type(child.connector).__name__}) does not support HMA and got "
+            f"{len(block_ids)} KV cache groups: start vLLM with --disable-hybrid-kv-cache-manager"
+        )
+    return child.connector.request_finished(request, block_ids[0])

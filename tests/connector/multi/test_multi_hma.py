@@ -1,0 +1,233 @@
+"""KvscopeMultiConnector under vLLM's hybrid KV cache manager: vLLM's real Scheduler and
+KVCacheManager over two KV cache groups (full attention + a 64-token sliding window) with a
+Multi of two offload children, its worker half over overlaid KV tensors; and the refusal of a
+child that is not SupportsHMA."""
+
+import time
+
+import pytest
+from vllm.config import KVTransferConfig
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole, supports_hma
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.request import RequestStatus
+from vllm.v1.structured_output import StructuredOutputManager
+
+from kvscope.connector.multi.connector import KvscopeMultiConnector
+from kvscope.traces import names
+from tests.connector.cpu_offload.hma_harness import (
+    BLOCK,
+    NUM_BLOCKS,
+    NUM_LAYERS,
+    Engine,
+    block_value,
+    kv_cache_config,
+    overlaid_kv_caches,
+    request,
+    vllm_config,
+)
+
+PROMPT = list(range(100, 100 + 6 * BLOCK + 5))  # 6 full blocks and a partial one
+FULL, SWA = 0, 1
+OFFLOAD = "kvscope.connector.cpu_offload.connector"
+FAIL_BAD = {"faults": {"fail_load_req_prefix": "bad"}}
+
+
+def offload_child(name: str, **extra) -> dict:
+    return {"name": name, "kv_connector": "CpuOffloadConnector",
+            "kv_connector_module_path": OFFLOAD,
+            "kv_connector_extra_config": {"cpu_bytes_to_use": 2 << 20, **extra}}  # fmt: skip
+
+
+def multi_config(model, children: list[dict], policy: str = "recompute"):
+    config = vllm_config(model, policy=policy)
+    config.kv_transfer_config = KVTransferConfig(
+        kv_connector="KvscopeMultiConnector",
+        kv_connector_module_path="kvscope.connector.multi.connector",
+        kv_role="kv_both",
+        kv_load_failure_policy=policy,
+        kv_connector_extra_config={"connectors": children},
+    )
+    return config
+
+
+class MultiEngine(Engine):
+    """The harness's engine with the Multi in place of the offload connector."""
+
+    def __init__(self, model, children: list[dict], policy: str = "recompute"):
+        self.config = multi_config(model, children, policy)
+        self.kv_config = kv_cache_config()
+        self.scheduler = Scheduler(self.config, self.kv_config,
+                                   StructuredOutputManager(self.config), block_size=BLOCK,
+                                   log_stats=True)  # fmt: skip
+        self.worker = KvscopeMultiConnector(self.config, KVConnectorRole.WORKER, self.kv_config)
+        self.kv_caches = overlaid_kv_caches()
+        self.worker.register_kv_caches(self.kv_caches)
+        self.outputs = []
+
+    def child(self, index: int):
+        """A child's scheduler half (OffloadScheduler)."""
+        return self.scheduler.connector.inner.children[index].connector.scheduler
+
+    def run(self, max_steps: int = 40) -> None:
+        for _ in range(max_steps):
+            stores = any(self.child(i)._stores for i in (0, 1))
+            if not self.scheduler.has_unfinished_requests() and not stores:
+                return
+            self.step()
+        raise AssertionError("requests still unfinished")
+
+    def _wait_for_copies(self) -> None:
+        for child in self.worker.inner.children:
+            for job_id in list(child.connector.worker._pending):
+                child.connector.worker.copies.wait(job_id)
+        time.sleep(0.01)  # the CPU engine's thread posts the result right after the copy
+
+    def step_until_loaded(self, req_id: str) -> None:
+        for _ in range(10):
+            self.step()
+            if req_id in (self.outputs[-1].finished_recving or ()):
+                return
+        raise AssertionError(f"{req_id} never finished its load")
+
+    def assert_loaded(self, req_id: str) -> None:
+        """The whole prefix of the full group and the window of the sliding one, byte-exact."""
+        full_ids, swa_ids = self.block_ids(req_id)
+        for index in range(6):
+            for layer in range(NUM_LAYERS):
+                assert self.read(FULL, full_ids[index], layer) == block_value(FULL, index, layer)
+        for index in (4, 5):  # the 64-token window before the hit's end at block 6
+            for layer in range(NUM_LAYERS):
+                assert self.read(SWA, swa_ids[index], layer) == block_value(SWA, index, layer)
+
+    def assert_all_freed(self) -> None:
+        for index in (0, 1):
+            offload = self.child(index)
+            assert offload.requests == {} and offload._stores == {}
+            assert offload.leases.active() == [] and offload.pool.stats().pinned == 0
+        multi = self.scheduler.connector.inner.scheduler
+        assert multi.loads == {} and multi.serving == {}
+        assert self.worker.inner.worker.routes == {} and self.worker.inner.worker.held == {}
+        assert self.scheduler.requests == {}
+        block_pool = self.scheduler.kv_cache_manager.block_pool
+        assert block_pool.get_num_free_blocks() == NUM_BLOCKS - 1
+
+
+def stored_engine(model, first: dict, second: dict, policy: str = "recompute") -> MultiEngine:
+    """Both children hold r1's prompt (the Multi saves to all), vLLM's prefix cache emptied."""
+    children = [offload_child("first", **first), offload_child("second", **second)]
+    engine = MultiEngine(model, children, policy)
+    engine.add(request("r1", PROMPT))
+    engine.run()
+    assert engine.scheduler.reset_prefix_cache()
+    for index in (0, 1):
+        assert engine.child(index).stats["stored_blocks"] == 2 * 6, "six blocks of each group"
+    return engine
+
+
+def events(spans, name: str) -> list[dict]:
+    return [dict(e.attributes) for s in spans() for e in s.events if e.name == name]
+
+
+def test_the_multi_is_supports_hma_as_vllm_asks(tiny_model):
+    assert supports_hma(KvscopeMultiConnector)
+    config = multi_config(tiny_model, [offload_child("a")])
+    assert KVConnectorFactory.supports_hma_config(config.kv_transfer_config)
+
+
+def test_a_hit_is_served_by_the_first_child_in_both_groups(tiny_model, spans):
+    engine = stored_engine(tiny_model, {}, {})
+    engine.add(request("r2", PROMPT))
+    engine.step_until_loaded("r2")
+    engine.assert_loaded("r2")
+    assert engine.child(0).stats["loaded_blocks"] == 6 + 2
+    assert engine.child(1).stats["loaded_blocks"] == 0
+    [routed] = events(spans, "kvscope.multi.load_routed")
+    full_ids, swa_ids = engine.block_ids("r2")
+    assert routed[names.CONNECTOR_CHILD] == "first"
+    assert list(routed[names.BLOCK_IDS]) == full_ids[:6] + swa_ids[4:6]
+    assert list(routed[names.KV_CACHE_GROUP_IDS]) == [FULL] * 6 + [SWA] * 2
+    engine.run()
+    engine.assert_all_freed()
+
+
+def test_a_failed_load_falls_back_to_the_second_child_in_every_group(tiny_model, spans):
+    engine = stored_engine(tiny_model, FAIL_BAD, {})
+    engine.add(bad := request("bad-2", PROMPT))
+    engine.step_until_loaded("bad-2")
+    output = engine.outputs[-1]
+    assert not output.failed_recving and not output.invalid_block_ids
+    engine.assert_loaded("bad-2")
+    assert engine.child(1).stats["loaded_blocks"] == 6 + 2
+    [failed] = [e for e in events(spans, names.EVENT_LOAD_FAILED)
+                if e.get("kvscope.multi.fallback_child")]  # fmt: skip
+    assert failed[names.FAILURE_OUTCOME] == "served_by_fallback"
+    assert failed["kvscope.multi.blocks_not_in_fallback"] == 0
+    routes = events(spans, "kvscope.multi.load_routed")
+    assert [r[names.CONNECTOR_CHILD] for r in routes] == ["first", "second"]
+    assert list(routes[1][names.KV_CACHE_GROUP_IDS]) == [FULL] * 6 + [SWA] * 2
+    engine.step()
+    assert bad.num_computed_tokens >= 6 * BLOCK, "the fallback's blocks count as computed"
+    engine.run()
+    engine.assert_all_freed()
+
+
+@pytest.mark.parametrize("policy", ["recompute", "fail"])
+def test_a_load_nobody_can_serve_is_reported_by_request(tiny_model, policy):
+    engine = stored_engine(tiny_model, FAIL_BAD, FAIL_BAD, policy)
+    engine.add(bad := request("bad-2", PROMPT))
+    engine.step_until_loaded("bad-2")
+    output = engine.outputs[-1]
+    assert output.failed_recving == {"bad-2"}
+    assert output.invalid_block_ids == set(), "block ids are per group: vLLM refuses them"
+    engine.run()
+    if policy == "recompute":
+        assert bad.status is RequestStatus.FINISHED_LENGTH_CAPPED
+    else:
+        assert bad.status is RequestStatus.FINISHED_ERROR
+    engine.assert_all_freed()
+
+
+def test_a_shorter_fallback_is_no_fallback_with_two_groups(tiny_model, spans):
+    """vLLM recomputes a multi-group failure whole: a fallback without every block is none."""
+    engine = stored_engine(tiny_model, FAIL_BAD, {})
+    second = engine.child(1)
+    [swa_key] = second.groups.block_keys(second.namespace, request("x", PROMPT).block_hashes[5:6],
+                                         SWA)  # fmt: skip
+    assert second.pool.evict(swa_key), "the second child's hit now ends at block 5"
+    engine.add(request("bad-2", PROMPT))
+    engine.step_until_loaded("bad-2")
+    assert engine.outputs[-1].failed_recving == {"bad-2"}
+    assert engine.child(1).stats["loaded_blocks"] == 0
+    outcomes = {e[names.FAILURE_OUTCOME] for e in events(spans, names.EVENT_LOAD_FAILED)
+                if names.CONNECTOR_CHILD in e}  # fmt: skip
+    assert outcomes == {"recomputed"}
+    engine.run()
+    engine.assert_all_freed()
+
+
+def example_child(tmp_path) -> dict:
+    return {"name": "example", "kv_connector": "ExampleConnector",
+            "kv_connector_extra_config": {"shared_storage_path": str(tmp_path)}}  # fmt: skip
+
+
+def test_a_child_without_hma_is_refused_by_name_with_two_groups(tiny_model, tmp_path):
+    config = multi_config(tiny_model, [offload_child("offload"), example_child(tmp_path)])
+    with pytest.raises(ValueError) as refused:
+        Scheduler(config, kv_cache_config(), StructuredOutputManager(config), block_size=BLOCK)
+    message = str(refused.value)
+    assert "child example (ExampleConnector) does not support HMA" in message
+    assert "2 KV cache groups" in message and "--disable-hybrid-kv-cache-manager" in message
+    assert "offload" not in message.split("support HMA")[0]
+
+
+def test_with_one_group_a_child_without_hma_gets_request_finished(tiny_model, tmp_path, spans):
+    config = multi_config(tiny_model, [offload_child("offload"), example_child(tmp_path)])
+    scheduler = Scheduler(config, kv_cache_config(("full",)), StructuredOutputManager(config),
+                          block_size=BLOCK)  # fmt: skip
+    finished = scheduler.connector.request_finished_all_groups(request("r", PROMPT), ([1, 2],))
+    assert finished == (False, None)
+    hooks = [s for s in spans() if s.attributes.get(names.HOOK) == "request_finished"]
+    counts = {s.attributes.get(names.CONNECTOR_CHILD): s.attributes.get(
+        names.KV_CACHE_GROUP_COUNT) for s in hooks}  # fmt: skip
+    assert counts == {None: 1, "offload": 1, "example": 1}, "the Multi's span and each child's"
