@@ -159,3 +159,25 @@ def engine_labels(version: int) -> dict[str, str]:
 def incidents(version: int, since_ns: int | None = None, limit: int = 500, **filters) -> dict:
     """Failure incidents, newest first: one per fault, its reports folded in."""
     return get("/api/v1/failures/incidents", since_ns=since_ns, limit=limit, **filters)
+
+
+def _or_none_if_missing(path: str, **params):
+    """An older backend without the route answers 404: the panel then shows nothing."""
+    try:
+        return get(path, **params)
+    except httpx.HTTPStatusError as error:
+        if error.response.status_code == 404:
+            return None
+        raise
+
+
+@st.cache_data(ttl=CACHE_TTL_S, show_spinner=False, max_entries=16)
+def tiers(version: int) -> list[dict]:
+    """Each engine's KV tiers (offload pool, P2P peers) in their latest health state."""
+    return _or_none_if_missing("/api/v1/tiers") or []
+
+
+@st.cache_data(ttl=CACHE_TTL_S, show_spinner=False, max_entries=16)
+def clocks(version: int) -> dict | None:
+    """Each process's clock offset estimate against the backend's, and whether they mix."""
+    return _or_none_if_missing("/api/v1/clocks")

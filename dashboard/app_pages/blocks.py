@@ -13,7 +13,9 @@ from kvscope.dashboard.charts.format import clock
 st.title("Blocks")
 st.caption(
     "One cell per block slot, at its block id. A leased host block is pinned until its load "
-    "to the engine completes. Click a cell to see its history and holders."
+    "to the engine completes. With several KV cache groups (vLLM's hybrid KV cache manager) "
+    "block ids are addresses within a group: each group has its own map. "
+    "Click a cell to see its history and holders."
 )
 
 
@@ -58,10 +60,22 @@ def _text(value, empty: str = "–") -> str:
     return empty if value is None or pd.isna(value) else str(value)
 
 
+def only_groups(frame):
+    """The blocks of the KV cache groups picked; no picker while there is one group."""
+    groups = charts.groups_of(frame)
+    if len(groups) < 2:
+        return frame
+    picked = st.multiselect(
+        "KV cache groups", groups, default=groups, format_func=lambda g: f"group {g}"
+    )
+    return frame[frame["kv_group"].isin(picked)]
+
+
 def block_details(version: int, block) -> None:
     st.subheader(f"Block {block['address']} · {block['state']}")
     st.write(
-        f"Hash `{_text(block['block_hash'])}` · last change {clock(int(block['updated_ns']))} "
+        f"KV cache group {int(block['kv_group'])} · hash `{_text(block['block_hash'])}` · "
+        f"last change {clock(int(block['updated_ns']))} "
         f"by request `{_text(block['request_id'])}` · lease `{_text(block['lease_id'], 'none')}`"
     )
     if pd.isna(block["block_id"]):
@@ -89,5 +103,9 @@ def block_page(version: int) -> None:
         return
     if found["total"] > len(found["items"]):
         st.warning(f"Showing {len(found['items'])} of {found['total']} blocks.")
+    frame = only_groups(frame)
+    if frame.empty:
+        st.info("No blocks in the KV cache groups picked.")
+        return
     block_maps(frame)
     block_details(version, picked_block(frame))

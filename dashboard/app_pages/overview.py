@@ -1,8 +1,11 @@
 """Overview: key figures, series over time, hit rates and bytes per path, engines."""
 
+import time
+
 import streamlit as st
 
 from kvscope.dashboard import client, ui
+from kvscope.dashboard.charts import health
 from kvscope.dashboard.charts import overview as charts
 from kvscope.dashboard.charts import series as series_charts
 from kvscope.dashboard.charts.format import human_bytes, percent
@@ -67,6 +70,38 @@ def engines(version: int) -> None:
     st.dataframe(charts.engines_frame(found), hide_index=True)
 
 
+def tiers(version: int) -> None:
+    """Every KV tier's health: a bypassed tier (its loads kept failing) stands out."""
+    found = client.tiers(version)
+    if not found:
+        return
+    labels = client.engine_labels(version)
+    st.subheader("Tiers")
+    if warning := health.bypassed_warning(found, labels):
+        st.error(warning, icon=":material/block:")
+    table = health.tiers_frame(found, labels, time.time_ns())
+    st.dataframe(health.highlight_bypassed(table), hide_index=True)
+
+
+def clocks(version: int) -> None:
+    """Hosts' clocks against the backend's; a spread past the threshold is said out loud."""
+    found = client.clocks(version)
+    if not found or not found["processes"]:
+        return
+    if found["mixed"]:
+        st.warning(
+            f"Reporting processes' clocks differ by about {found['spread_ms']:.0f} ms "
+            f"(over {found['threshold_ms']:g} ms): timelines that join them may misorder events.",
+            icon=":material/schedule:",
+        )
+    with st.expander("Clocks: offset of each process against the backend"):
+        st.caption(
+            "Estimated as -min(received - span end) over the newest spans: the true offset is "
+            "this plus the smallest export delay, so it is never less than shown."
+        )
+        st.dataframe(health.clocks_frame(found, client.engine_labels(version)), hide_index=True)
+
+
 @ui.live
 def overview(version: int) -> None:
     summary = client.summary(version, window_s)
@@ -78,6 +113,7 @@ def overview(version: int) -> None:
             "(OTEL_EXPORTER_OTLP_ENDPOINT at the backend), or pick a longer window."
         )
     key_figures(summary, hits)
+    tiers(version)
     over_time(client.series(version, window_s))
     left, right = st.columns(2)
     with left:
@@ -85,3 +121,4 @@ def overview(version: int) -> None:
         paths(summary)
     with right:
         engines(version)
+        clocks(version)

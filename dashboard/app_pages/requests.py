@@ -3,7 +3,7 @@
 import streamlit as st
 
 from kvscope.dashboard import client, ui
-from kvscope.dashboard.charts import tables, timeline
+from kvscope.dashboard.charts import health, tables, timeline
 from kvscope.dashboard.charts.format import clock
 from kvscope.dashboard.settings import get_settings, jaeger_trace_url
 
@@ -68,12 +68,23 @@ def gantt(version: int, found: dict) -> None:
     spans = client.spans(version, request["id"])
     bars = timeline.gantt_frame(spans, request["start_ns"])
     points = timeline.points_frame(found, request["start_ns"])
+    mixed_clocks(version, {span.get("engine_id") for span in spans})
     st.markdown("**Spans and KV timeline points** (dashed lines; hover for names)")
     ui.chart(timeline.gantt_chart(bars, points))
     if found["missing_points"]:
         st.caption(f"Points not seen for this request: {', '.join(found['missing_points'])}")
     with st.expander("Timeline points"):
         st.dataframe(points, hide_index=True)
+
+
+def mixed_clocks(version: int, engine_ids: set) -> None:
+    """This timeline joins hosts whose clocks differ: say how far its order can be off."""
+    clocks = client.clocks(version)
+    warning = clocks and health.mixed_clocks_warning(
+        clocks, engine_ids - {None}, client.engine_labels(version)
+    )
+    if warning:
+        st.warning(warning, icon=":material/schedule:")
 
 
 def transfers_and_failures(found: dict) -> None:

@@ -22,6 +22,7 @@ MIN_ROWS = 4
 COLUMNS_OUT = [
     "engine_id",
     "tier",
+    "kv_group",
     "block_id",
     "address",
     "block_hash",
@@ -40,12 +41,14 @@ def block_frame(
     failure named the engine block after its last update (or it never arrived)."""
     rows = [{name: block.get(name) for name in COLUMNS_OUT} for block in blocks]
     for row in rows:
+        row["kv_group"] = row["kv_group"] or 0  # older backends name no group: group 0
         if row["lease_id"] is not None:
             row["state"] = "leased/loading"
-    by_slot = {(r["engine_id"], r["tier"], r["block_id"]): r for r in rows}
+    by_slot = {(r["engine_id"], r["tier"], r["kv_group"], r["block_id"]): r for r in rows}
     for failure in failures:
+        # A load failure names block ids without their group: group 0's slots show it.
         for block_id in json.loads(failure.get("block_ids") or "[]"):
-            key = (failure["engine_id"], "device", block_id)
+            key = (failure["engine_id"], "device", 0, block_id)
             row = by_slot.get(key)
             if row is None:
                 row = by_slot[key] = _failed_row(failure, block_id)
@@ -61,6 +64,7 @@ def _failed_row(failure: dict, block_id: int) -> dict:
         **dict.fromkeys(COLUMNS_OUT),
         "engine_id": failure["engine_id"],
         "tier": "device",
+        "kv_group": 0,
         "block_id": block_id,
         "address": f"id:{block_id}",
         "state": "failed",
@@ -73,10 +77,11 @@ def _failed_row(failure: dict, block_id: int) -> dict:
 def _place(frame: pd.DataFrame, labels: dict[str, str] | None = None) -> pd.DataFrame:
     """A slot keeps its cell as its state changes: cell = block id; slots known only by
     hash go after the highest id."""
-    frame = frame.sort_values(["engine_id", "tier", "block_id", "address"], na_position="last")
+    panel_keys = ["engine_id", "tier", "kv_group"]
+    frame = frame.sort_values([*panel_keys, "block_id", "address"], na_position="last")
     frame = frame.reset_index(drop=True)
     cells = []
-    for _, group in frame.groupby(["engine_id", "tier"], sort=False):
+    for _, group in frame.groupby(panel_keys, sort=False):
         next_cell = int(group["block_id"].max()) + 1 if group["block_id"].notna().any() else 0
         for block_id in group["block_id"]:
             if pd.isna(block_id):
@@ -87,11 +92,18 @@ def _place(frame: pd.DataFrame, labels: dict[str, str] | None = None) -> pd.Data
     frame["cell"] = cells
     frame["col"] = frame["cell"] % COLUMNS
     frame["row"] = frame["cell"] // COLUMNS
+    # With one group (no hybrid KV cache manager) the panels need not say it.
+    several = frame["kv_group"].nunique() > 1
     frame["panel"] = [
-        f"{engine_name(e, labels)} · {t}"
-        for e, t in zip(frame["engine_id"], frame["tier"], strict=True)
+        f"{engine_name(e, labels)} · {t}" + (f" · group {g}" if several else "")
+        for e, t, g in zip(frame["engine_id"], frame["tier"], frame["kv_group"], strict=True)
     ]
     return frame
+
+
+def groups_of(frame: pd.DataFrame) -> list[int]:
+    """The KV cache groups that have blocks, in order."""
+    return sorted(int(g) for g in frame["kv_group"].unique()) if not frame.empty else []
 
 
 def state_counts(frame: pd.DataFrame) -> pd.DataFrame:
@@ -106,9 +118,10 @@ def _chart_data(panel: pd.DataFrame) -> pd.DataFrame:
     """Only what the map draws, as text: an all-empty column would reach the browser as an
     Arrow null column, which makes Vega draw nothing at all."""
     data = panel[["col", "row", "state", "address"]].copy()
-    for name in ("block_id", "block_hash", "lease_id", "request_id"):
+    for name in ("block_id", "kv_group", "block_hash", "lease_id", "request_id"):
         data[name] = [("–" if pd.isna(value) else str(value)) for value in panel[name]]
-    data["block_id"] = [value.removesuffix(".0") for value in data["block_id"]]
+    for name in ("block_id", "kv_group"):
+        data[name] = [value.removesuffix(".0") for value in data[name]]
     return data
 
 
@@ -144,7 +157,14 @@ def block_map(panel: pd.DataFrame) -> alt.Chart:
                 legend=alt.Legend(orient="top", title=None),
             ),
             opacity=alt.condition(pick, alt.value(1.0), alt.value(0.85)),
-            tooltip=["block_id:N", "state:N", "block_hash:N", "lease_id:N", "request_id:N"],
+            tooltip=[
+                "block_id:N",
+                "kv_group:N",
+                "state:N",
+                "block_hash:N",
+                "lease_id:N",
+                "request_id:N",
+            ],
         )
         .add_params(pick)
         .properties(width=COLUMNS * CELL_PX, height=max(rows, MIN_ROWS) * CELL_PX)
