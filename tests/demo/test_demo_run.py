@@ -131,3 +131,14 @@ def test_injected_failures_are_recorded_with_outcomes(backend):
     assert any(c.startswith("InjectedFault") for c in causes), causes
     assert any(c == "timeout" for c in causes), causes
     assert any(f["policy"] == "recompute" or f["outcome"] for f in failures)
+
+
+def test_the_failures_page_shows_one_incident_per_injected_fault(backend):
+    """Issue 20: one fault reached the page as three or four rows; now one incident each."""
+    from kvscope.demo.fault_check import count
+
+    found = count(backend)
+    assert found.injected > 0, found.line()  # the schedule fails and slows loads
+    assert found.reports > found.incidents, found.line()  # several reports per fault...
+    assert found.incidents == found.injected, found.line()  # ...folded into one incident
+    assert found.without_cause == 0, found.line()
