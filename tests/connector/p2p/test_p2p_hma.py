@@ -11,6 +11,7 @@ from vllm.v1.request import Request, RequestStatus
 from kvscope.connector.p2p.connector import P2PConnector
 from kvscope.connector.p2p.core import P2PCore
 from kvscope.connector.p2p.metadata import P2PMetadata
+from kvscope.connector.p2p.params import RemotePrefill
 from kvscope.traces import names
 from tests.connector.cpu_offload.hma_harness import (
     BLOCK,
@@ -121,6 +122,26 @@ def test_the_prefill_side_frees_every_groups_blocks_once_read(pair):
     assert prefill.scheduler.requests == {}
 
 
+def test_blocks_the_decode_side_has_in_every_group_are_not_pulled(pair):
+    prefill, decode = pair
+    decode.scheduler.add_request(request("local", prompt(5000, 4 * BLOCK + 10), {}, 2))
+    pump([decode], lambda: not decode.scheduler.has_unfinished_requests())
+    params = prefilled(prefill, "p-part", prompt(5000))
+    decode.scheduler.add_request(request("d-part", prompt(5000), dict(params), 2))
+    pump([prefill, decode], lambda: recved(decode, "d-part"))
+    (pull,) = [p for p in pulls_of(decode) if p.req_id == "d-part"]
+    full, window = params["remote_block_ids"]
+    assert pull.remote_block_ids == (tuple(full[4:]), tuple(window)), "blocks 0-3 were local"
+    full_ids, swa_ids = decode.block_ids("d-part")
+    assert pull.local_block_ids == (tuple(full_ids[4:7]), tuple(swa_ids[4:7]))
+    for index in (4, 5, 6):
+        assert decode.read(FULL, full_ids[index]) == block_value(FULL, index, 0)
+        assert decode.read(SWA, swa_ids[index]) == block_value(SWA, index, 0)
+    assert decode.read(FULL, full_ids[0]) == -block_value(FULL, 0, 0), "the local KV stayed"
+    pump([prefill, decode], lambda: not decode.scheduler.has_unfinished_requests()
+         and not prefill.p2p.held)  # fmt: skip
+
+
 def test_a_failed_read_is_reported_through_failed_recving(pair):
     prefill, decode = pair
     params = prefilled(prefill, "p-bad", prompt(1000))
@@ -173,3 +194,30 @@ def test_a_group_p2p_cannot_move_refuses_to_start(tiny_model):
 def _page_bytes(side: Side) -> int:
     view = next(iter(side.kv_caches.values()))
     return view[0].numel() * view.element_size()
+
+
+def test_one_group_params_as_before_are_accepted(first):
+    one = {**first, "kvscope_p2p_version": 1, "remote_block_ids": [4, 5]}
+    del one["remote_num_blocks"]
+    remote = RemotePrefill.from_params(one)
+    assert remote.block_ids == ((4, 5),) and remote.num_blocks == 2
+    ours = RemotePrefill.from_params(first).to_params()
+    assert ours == {k: v for k, v in first.items() if k in ours}, "vLLM adds its own keys"
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"remote_block_ids": [1, 2]}, r"remote_block_ids\[0\] must be a list"),
+        ({"remote_block_ids": []}, "list of 1 to 64 lists"),
+        ({"remote_block_ids": [[1], "2"]}, r"remote_block_ids\[1\] must be a list"),
+        ({"remote_block_ids": [[1], [-2]]}, r"remote_block_ids\[1\] entries must be"),
+        ({"remote_block_ids": [[1]] * 65}, "list of 1 to 64 lists"),
+        ({"remote_num_blocks": 2}, "longer than remote_num_blocks"),
+        ({"remote_num_blocks": None}, "remote_num_blocks must be an integer"),
+        ({"kvscope_p2p_version": 3}, "neither 1 nor 2: run the same kvscope version"),
+    ],
+)  # fmt: skip
+def test_bad_two_group_params_are_refused_with_the_reason(first, change, message):
+    with pytest.raises(ValueError, match=message):
+        RemotePrefill.from_params({**first, **change})
