@@ -6,7 +6,7 @@ from typing import Any
 
 from vllm.config.kv_transfer import KVTransferConfig
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, supports_hma
 
 from kvscope.connector.child_config import TRANSFER_FIELDS, child_transfer_config
 from kvscope.traces.instrumented import InstrumentedConnector
@@ -80,6 +80,17 @@ def child_class(config: dict[str, Any], outer: KVTransferConfig | None = None) -
     if issubclass(cls, InstrumentedConnector):
         cls = cls.inner_class(config.get("kv_connector_extra_config") or {})
     return cls
+
+
+def child_supports_hma(config: dict[str, Any], outer: KVTransferConfig | None = None) -> bool:
+    """Whether vLLM may give the child every KV cache group: its class is SupportsHMA (kvscope's
+    traced children asked as their untraced core), and a vLLM MultiConnector child only when
+    all of its own children are (vLLM's factory asks it so)."""
+    if not supports_hma(child_class(config, outer)):
+        return False
+    if config["kv_connector"] != "MultiConnector":
+        return True
+    return KVConnectorFactory.supports_hma_config(transfer_config(config, outer))
 
 
 def transfer_config(config: dict[str, Any], outer: KVTransferConfig | None) -> KVTransferConfig:

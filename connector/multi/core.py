@@ -13,6 +13,7 @@ from kvscope.connector.multi.children import (
     build_children,
     child_class,
     child_configs,
+    child_supports_hma,
     child_vllm_config,
 )
 from kvscope.connector.multi.groups import num_groups, refuse_children_without_hma
@@ -36,9 +37,7 @@ class MultiCore(KVConnectorBase_V1, SupportsHMA):
         fallback = bool(extra.get("fallback", True))
         groups = num_groups(kv_cache_config)
         if groups > 1:  # asked of the classes, before any child starts (a NIXL agent, a pool)
-            configs = child_configs(extra, outer.kv_role)
-            classes = [(c["name"], child_class(c, outer)) for c in configs]
-            refuse_children_without_hma(classes, groups)
+            _refuse_children_without_hma(outer, groups)
         self.children = build_children(vllm_config, role, kv_cache_config)
         # vLLM gathers every rank's worker output (TP x PP): loads end when all of them did.
         world_size = vllm_config.parallel_config.world_size
@@ -268,3 +267,10 @@ class MultiCore(KVConnectorBase_V1, SupportsHMA):
     def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
         return stats.build_prom_metrics(vllm_config, metric_types, labelnames,
                                         per_engine_labelvalues)  # fmt: skip
+
+
+def _refuse_children_without_hma(outer: Any, groups: int) -> None:
+    configs = child_configs(outer.kv_connector_extra_config or {}, outer.kv_role)
+    children = [(c["name"], child_class(c, outer).__name__, child_supports_hma(c, outer))
+                for c in configs]  # fmt: skip
+    refuse_children_without_hma(children, groups)

@@ -2,8 +2,6 @@
 
 from typing import Any
 
-from vllm.distributed.kv_transfer.kv_connector.v1.base import supports_hma
-
 from kvscope.traces import names
 from kvscope.traces.attributes import block_ids_attributes
 
@@ -62,11 +60,11 @@ def span_attributes(block_ids: GroupBlockIds) -> dict[str, Any]:
     return attributes
 
 
-def refuse_children_without_hma(labelled_classes: list[tuple[str, type]], count: int) -> None:
-    """With several KV cache groups every child must be SupportsHMA (as vLLM's MultiConnector
-    requires); raises naming those that are not."""
-    without = [f"{label} ({cls.__name__})" for label, cls in labelled_classes
-               if not supports_hma(cls)]  # fmt: skip
+def refuse_children_without_hma(children: list[tuple[str, str, bool]], count: int) -> None:
+    """With several KV cache groups every child must support HMA (as vLLM's MultiConnector
+    requires); raises naming those that do not. children: (name, class name, supports HMA)."""
+    without = [f"{name} ({class_name})" for name, class_name, supported in children
+               if not supported]  # fmt: skip
     if count <= 1 or not without:
         return
     which = f"child {without[0]} does" if len(without) == 1 else f"children {', '.join(without)} do"

@@ -211,12 +211,34 @@ def example_child(tmp_path) -> dict:
             "kv_connector_extra_config": {"shared_storage_path": str(tmp_path)}}  # fmt: skip
 
 
-def test_a_child_without_hma_is_refused_by_name_with_two_groups(tiny_model, tmp_path):
-    config = multi_config(tiny_model, [offload_child("offload"), example_child(tmp_path)])
+def traced_example(tmp_path) -> dict:
+    return {"name": "example", "kv_connector": "TracedConnector",
+            "kv_connector_module_path": "kvscope.connector.traced",
+            "kv_connector_extra_config": {"connector": "ExampleConnector",
+                                          "shared_storage_path": str(tmp_path)}}  # fmt: skip
+
+
+def vllm_multi_over_example(tmp_path) -> dict:
+    """vLLM's own MultiConnector, SupportsHMA only when all of its children are."""
+    example = {"kv_connector": "ExampleConnector", "kv_role": "kv_both",
+               "kv_connector_extra_config": {"shared_storage_path": str(tmp_path)}}  # fmt: skip
+    return {"name": "example", "kv_connector": "MultiConnector",
+            "kv_connector_extra_config": {"connectors": [example]}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("make_child", "class_name"),
+    [(example_child, "ExampleConnector"), (traced_example, "ExampleConnector"),
+     (vllm_multi_over_example, "MultiConnector")],
+)  # fmt: skip
+def test_a_child_without_hma_is_refused_by_name_with_two_groups(
+    tiny_model, tmp_path, make_child, class_name
+):
+    config = multi_config(tiny_model, [offload_child("offload"), make_child(tmp_path)])
     with pytest.raises(ValueError) as refused:
         Scheduler(config, kv_cache_config(), StructuredOutputManager(config), block_size=BLOCK)
     message = str(refused.value)
-    assert "child example (ExampleConnector) does not support HMA" in message
+    assert f"child example ({class_name}) does not support HMA" in message
     assert "2 KV cache groups" in message and "--disable-hybrid-kv-cache-manager" in message
     assert "offload" not in message.split("support HMA")[0]
 
