@@ -153,6 +153,10 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--speed", type=float, default=0.0, help="batches per second (0: fast)")
     replay.add_argument("--keep-times", action="store_true", help="do not move times to now")
     replay.set_defaults(handler=_replay)
+
+    from kvscope.cli.verify import add_parser as add_verify
+
+    add_verify(commands)
     return parser
 
 

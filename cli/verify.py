@@ -1,0 +1,71 @@
+"""`kvscope verify`: parses its options, runs the scenarios, prints the report, sets the status."""
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def add_parser(commands) -> None:
+    verify = commands.add_parser(
+        "verify", help="check a KV connector against vLLM's connector contract on real engines"
+    )
+    verify.add_argument(
+        "--connector",
+        required=True,
+        metavar="NAME_OR_MODULE:CLASS",
+        help="a vLLM built-in (ExampleConnector), a kvscope connector "
+        "(CpuOffloadConnector), or package.module:ClassName",
+    )
+    verify.add_argument(
+        "--config",
+        default="{}",
+        metavar="JSON",
+        help="the connector's kv_connector_extra_config, as JSON",
+    )
+    verify.add_argument("--model", help="model folder (default: the tiny model, built if missing)")
+    verify.add_argument(
+        "--tp", type=int, default=1, help="tensor_parallel_size (CPU: one core per rank)"
+    )
+    verify.add_argument(
+        "--scenario",
+        action="append",
+        metavar="NAME",
+        help="run only this scenario (repeatable; default: all)",
+    )
+    verify.add_argument("--json", action="store_true", help="print the report as JSON")
+    verify.set_defaults(handler=run_verify)  # fmt: skip
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    """0 when every check passed, 1 when one failed, 2 for bad input. Only the report goes to
+    stdout (vLLM's log goes to stderr with the progress lines), so --json output parses."""
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    from kvscope.demo.engine import use_in_process_engine
+    from kvscope.model.build import build_model, default_model_dir
+    from kvscope.verify.connectors import parse_connector
+    from kvscope.verify.report import as_json, as_table
+    from kvscope.verify.runner import select, verify
+
+    try:
+        extra = json.loads(args.config)
+        if not isinstance(extra, dict):
+            raise ValueError(f"--config must be a JSON object, got {type(extra).__name__}")
+        spec = parse_connector(args.connector, extra)
+        select(args.scenario)
+        if args.tp < 1:
+            raise ValueError(f"--tp must be at least 1, got {args.tp}")
+    except ValueError as exc:  # json.JSONDecodeError too
+        print(f"kvscope verify: {exc}", file=sys.stderr)
+        return 2
+    model = Path(args.model) if args.model else default_model_dir()
+    if not (model / "config.json").is_file():
+        if args.model:
+            print(f"kvscope verify: no model at {model} (config.json missing)", file=sys.stderr)
+            return 2
+        build_model(model)
+    use_in_process_engine()
+    report = verify(spec, model, args.tp, args.scenario)
+    print(as_json(report) if args.json else as_table(report))
+    return 0 if report.passed else 1
