@@ -15,9 +15,15 @@ one kept-alive HTTP client (a new client per request spent 45-110 ms, more under
 its TLS context inside the timed region); ratios come with a 90 % bootstrap interval, and each
 pair's load average is shown: the pairs run one after another on a shared machine, so the load
 may differ between them. --phases breaks our pairs' requests down by their spans (pd_phases).
+
+--shape mid --prefix-tokens 1024,2048,4096: every pair runs --warmup then --requests requests at
+each length (prompts of exactly that many tokens, each with its own first block); TTFT through
+our pair over one server alone is recorded per length, and the other figures at 2k tokens.
 """
 
 import argparse
+import contextlib
+import functools
 import os
 import statistics
 import tempfile
@@ -27,25 +33,50 @@ from pathlib import Path
 
 import httpx
 
+from kvscope.bench.offload_ttft import parse_lengths
 from kvscope.bench.pd_pair import PDPair, ProxyThread, pid_cpu_seconds
 from kvscope.bench.pd_phases import TimedRequest, report_phases
-from kvscope.bench.results import record
+from kvscope.bench.results import HEADLINE_TOKENS, length_metric, record
 from kvscope.bench.spread import Spread, median_ratio_interval
 from kvscope.demo.prompts import long_prompt
+
+ROOM_TOKENS = 512
+"""max_model_len above the longest prompt: the output and the request's head."""
+
+
+@dataclass
+class Samples:
+    """Timed requests at one prompt length."""
+
+    ttft_s: list[float] = field(default_factory=list)
+    total_s: list[float] = field(default_factory=list)
+    timed: list[TimedRequest] = field(default_factory=list)  # for the phase breakdown
 
 
 @dataclass
 class PairFigures:
-    """What one P/D pair measured; `error` says why a pair has no figures."""
+    """What one P/D pair measured; `error` says why a pair has no figures. `by_tokens` holds
+    the samples per prompt length (0: the short default prompts); ttft_s, total_s and timed
+    are those at the headline length."""
 
     name: str
-    ttft_s: list[float] = field(default_factory=list)
-    total_s: list[float] = field(default_factory=list)
+    headline_tokens: int = 0
+    by_tokens: dict[int, Samples] = field(default_factory=dict)
     idle_cpu_pct: list[float] = field(default_factory=list)  # one per window
     load_avg: list[float] = field(default_factory=list)  # 1-min load before and after requests
-    timed: list[TimedRequest] = field(default_factory=list)  # for the phase breakdown
     start_s: float = float("nan")
     error: str = ""
+
+    def samples(self, tokens: int) -> Samples:
+        return self.by_tokens.setdefault(tokens, Samples())
+
+    @property
+    def ttft_s(self) -> list[float]:
+        return self.samples(self.headline_tokens).ttft_s
+
+    @property
+    def total_s(self) -> list[float]:
+        return self.samples(self.headline_tokens).total_s
 
     @property
     def idle_median(self) -> float:
@@ -72,69 +103,103 @@ def idle_cpu_percent(pair: PDPair, seconds: float) -> float:
     return (sum(pid_cpu_seconds(pid) for pid in pids) - before) / seconds * 100
 
 
-def measure(name: str, pair: PDPair, args: argparse.Namespace) -> PairFigures:
-    figures = PairFigures(name)
-    print(f"[{name}] starting two servers (timeout {args.start_timeout:.0f} s)...", flush=True)
-    start = time.perf_counter()
+def measure(group: list[tuple[str, PDPair]], args: argparse.Namespace) -> list[PairFigures]:
+    """Starts the pairs of a group together and alternates their requests (one at a time, in
+    turn, the order reversed every other request): pairs in one group see the same load."""
+    figures = [PairFigures(name, headline(args.prefix_tokens)) for name, _ in group]
+    names = " + ".join(name for name, _ in group)
     try:
-        pair.start(args.start_timeout)
-        figures.start_s = time.perf_counter() - start
-        figures.load_avg.append(os.getloadavg()[0])
-        with httpx.Client(timeout=args.request_timeout) as client:
-            if pair.plain:  # no connector: both servers do their share, timed on decode alone
-                prefill_url = pair.prefill.url
-                _requests(name, pair, client, pair.decode.url, args, figures, prefill_url)
-            else:
-                proxy = ProxyThread(pair.prefill.url, pair.decode.url)
-                try:
-                    _requests(name, pair, client, proxy.url, args, figures)
-                finally:
-                    proxy.stop()
-        figures.load_avg.append(os.getloadavg()[0])
-        for window in range(args.idle_windows):
-            idle = idle_cpu_percent(pair, args.idle_s)
-            figures.idle_cpu_pct.append(idle)
-            print(f"[{name}] idle CPU, window {window + 1} of {args.idle_windows}"
-                  f" ({args.idle_s:.0f} s): {idle:.1f} %", flush=True)  # fmt: skip
+        for (name, pair), mine in zip(group, figures, strict=True):
+            print(f"[{name}] starting two servers (timeout {args.start_timeout:.0f} s)...",
+                  flush=True)  # fmt: skip
+            start = time.perf_counter()
+            pair.start(args.start_timeout)
+            mine.start_s = time.perf_counter() - start
+        for mine in figures:
+            mine.load_avg.append(os.getloadavg()[0])
+        with httpx.Client(timeout=args.request_timeout) as client, contextlib.ExitStack() as stack:
+            targets = [_target(pair, stack) for _, pair in group]
+            _requests(client, list(zip(group, targets, figures, strict=True)), args)
+        for (name, pair), mine in zip(group, figures, strict=True):
+            mine.load_avg.append(os.getloadavg()[0])
+            _idle_windows(name, pair, mine, args)
     except Exception as exc:
-        figures.error = f"{type(exc).__name__}: {exc}"[:300]
-        print(f"[{name}] failed: {figures.error} (logs in {pair.workdir})", flush=True)
+        error = f"{type(exc).__name__}: {exc}"[:300]
+        for mine in figures:
+            mine.error = mine.error or error
+        print(f"[{names}] failed: {error} (logs in {group[0][1].workdir.parent})", flush=True)
     finally:
-        pair.stop()
-    if pair.spans_to_files:  # after stop: the servers flushed their spans
-        report_phases(figures.timed, pair.workdir, name)
+        for _, pair in group:
+            pair.stop()
+    for (name, pair), mine in zip(group, figures, strict=True):
+        if pair.spans_to_files:  # after stop: the servers flushed their spans
+            for tokens, samples in mine.by_tokens.items():
+                label = f"{name}, {tokens} tokens" if tokens else name
+                report_phases(samples.timed, pair.workdir, label)
     return figures
 
 
-def _requests(
-    name: str,
-    pair: PDPair,
-    client: httpx.Client,
-    url: str,
-    args: argparse.Namespace,
-    figures: PairFigures,
-    prefill_first: str = "",
-) -> None:
-    """Timed streamed requests to `url` after --warmup untimed ones (handshake, connections);
-    `prefill_first`: an untimed 1-token request to that server first, so that a plain pair's
-    two servers both work as a P/D pair's do."""
-    for i in range(args.warmup + args.requests):
-        prompt = f"Request {i} of {name}: " + long_prompt(i, sentences=4)
-        body = {"model": str(pair.model), "prompt": prompt, "max_tokens": args.max_tokens,
-                "temperature": 0, "ignore_eos": True}  # fmt: skip
-        if prefill_first:
-            timed_stream(client, prefill_first, {**body, "max_tokens": 1})
-        sent = time.time()
-        ttft, total = timed_stream(client, url, body)
-        warm = " (warm-up, untimed)" if i < args.warmup else ""
-        print(f"[{name}] request {i}: TTFT {ttft:.3f} s, total {total:.3f} s{warm}", flush=True)
-        if i >= args.warmup:
-            figures.timed.append(TimedRequest(sent, sent + ttft, sent + total))
-            figures.ttft_s.append(ttft)
-            figures.total_s.append(total)
+def _target(pair: PDPair, stack: contextlib.ExitStack) -> tuple[str, str]:
+    """(URL the timed request goes to, URL of an untimed 1-token request first, or "").
+
+    A plain pair (no connector) does both servers' share, timed on the decode server alone;
+    a P/D pair gets its proxy, stopped when the stack closes."""
+    if pair.plain:
+        return pair.decode.url, pair.prefill.url
+    proxy = ProxyThread(pair.prefill.url, pair.decode.url)
+    stack.callback(proxy.stop)
+    return proxy.url, ""
 
 
-def report(results: list[PairFigures]) -> None:
+def _idle_windows(name: str, pair: PDPair, figures: PairFigures, args) -> None:
+    for window in range(args.idle_windows):
+        idle = idle_cpu_percent(pair, args.idle_s)
+        figures.idle_cpu_pct.append(idle)
+        print(f"[{name}] idle CPU, window {window + 1} of {args.idle_windows}"
+              f" ({args.idle_s:.0f} s): {idle:.1f} %", flush=True)  # fmt: skip
+
+
+def headline(lengths: list[int]) -> int:
+    """The prompt length the pair-against-pair figures use: 2k if asked for, else the first."""
+    return HEADLINE_TOKENS if HEADLINE_TOKENS in lengths else (lengths or [0])[0]
+
+
+def _requests(client: httpx.Client, runs: list, args: argparse.Namespace) -> None:
+    """Timed streamed requests after --warmup untimed ones (handshake, connections, kernels at
+    that length), at each prompt length, to each pair in turn; `runs`: ((name, pair), (url,
+    prefill_first), figures) per pair."""
+    for tokens in args.prefix_tokens or [0]:
+        for i in range(args.warmup + args.requests):
+            for (name, pair), (url, prefill_first), figures in runs[:: 1 if i % 2 == 0 else -1]:
+                body = {"model": str(pair.model), "prompt": _prompt(pair.model, name, i, tokens),
+                        "max_tokens": args.max_tokens, "temperature": 0,
+                        "ignore_eos": True}  # fmt: skip
+                if prefill_first:  # a plain pair's prefill server works as a P/D pair's does
+                    timed_stream(client, prefill_first, {**body, "max_tokens": 1})
+                sent = time.time()
+                ttft, total = timed_stream(client, url, body)
+                warm = " (warm-up, untimed)" if i < args.warmup else ""
+                at = f" at {tokens} tokens" if tokens else ""
+                print(f"[{name}] request {i}{at}: TTFT {ttft:.3f} s, total {total:.3f} s{warm}",
+                      flush=True)  # fmt: skip
+                if i >= args.warmup:
+                    samples = figures.samples(tokens)
+                    samples.timed.append(TimedRequest(sent, sent + ttft, sent + total))
+                    samples.ttft_s.append(ttft)
+                    samples.total_s.append(total)
+
+
+def _prompt(model: Path, name: str, i: int, tokens: int) -> str | list[int]:
+    """The short text prompt, or `tokens` token ids; either way its first block is its own."""
+    head = f"Request {i} of {name}: "
+    if not tokens:
+        return head + long_prompt(i, sentences=4)
+    from kvscope.model.prompts import token_prompt
+
+    return token_prompt(model, tokens, seed=i, head=head)
+
+
+def report(results: list[PairFigures], shape: str = "tiny") -> None:
     print(f"\n{'pair':<22}{'start s':>9}{'TTFT s':>9}{'TTFT IQR':>15}{'total s':>9}"
           f"{'idle CPU %':>12}{'(windows)':>22}{'load':>11}  note")  # fmt: skip
     for r in results:
@@ -155,6 +220,7 @@ def report(results: list[PairFigures]) -> None:
                   f" total {Spread.of(r.total_s).text(1000, ' ms')}")  # fmt: skip
     by_name = {r.name: r for r in results}
     _report_floor(by_name)
+    _report_single(by_name, shape)
     # vLLM's default stock pair carries the target; the one with kvscope's executor setting
     # shows what that setting alone gives.
     stocks = (("stock pinned", "", "<= 0.5"), ("stock uniproc pinned", "_uniproc", ""))
@@ -163,7 +229,7 @@ def report(results: list[PairFigures]) -> None:
         for ours in ("ours unpinned", "ours pinned"):
             mine = by_name.get(ours)
             if stock and mine and stock.ttft_s and mine.ttft_s:
-                _report_ratios(ours, mine, stock_name, stock, metric_suffix, target)
+                _report_ratios(ours, mine, stock_name, stock, metric_suffix, target, shape)
             elif mine and (stock or stock_name == "stock pinned"):
                 print(f"{ours} / {stock_name}: no ratio, the stock pair has no figures"
                       f" ({stock.error if stock else 'not run'})")  # fmt: skip
@@ -171,7 +237,7 @@ def report(results: list[PairFigures]) -> None:
 
 def _report_ratios(
     ours: str, mine: PairFigures, stock_name: str, stock: PairFigures, metric_suffix: str,
-    target: str,
+    target: str, shape: str,
 ) -> None:  # fmt: skip
     """Ratios of medians, each with its 90 % bootstrap interval and both pairs' load."""
     suffix = "" if ours == "ours unpinned" else "_pinned"
@@ -184,7 +250,8 @@ def _report_ratios(
         interval = f"90% interval {low:.2f}-{high:.2f}"
         parts.append(f"{what.upper() if what == 'ttft' else what} {ratio:.2f} ({interval})")
         note = f"{ours}; {interval}; n={len(mine_s)}/{len(theirs_s)}; {loads}"
-        metric = f"{what}{suffix}_over_stock{metric_suffix}"
+        metric = _metric(f"{what}{suffix}_over_stock{metric_suffix}", shape, mine.headline_tokens)
+        target = target if shape == "tiny" else ""  # a goal for the connector's overheads
         record("pd_latency", metric, ratio, "ratio", target, note=note)
     print(f"{ours} / {stock_name}: {', '.join(parts)} (target {target or 'none'}; {loads})")
 
@@ -205,15 +272,43 @@ def _report_floor(by_name: dict[str, PairFigures]) -> None:
           f"{ratio:.2f} (plain vLLM's floor: {plain.idle_median:.1f} %)")  # fmt: skip
     record("pd_latency", "idle_cpu_ours_minus_plain_pct", above, "% of a core")
     record("pd_latency", "idle_cpu_ours_over_plain", ratio, "ratio")
-    if plain.ttft_s and mine.ttft_s:  # the plain pair's timed requests ran on one server alone
-        ttft = _ratio(mine.ttft_s, plain.ttft_s)
-        low, high = median_ratio_interval(mine.ttft_s, plain.ttft_s)
-        print(
-            f"ours unpinned / one server alone: TTFT {ttft:.2f} (90% interval {low:.2f}-"
-            f"{high:.2f}; target <= 1.5; load {_load_text(mine)} vs {_load_text(plain)})"
+
+
+def _report_single(by_name: dict[str, PairFigures], shape: str) -> None:
+    """TTFT through our pair over one server alone (the plain pair's decode side), per length;
+    the medians too, in ms (the report plots them against the prompt length)."""
+    plain, mine = by_name.get("plain unpinned"), by_name.get("ours unpinned")
+    if not (plain and mine):
+        return
+    lengths = [tokens for tokens in mine.by_tokens if tokens in plain.by_tokens]
+    for tokens in lengths:
+        ours_s, single_s = mine.by_tokens[tokens].ttft_s, plain.by_tokens[tokens].ttft_s
+        if not (ours_s and single_s):
+            continue
+        ttft = _ratio(ours_s, single_s)
+        low, high = median_ratio_interval(ours_s, single_s)
+        headline = tokens == mine.headline_tokens
+        target = ("<= 1.5" if shape == "tiny" else "<= 1.2") if headline else ""
+        at = f" at {tokens} tokens" if tokens else ""
+        print(f"ours unpinned / one server alone{at}: TTFT {ttft:.2f} (90% interval {low:.2f}-"
+              f"{high:.2f}; target {target or 'none'}; load {_load_text(mine)} vs"
+              f" {_load_text(plain)})")  # fmt: skip
+        note = (
+            f"{shape} model, {tokens or 'short'}-token prompts; 90% interval {low:.2f}-{high:.2f}"
         )
-        note = f"90% interval {low:.2f}-{high:.2f}"
-        record("pd_latency", "ttft_over_single", ttft, "ratio", "<= 1.5", note=note)
+        metric = _metric("ttft_over_single", shape, tokens, len(lengths))
+        record("pd_latency", metric, ttft, "ratio", target, note=note)
+        if tokens:
+            for what, samples in (("pd", ours_s), ("single", single_s)):
+                ms = Spread.of(samples).median * 1000
+                record("pd_latency", f"ttft_{what}_{shape}_{tokens}_ms", ms, "ms")
+
+
+def _metric(base: str, shape: str, tokens: int, lengths: int = 1) -> str:
+    """A figure's name for this shape and prompt length (bench/results.length_metric)."""
+    if not tokens:
+        return base if shape == "tiny" else f"{base}_{shape}"
+    return length_metric(base, shape, tokens, lengths)
 
 
 def _ratio(mine: list[float], theirs: list[float]) -> float:
@@ -222,7 +317,14 @@ def _ratio(mine: list[float], theirs: list[float]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, help="model dir (default: build the tiny model)")
+    parser.add_argument("--shape", default="tiny", help="model shape (model/shapes.py)")
+    parser.add_argument("--model", type=Path, help="model dir (default: the shape's, built)")
+    parser.add_argument(
+        "--prefix-tokens",
+        type=parse_lengths,
+        default=[],
+        help="prompt lengths in tokens, comma-separated (default: short)",
+    )
     parser.add_argument("--requests", type=int, default=15, help="timed requests per pair")
     parser.add_argument("--warmup", type=int, default=2, help="untimed requests first")
     parser.add_argument("--max-tokens", type=int, default=16)
@@ -234,28 +336,34 @@ def main() -> None:
         "--pairs",
         default="plain unpinned,ours unpinned,ours pinned,stock pinned,stock uniproc pinned",
     )
+    parser.add_argument("--together", default="plain unpinned,ours unpinned",
+                        help="pairs started together, their requests alternating")  # fmt: skip
     parser.add_argument("--phases", action="store_true", help="where our pairs' time went")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="kvscope-pd-bench-"))
-    model = args.model
-    if model is None:
-        from kvscope.model.build import build_model
+    from kvscope.model.build import ensure_model
 
-        model = build_model(workdir / "tiny")
+    model = args.model or ensure_model(args.shape)
     spans = args.phases
+    length = max(args.prefix_tokens) + ROOM_TOKENS if args.prefix_tokens else None
+    pair_of = functools.partial(PDPair, max_model_len=length)
     pairs = {
-        "plain unpinned": lambda: PDPair(model, workdir / "plain-unpinned", plain=True),
-        "ours unpinned": lambda: PDPair(model, workdir / "ours-unpinned", spans_to_files=spans),
-        "ours pinned": lambda: PDPair(
+        "plain unpinned": lambda: pair_of(model, workdir / "plain-unpinned", plain=True),
+        "ours unpinned": lambda: pair_of(model, workdir / "ours-unpinned", spans_to_files=spans),
+        "ours pinned": lambda: pair_of(
             model, workdir / "ours-pinned", cores=(0, 1), spans_to_files=spans
         ),  # fmt: skip
-        "stock pinned": lambda: PDPair(model, workdir / "stock-pinned", stock=True, cores=(0, 1)),
-        "stock uniproc pinned": lambda: PDPair(
+        "stock pinned": lambda: pair_of(model, workdir / "stock-pinned", stock=True, cores=(0, 1)),
+        "stock uniproc pinned": lambda: pair_of(
             model, workdir / "stock-uniproc-pinned", stock=True, cores=(0, 1), stock_uniproc=True
         ),  # fmt: skip
     }
     names = [n.strip() for n in args.pairs.split(",")]
-    report([measure(name, pairs[name](), args) for name in names])
+    together = [n for n in (n.strip() for n in args.together.split(",")) if n in names]
+    groups = [together] if len(together) > 1 else []
+    groups += [[name] for name in names if name not in together or len(together) < 2]
+    results = [f for group in groups for f in measure([(n, pairs[n]()) for n in group], args)]
+    report(sorted(results, key=lambda f: names.index(f.name)), args.shape)
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ class PDPair:
     # The stock pair runs as vLLM does by default, the model in a worker process of its own;
     # True gives it the setting kvscope's servers use (demo/engine.py ENGINE_ENV).
     stock_uniproc: bool = False
+    max_model_len: int | None = None  # over serve_command's 1024 (long prompts, mid model)
     servers: list[ServerProcess] = field(default_factory=list)
 
     def start(self, timeout_s: float = 300) -> "PDPair":
@@ -77,6 +78,8 @@ class PDPair:
             if self.spans_to_files:
                 env["KVSCOPE_TRACES_FILE"] = str(self.spans_file(role))
         cmd = serve_command(self.model, port, config)
+        if self.max_model_len is not None:  # the last one given wins
+            cmd += ["--max-model-len", str(self.max_model_len)]
         if self.cores is not None:
             cmd = ["taskset", "-c", str(self.cores[len(self.servers)]), *cmd]
         return ServerProcess(cmd, port, env, self.workdir / f"{role}.log")

@@ -82,3 +82,35 @@ def test_phases_split_a_request_into_its_gaps(tmp_path, capsys):
     assert round(sum(critical)) == 70  # the critical path adds up to the TTFT
     report_phases([request], tmp_path, "made up")
     assert "decode.lookup -> decode.transfer_submitted" in capsys.readouterr().out
+
+
+def test_per_length_figures_are_named_by_shape_and_length(tmp_path, monkeypatch):
+    from kvscope.bench import pd_latency
+    from kvscope.bench.results import RESULTS_ENV, length_metric, load
+
+    assert [length_metric("r", "mid", n, 3) for n in (1024, 2048, 4096)] == [
+        "r_1k",
+        "r_mid",
+        "r_4k",
+    ]
+    assert length_metric("r", "tiny", 1024, 1) == "r"
+    assert length_metric("r", "tiny", 512, 2) == "r_tiny_512"
+    assert pd_latency.headline([1024, 2048, 4096]) == 2048
+    assert pd_latency.headline([]) == 0
+
+    results = tmp_path / "results.jsonl"
+    monkeypatch.setenv(RESULTS_ENV, str(results))
+    plain = pd_latency.PairFigures("plain unpinned", 2048)
+    ours = pd_latency.PairFigures("ours unpinned", 2048)
+    for tokens, single_s, pd_s in ((1024, 1.0, 1.1), (2048, 2.0, 2.1), (4096, 4.0, 4.8)):
+        plain.samples(tokens).ttft_s.extend([single_s] * 3)
+        ours.samples(tokens).ttft_s.extend([pd_s] * 3)
+    pd_latency._report_single({figures.name: figures for figures in (plain, ours)}, "mid")
+    figures = {row["metric"]: row for row in load(results)}
+    assert math.isclose(figures["ttft_over_single_mid"]["value"], 1.05)
+    assert figures["ttft_over_single_mid"]["target"] == "<= 1.2"
+    assert math.isclose(figures["ttft_over_single_4k"]["value"], 1.2)
+    assert figures["ttft_over_single_1k"]["target"] == ""
+    assert figures["ttft_pd_mid_4096_ms"]["value"] == 4800.0
+    assert figures["ttft_single_mid_1024_ms"]["value"] == 1000.0
+    assert ours.ttft_s == [2.1] * 3  # the headline length's samples
