@@ -2,6 +2,7 @@
 check fails."""
 
 import argparse
+import json
 import signal
 import sys
 from pathlib import Path
@@ -52,6 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="servers run with vLLM's default executor (the model in a worker process), not"
         " with VLLM_ENABLE_V1_MULTIPROCESSING=0",
     )
+    parser.add_argument(
+        "--tier-health",
+        type=json.loads,
+        help="the offload pool's breaker settings as JSON, e.g. '{\"failures_to_bypass\": 0}'"
+        " (off) to see the sick-tier phase without it; default: the connector's own",
+    )
     return parser
 
 
@@ -65,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         abort_fraction=args.abort_fraction, faults=not args.no_faults, policy=args.policy,
         request_timeout_s=args.request_timeout, idle_timeout_s=args.idle_timeout,
         max_rss_growth_mib=args.max_rss_growth, workdir=args.workdir,
-        default_executor=args.default_executor,
+        default_executor=args.default_executor, tier_health=args.tier_health,
     )  # fmt: skip
     # SIGTERM unwinds like Ctrl-C, so every server the soak started is stopped.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))

@@ -18,6 +18,7 @@ from kvscope.bench.soak.checks import (
 )
 from kvscope.bench.soak.client import COMPLETED, Outcome, counts, run_plan
 from kvscope.bench.soak.memory import MemorySampler
+from kvscope.bench.soak.phases import PhaseRates
 from kvscope.bench.soak.plan import REFERENCE_MAX_TOKENS, make_plan, unique_prompts
 from kvscope.bench.soak.rebuilt import (
     backend_activity,
@@ -49,6 +50,7 @@ class SoakOptions:
     # vLLM's default executor on the servers (the model in a worker process of its own) instead
     # of kvscope's VLLM_ENABLE_V1_MULTIPROCESSING=0
     default_executor: bool = False
+    tier_health: dict | None = None  # the offload pool's breaker settings; None: its defaults
 
 
 def run_soak(options: SoakOptions) -> list[CheckResult]:
@@ -63,7 +65,8 @@ def run_soak(options: SoakOptions) -> list[CheckResult]:
     stack = Stack()
     try:
         system = start_system(options.model, workdir, stack, options.policy,
-                              options.startup_timeout_s, options.default_executor)  # fmt: skip
+                              options.startup_timeout_s, options.default_executor,
+                              options.tier_health)  # fmt: skip
         phases = {"startup_s": time.monotonic() - soak_started}
         run = drive_and_check(options, system, plan, phases)
         table = wait_reference(*reference, timeout_s=options.startup_timeout_s)
@@ -78,12 +81,14 @@ def run_soak(options: SoakOptions) -> list[CheckResult]:
                every_request_ended(outcomes, len(plan), options.policy), run["rebuilt"],
                run["lease_rows"], memory_bounded(memory, options.max_rss_growth_mib)]  # fmt: skip
     print_summary(outcomes, phases["workload_s"], memory, results, run["activity"])
+    print_phase_rates(run["rates"])
     phases["total_s"] = time.monotonic() - soak_started
     print(f"\nsoak took {phases['total_s']:.0f} s in all: " + ", ".join(
         f"{name[:-2]} {s:.0f} s" for name, s in phases.items() if name != "total_s"),
         flush=True)  # fmt: skip
     record_figures(outcomes, phases["workload_s"], memory, results)
-    write_results(workdir / "soak_results.json", outcomes, phases, memory, results)
+    record_phase_rates(run["rates"])
+    write_results(workdir / "soak_results.json", outcomes, phases, memory, results, run["rates"])
     return results
 
 
@@ -93,12 +98,16 @@ def drive_and_check(options: SoakOptions, system, plan, phases: dict) -> dict:
     faults = FaultSchedule(system.state_files["prefill"].parent / "faults.json",
                            enabled=options.faults)  # fmt: skip
     peaks: dict[str, int] = {}
+    rates = PhaseRates()
+    if name := faults.update(0.0):
+        rates.enter(name)
     started = time.monotonic()
-    on_done = progress(options, faults, sampler, system, peaks)
+    on_done = progress(options, faults, sampler, system, peaks, rates)
     outcomes = asyncio.run(
         run_plan(system.urls, plan, options.concurrency, options.request_timeout_s, on_done)
     )
     phases["workload_s"] = time.monotonic() - started
+    rates.end()
     faults.update(1.0)  # the schedule ends with no faults
     system.stack.check_alive()
     leaks = wait_until_idle(system, options.idle_timeout_s)
@@ -111,19 +120,25 @@ def drive_and_check(options: SoakOptions, system, plan, phases: dict) -> dict:
         "lease_rows": lease_rows_match(system),
         "activity": backend_activity(system.urls["backend"], time.monotonic() - started + 60),
         "memory": sampler.stop(),
+        "rates": rates,
     }
 
 
-def progress(options: SoakOptions, faults: FaultSchedule, sampler: MemorySampler, system, peaks):
-    """The per-request callback: moves the fault schedule along, prints a line every 10 s and
-    keeps the peak of what the servers held (proof the leak check sees held state)."""
+def progress(options: SoakOptions, faults: FaultSchedule, sampler: MemorySampler, system, peaks,
+             rates: PhaseRates):  # fmt: skip
+    """The per-request callback: moves the fault schedule along (timing each phase), prints a
+    line every 10 s and keeps the peak of what the servers held (proof the leak check sees
+    held state)."""
     started = time.monotonic()
     last = {"printed": started, "ended": {}}
     stack = system.stack
 
     def on_done(outcome: Outcome, done: int) -> None:
         last["ended"][outcome.status] = last["ended"].get(outcome.status, 0) + 1
+        if outcome.status == COMPLETED:
+            rates.count_completed()
         if name := faults.update(done / options.requests):
+            rates.enter(name)
             print(f"[{time.monotonic() - started:6.0f} s] faults: {name}", flush=True)
         if time.monotonic() - last["printed"] >= 10 or done == options.requests:
             last["printed"] = time.monotonic()
@@ -175,10 +190,35 @@ def record_figures(outcomes, wall_s: float, memory: dict, results: list[CheckRes
         record(BENCH, f"rss_growth_mib_{name}", m["growth_2nd_half"], "MiB", note="2nd half")
 
 
-def write_results(path: Path, outcomes, phases: dict, memory: dict, results: list) -> None:
+def print_phase_rates(rates: PhaseRates) -> None:
+    if not rates.phases:
+        return
+    print("\ncompleted requests per fault phase:")
+    print("\n".join(f"  {line}" for line in rates.lines()))
+    if (ratio := rates.faulted_over_clean()) is not None:
+        print(f"  faulted over clean: {ratio:.2f} (goal >= 0.5)")
+
+
+def record_phase_rates(rates: PhaseRates) -> None:
+    """soak_faulted_over_clean_req_per_s: loads slower than their timeout (a sick tier) over
+    the clean phase right before, side by side in this run."""
+    if (pair := rates.faulted_and_clean()) is None:
+        return
+    faulted, clean = pair
+    ratio = rates.faulted_over_clean()
+    note = (f"{faulted.completed} completed at {faulted.req_per_s:.2f}/s with loads slower "
+            f"than their timeout, {clean.completed} at {clean.req_per_s:.2f}/s clean")  # fmt: skip
+    record(BENCH, "faulted_over_clean_req_per_s", ratio, "ratio", ">= 0.5", note=note)
+    record(BENCH, "faulted_req_per_s", faulted.req_per_s, "req/s", note=faulted.name)
+    record(BENCH, "clean_req_per_s", clean.req_per_s, "req/s", note="the phase before")
+
+
+def write_results(path: Path, outcomes, phases: dict, memory: dict, results: list,
+                  rates: PhaseRates) -> None:  # fmt: skip
     """The figures as JSON, for tests and scripts."""
     checks = {r.name: {"ok": r.ok, "figure": r.figure, "details": r.details} for r in results}
     summary = {"requests": len(outcomes), "ended": dict(counts(outcomes)),
                "wall_s": phases["workload_s"], "phases_s": phases, "memory_mib": memory,
-               "checks": checks}  # fmt: skip
+               "checks": checks, "fault_phases": rates.to_dict(),
+               "faulted_over_clean_req_per_s": rates.faulted_over_clean()}  # fmt: skip
     path.write_text(json.dumps(summary, indent=1))

@@ -36,16 +36,22 @@ class System:
         return None
 
 
-def probe_config(side_channel_port: int, faults_path: Path, policy: str) -> dict:
-    """The demo's engine config, loaded through the soak's probe subclass."""
+def probe_config(side_channel_port: int, faults_path: Path, policy: str,
+                 tier_health: dict | None = None) -> dict:  # fmt: skip
+    """The demo's engine config, loaded through the soak's probe subclass; tier_health, when
+    given, replaces the offload pool's breaker settings (connector/common/tier_health.py)."""
     config = engine_config(side_channel_port, faults_path, policy)
+    if tier_health is not None:
+        for child in config["kv_connector_extra_config"]["connectors"]:
+            if child["name"] == "offload":
+                child["kv_connector_extra_config"]["tier_health"] = tier_health
     return {**config, "kv_connector": "SoakProbeConnector",
             "kv_connector_module_path": "kvscope.bench.soak.probe"}  # fmt: skip
 
 
 def start_system(
     model: Path, workdir: Path, stack: Stack, policy: str, timeout_s: float,
-    default_executor: bool = False,
+    default_executor: bool = False, tier_health: dict | None = None,
 ) -> System:  # fmt: skip
     """Backend (SQLite), prefill and decode servers (started together), then the proxy.
 
@@ -62,7 +68,8 @@ def start_system(
     urls, state_files, servers = {"backend": backend}, {}, []
     for role in SERVERS:
         port = free_port()
-        cmd = serve_command(model, port, probe_config(free_port(), workdir / "faults.json", policy))
+        cmd = serve_command(model, port, probe_config(free_port(), workdir / "faults.json", policy,
+                                                     tier_health))  # fmt: skip
         cmd += ["--otlp-traces-endpoint", backend + "/v1/traces", "--served-model-name",
                 "kvscope-tiny", "--num-gpu-blocks-override", str(NUM_DEVICE_BLOCKS)]  # fmt: skip
         state_files[role] = workdir / f"{role}.state.json"

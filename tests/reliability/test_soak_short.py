@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from kvscope.bench.soak.phases import FAULTED
+
 pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(420)]
 
 REQUESTS = 48
@@ -88,3 +90,11 @@ def test_memory_was_sampled_for_every_process(soak):
     *_, results = soak
     assert set(results["memory_mib"]) == {"backend", "prefill", "decode", "proxy"}
     assert all(m["peak"] > 0 for m in results["memory_mib"].values()), results["memory_mib"]
+
+
+def test_the_sick_tier_phase_is_timed_beside_a_clean_one(soak):
+    # 48 requests give a few per phase: the ratio is recorded, its goal is for `make bench`.
+    *_, results = soak
+    names = [phase["name"] for phase in results["fault_phases"]]
+    assert FAULTED in names and names[names.index(FAULTED) - 1] == "no faults", names
+    assert results["faulted_over_clean_req_per_s"] is not None, results["fault_phases"]
