@@ -85,7 +85,7 @@ def test_phases_split_a_request_into_its_gaps(tmp_path, capsys):
 
 
 def test_per_length_figures_are_named_by_shape_and_length(tmp_path, monkeypatch):
-    from kvscope.bench import pd_latency
+    from kvscope.bench import pd_latency, pd_report
     from kvscope.bench.results import RESULTS_ENV, length_metric, load
 
     assert [length_metric("r", "mid", n, 3) for n in (1024, 2048, 4096)] == [
@@ -100,12 +100,12 @@ def test_per_length_figures_are_named_by_shape_and_length(tmp_path, monkeypatch)
 
     results = tmp_path / "results.jsonl"
     monkeypatch.setenv(RESULTS_ENV, str(results))
-    plain = pd_latency.PairFigures("plain unpinned", 2048)
-    ours = pd_latency.PairFigures("ours unpinned", 2048)
+    plain = pd_report.PairFigures("plain unpinned", 2048)
+    ours = pd_report.PairFigures("ours unpinned", 2048)
     for tokens, single_s, pd_s in ((1024, 1.0, 1.1), (2048, 2.0, 2.1), (4096, 4.0, 4.8)):
         plain.samples(tokens).ttft_s.extend([single_s] * 3)
         ours.samples(tokens).ttft_s.extend([pd_s] * 3)
-    pd_latency._report_single({figures.name: figures for figures in (plain, ours)}, "mid")
+    pd_report._report_single({figures.name: figures for figures in (plain, ours)}, "mid")
     figures = {row["metric"]: row for row in load(results)}
     assert math.isclose(figures["ttft_over_single_mid"]["value"], 1.05)
     assert figures["ttft_over_single_mid"]["target"] == "<= 1.2"
