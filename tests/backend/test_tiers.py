@@ -75,3 +75,24 @@ def test_a_tier_healthy_again_is_healthy_and_arrival_order_does_not_matter(backe
     [offload] = [t for t in _tiers(backend) if t["engine_id"] == engine_id]
     assert (offload["state"], offload["reason"]) == ("healthy", "probe loaded")
     assert offload["since_ns"] == t0 + 3 * MS and offload["bypassed_until_ns"] is None
+
+
+def test_the_connectors_own_emitter_reaches_the_tiers_route(backend, spans):
+    """Spans from connector/common/tier_health and traces.spans in this process's real tracer:
+    the tier span names no engine, the process's hook span does."""
+    from kvscope.connector.common.tier_health import TierState, emit_state_span
+    from kvscope.traces.spans import HookSpans
+
+    engine_id = f"engine-{uuid.uuid4().hex[:6]}"
+    hooks = HookSpans("CpuOffloadConnector", "scheduler", engine_id, "kv_both")
+    with hooks.hook("get_num_new_matched_tokens"):
+        pass
+    emit_state_span("cpu_offload", TierState.BYPASSED, "timeout", 3, 2.5)
+    assert backend.export(spans()) == SpanExportResult.SUCCESS
+    [offload] = [t for t in _tiers(backend) if t["engine_id"] == engine_id]
+    assert (offload["tier"], offload["state"], offload["failures"]) == (
+        "cpu_offload",
+        "bypassed",
+        3,
+    )
+    assert offload["bypassed_until_ns"] == offload["since_ns"] + 2_500_000_000
