@@ -110,9 +110,18 @@ def test_decode_reads_the_full_prefix_and_only_the_window(pair, first, spans):
     assert list(read.attributes[names.KV_CACHE_GROUP_IDS]) == [0] * 7 + [1] * 3
     assert list(read.attributes[names.BLOCK_IDS]) == list(pull.flat_local)
     assert read.attributes[names.TRANSFER_BYTES] == 10 * NUM_LAYERS * _page_bytes(decode)
+    full, window = params["remote_block_ids"]
     pump([prefill, decode], lambda: not decode.scheduler.has_unfinished_requests()
          and "p-1" not in prefill.p2p.held)  # fmt: skip
     assert decode.scheduler.requests == {} and decode.p2p.pulling == set()
+    [released] = [
+        e
+        for span in spans()
+        for e in span.events
+        if e.name == names.EVENT_LEASE_RELEASED and e.attributes[names.LEASE_HOLDER] == "p-1"
+    ]
+    assert list(released.attributes[names.KV_CACHE_GROUP_IDS]) == [0] * 7 + [1] * 3
+    assert list(released.attributes[names.BLOCK_IDS]) == full + window
 
 
 def test_the_prefill_side_frees_every_groups_blocks_once_read(pair):
