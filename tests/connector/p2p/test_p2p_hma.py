@@ -168,6 +168,23 @@ def test_a_failed_read_is_reported_through_failed_recving(pair):
     assert prefill.free_blocks() == NUM_BLOCKS - 1, "the failed reader released them"
 
 
+def test_a_failed_read_under_the_fail_policy_fails_the_request(pair, tiny_model):
+    prefill, _ = pair
+    decode = Side(tiny_model, "decode-fail", -1, policy="fail")
+    try:
+        params = prefilled(prefill, "p-fail", prompt(4000))
+        full, window = params["remote_block_ids"]
+        bad = {**params, "remote_block_ids": [[b + 10_000 for b in full], window]}
+        decode.scheduler.add_request(req := request("d-fail", prompt(4000), bad, 2))
+        pump([prefill, decode], lambda: recved(decode, "d-fail"))
+        assert decode.outputs[-1].failed_recving == {"d-fail"}
+        assert req.status is RequestStatus.FINISHED_ERROR
+        pump([prefill, decode], lambda: not prefill.p2p.held)
+        assert decode.free_blocks() == NUM_BLOCKS - 1
+    finally:
+        decode.close()
+
+
 def test_a_window_the_prefill_side_no_longer_holds_is_computed_here(pair):
     prefill, decode = pair
     tokens = prompt(2000, 63 + 4 * BLOCK)  # T = 191: held from 128 // 32 = 4, needed from 3
