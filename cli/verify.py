@@ -52,8 +52,8 @@ def run_verify(args: argparse.Namespace) -> int:
         extra = json.loads(args.config)
         if not isinstance(extra, dict):
             raise ValueError(f"--config must be a JSON object, got {type(extra).__name__}")
-        spec = parse_connector(args.connector, extra)
         select(args.scenario)
+        spec = parse_connector(args.connector, extra)
         if args.tp < 1:
             raise ValueError(f"--tp must be at least 1, got {args.tp}")
     except ValueError as exc:  # json.JSONDecodeError too
