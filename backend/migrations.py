@@ -9,6 +9,7 @@ from sqlmodel import SQLModel
 from kvscope.backend import (
     models,  # noqa: F401  (registers the tables on SQLModel.metadata)
     read_schema,
+    rollups,
 )
 from kvscope.backend.identities import migrate_ids_to_bigint, widen_ids
 
@@ -35,6 +36,7 @@ MIGRATIONS: list[Migration] = [
     # The read side (it was to be 2; 4 also reaches databases stamped 3 before it existed).
     (4, "lookups, latencies and the indexes of every dashboard query", read_schema.add_missing),
     (5, "blocks' KV cache group; the tier health spans' index", read_schema.add_missing),
+    (6, "per-second series rollups kept by triggers; lookups by request", rollups.migrate),
 ]
 
 MIGRATION_LOCK = 0x6B7673636F7065  # 'kvscope'

@@ -195,6 +195,7 @@ class Lookup(SQLModel, table=True):
     __table_args__ = (
         UniqueConstraint("trace_id", "span_id", name="uq_lookup_span"),
         Index("ix_lookup_time", "time_ns"),
+        Index("ix_lookup_request", "request_id", "engine_id"),
     )
     id: int | None = Field(default=None, primary_key=True)
     trace_id: str = Field(max_length=32)
@@ -222,6 +223,25 @@ class Latency(SQLModel, table=True):
     time_ns: int = _ns(nullable=False)
     ttft_ms: float | None = None
     queue_ms: float | None = None
+
+
+class SeriesRollup(SQLModel, table=True):
+    """One second of one series counter (backend/rollups.py), kept by triggers at ingest."""
+
+    __tablename__ = "series_rollup"
+    __table_args__ = (
+        UniqueConstraint("metric", "bucket_ns", "engine_id", "label", name="uq_series_rollup"),
+        Index("ix_series_rollup_bucket", "bucket_ns"),
+    )
+    id: int | None = Field(default=None, primary_key=True)
+    metric: str
+    bucket_ns: int = _ns(nullable=False)
+    engine_id: str = ""
+    label: str = ""
+    samples: int = Field(default=0, sa_type=BigInteger)
+    positives: int = Field(default=0, sa_type=BigInteger)
+    total: int = Field(default=0, sa_type=BigInteger)
+    extra: int = Field(default=0, sa_type=BigInteger)
 
 
 # --- Leases -----------------------------------------------------------------------------------
