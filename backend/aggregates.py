@@ -29,29 +29,9 @@ HITS_BY_CONNECTOR = text(
     f"FROM ({LAST_LOOKUPS.text}) last GROUP BY connector, child"
 )
 
-# The series' hit rate per step: the composite's (or a plain connector's) lookups only.
-HITS_PER_BUCKET = text(
-    "SELECT (time_ns - :since) / :step AS bucket, COUNT(*), "
-    "SUM(CASE WHEN hit_tokens > 0 THEN 1 ELSE 0 END), SUM(hit_tokens), "
-    "SUM(COALESCE(prompt, 0)) "
-    f"FROM ({LAST_LOOKUPS.text}) last WHERE child IS NULL "
-    "GROUP BY (time_ns - :since) / :step"
-)
-
 TTFT_SAMPLES = text(
     "SELECT time_ns, ttft_ms FROM latency "
     "WHERE time_ns >= :since AND time_ns < :until AND ttft_ms IS NOT NULL"
-)
-
-# Waiting for KV: blocks allocated for a load until the load completed (or the request
-# resumed), per request on its engine.
-KV_WAITS = text(
-    "SELECT allocated, loaded FROM (SELECT "
-    "MIN(CASE WHEN point = 'blocks_allocated' THEN time_ns END) AS allocated, "
-    "MIN(CASE WHEN point IN ('transfer_complete', 'resumed') THEN time_ns END) AS loaded "
-    "FROM timelinepoint WHERE point IN ('blocks_allocated', 'transfer_complete', 'resumed') "
-    "AND time_ns >= :since AND time_ns < :until GROUP BY engine_id, request_id) waits "
-    "WHERE allocated IS NOT NULL AND loaded IS NOT NULL"
 )
 
 TRANSFERS_BY_DIRECTION = text(
@@ -60,18 +40,25 @@ TRANSFERS_BY_DIRECTION = text(
     "FROM transfer WHERE start_ns >= :since AND start_ns < :until GROUP BY direction"
 )
 
-BYTES_PER_BUCKET = text(
-    "SELECT (start_ns - :since) / :step AS bucket, direction, COALESCE(SUM(bytes), 0) "
-    "FROM transfer WHERE start_ns >= :since AND start_ns < :until "
-    "GROUP BY (start_ns - :since) / :step, direction"
-)
-
 # Leases that were held at some time in the window: still held, or ended in it.
 LEASES_IN_WINDOW = text(
     "SELECT acquired_ns, ended_ns FROM lease "
     "WHERE ended_ns IS NULL AND acquired_ns IS NOT NULL AND acquired_ns < :until "
     "UNION ALL SELECT acquired_ns, ended_ns FROM lease "
     "WHERE ended_ns >= :since AND acquired_ns IS NOT NULL AND acquired_ns < :until"
+)
+
+# The series' per-second rollups (backend/rollups.py), summed per step.
+_ROLLED = (
+    "FROM series_rollup WHERE metric = :metric AND bucket_ns >= :since AND bucket_ns < :until "
+)
+ROLLED_HITS = text(
+    "SELECT (bucket_ns - :since) / :step, SUM(samples), SUM(positives), SUM(total), "
+    f"SUM(extra) {_ROLLED}GROUP BY (bucket_ns - :since) / :step HAVING SUM(samples) > 0"
+)
+ROLLED_BY_LABEL = text(
+    f"SELECT (bucket_ns - :since) / :step, label, SUM(samples), SUM(total) {_ROLLED}"
+    "GROUP BY (bucket_ns - :since) / :step, label HAVING SUM(samples) > 0"
 )
 
 REQUESTS_BY_STATUS = text(

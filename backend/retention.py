@@ -35,6 +35,7 @@ _DERIVED = (
     ("kv_request", "end_ns IS NOT NULL AND end_ns < :before"),
     ("lease", "ended_ns IS NOT NULL AND ended_ns < :before"),
     ("block", "state = 'evicted' AND updated_ns < :before"),
+    ("series_rollup", "bucket_ns < :before"),
 )
 _DERIVED_DELETES = tuple(
     text(f"DELETE FROM {table} WHERE id IN (SELECT id FROM {table} WHERE {where} LIMIT :batch)")

@@ -1,11 +1,14 @@
 """Time series for the overview: hit rate, bytes/s per path, leases held, failures per cause,
-TTFT and its KV-wait part, one point per step of a window, from the backend's aggregates."""
+TTFT and its KV-wait part, one point per step of a window, from per-second rollups."""
+
+import math
 
 from pydantic import BaseModel
 from sqlmodel import Session
 
 from kvscope.backend import aggregates as sql
 from kvscope.backend.incidents import IncidentPublic
+from kvscope.backend.rollups import RESOLUTION_NS, bin_bounds_ms
 
 MAX_BUCKETS = 240
 """Steps per window at most: a finer step is widened to keep responses small."""
@@ -60,12 +63,15 @@ class Series(BaseModel):
 
 
 def step_for(window_s: float, step_s: float | None) -> float:
-    """The step asked for, or a sixtieth of the window, never more than MAX_BUCKETS."""
-    wanted = step_s if step_s else window_s / 60
-    return max(wanted, window_s / MAX_BUCKETS, 0.001)
+    """The step asked for, or a sixtieth of the window, never more than MAX_BUCKETS; in whole
+    seconds (the rollups' resolution)."""
+    wanted = max(step_s if step_s else window_s / 60, window_s / MAX_BUCKETS, 0.001)
+    resolution_s = RESOLUTION_NS / 1e9
+    return math.ceil(wanted / resolution_s - 1e-9) * resolution_s
 
 
 def build(session: Session, bounds: dict, incidents: list[IncidentPublic]) -> Series:
+    """The series over bounds (since and step whole seconds: rollup rows are never split)."""
     connection = session.connection()
     since, step = bounds["since"], bounds["step"]
     count = max(1, -(-(bounds["until"] - since) // step))
@@ -74,15 +80,15 @@ def build(session: Session, bounds: dict, incidents: list[IncidentPublic]) -> Se
         since_ns=since,
         until_ns=bounds["until"],
         step_s=step / 1e9,
-        hits=_hits(sql.rows(connection, sql.HITS_PER_BUCKET, bounds), since, step),
+        hits=_hits(sql.rows(connection, sql.ROLLED_HITS, {**bounds, "metric": "hit"}), since, step),
         bytes=[
             BytesPoint(
                 time_ns=since + int(bucket) * step,
-                direction=str(direction),
+                direction=direction or "unknown",
                 bytes=int(total),
                 bytes_per_s=int(total) / (step / 1e9),
             )
-            for bucket, direction, total in sql.rows(connection, sql.BYTES_PER_BUCKET, bounds)
+            for bucket, direction, _, total in _labelled(connection, "bytes", bounds)
         ],
         leases=[
             LeasePoint(time_ns=at, held=held)
@@ -99,6 +105,10 @@ def build(session: Session, bounds: dict, incidents: list[IncidentPublic]) -> Se
     )
 
 
+def _labelled(connection, metric: str, bounds: dict) -> list[tuple]:
+    return sorted(sql.rows(connection, sql.ROLLED_BY_LABEL, {**bounds, "metric": metric}))
+
+
 def _bucket(time_ns: int, since: int, step: int) -> int:
     return since + (time_ns - since) // step * step
 
@@ -107,10 +117,10 @@ def _hits(buckets: list[tuple], since: int, step: int) -> list[HitPoint]:
     return [
         HitPoint(
             time_ns=since + int(bucket) * step,
-            lookups=n,
-            hit_requests=hit_n or 0,
-            hit_tokens=tokens or 0,
-            prompt_tokens=prompt or 0,
+            lookups=int(n),
+            hit_requests=int(hit_n or 0),
+            hit_tokens=int(tokens or 0),
+            prompt_tokens=int(prompt or 0),
             hit_rate=tokens / prompt if prompt else None,
         )
         for bucket, n, hit_n, tokens, prompt in sorted(buckets)
@@ -133,29 +143,51 @@ def _failures(incidents: list[IncidentPublic], since: int, step: int) -> list[Fa
     ]
 
 
+def histograms(rows: list[tuple], since: int, step: int) -> dict[int, list[tuple[int, int]]]:
+    """{step start: [(bin, count), ...] in ascending bins} from rolled (bucket, label, n) rows."""
+    found: dict[int, list[tuple[int, int]]] = {}
+    for bucket, label, n, _ in rows:
+        found.setdefault(since + int(bucket) * step, []).append((int(label), int(n)))
+    return {at: sorted(bins) for at, bins in found.items()}
+
+
+def quantile(bins: list[tuple[int, int]], q: float) -> float | None:
+    """The q-quantile (statistics' 'inclusive' method) of binned values, each value read as
+    its bin's middle: within half a bin (5%) of the exact one, for values in one bin."""
+    total = sum(n for _, n in bins)
+    if not total:
+        return None
+    position = q * (total - 1)
+    low, high = _nth(bins, math.floor(position)), _nth(bins, math.ceil(position))
+    return low + (high - low) * (position - math.floor(position))
+
+
+def _nth(bins: list[tuple[int, int]], index: int) -> float:
+    seen = 0
+    for label, n in bins:
+        seen += n
+        if index < seen:
+            lo, hi = bin_bounds_ms(str(label))
+            return (lo + hi) / 2
+    raise IndexError(index)
+
+
 def _ttft(connection, bounds: dict) -> list[TtftPoint]:
     since, step = bounds["since"], bounds["step"]
-    ttft: dict[int, list[float]] = {}
-    for time_ns, ms in sql.rows(connection, sql.TTFT_SAMPLES, bounds):
-        ttft.setdefault(_bucket(time_ns, since, step), []).append(ms)
-    waits: dict[int, list[float]] = {}
-    for allocated, loaded in sql.rows(connection, sql.KV_WAITS, bounds):
-        waits.setdefault(_bucket(allocated, since, step), []).append(
-            max(0.0, (loaded - allocated) / 1e6)
-        )
+    ttft = histograms(_labelled(connection, "ttft", bounds), since, step)
+    waits = histograms(_labelled(connection, "kv_wait", bounds), since, step)
     points = []
     for at in sorted(set(ttft) | set(waits)):
-        p50, p95 = sql.percentiles(sorted(ttft.get(at, [])))
-        w50, w95 = sql.percentiles(sorted(waits.get(at, [])))
+        mine, wait = ttft.get(at, []), waits.get(at, [])
         points.append(
             TtftPoint(
                 time_ns=at,
-                requests=len(ttft.get(at, [])),
-                ttft_p50_ms=p50,
-                ttft_p95_ms=p95,
-                kv_waits=len(waits.get(at, [])),
-                kv_wait_p50_ms=w50,
-                kv_wait_p95_ms=w95,
+                requests=sum(n for _, n in mine),
+                ttft_p50_ms=quantile(mine, 0.5),
+                ttft_p95_ms=quantile(mine, 0.95),
+                kv_waits=sum(n for _, n in wait),
+                kv_wait_p50_ms=quantile(wait, 0.5),
+                kv_wait_p95_ms=quantile(wait, 0.95),
             )
         )
     return points

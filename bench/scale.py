@@ -10,6 +10,7 @@ the verdict. Then the reads the dashboard makes are timed with N spans stored.
 """
 
 import argparse
+import os
 import random
 import statistics
 import tempfile
@@ -58,8 +59,8 @@ def fill(client: TestClient, batches: Batches) -> tuple[float, float, int]:
             started = time.perf_counter()
         if time.monotonic() - last_report > 10:
             last_report = time.monotonic()
-            print(f"  {sent:>10,} spans stored, this stretch {rates[-1] if rates else 0:,.0f}/s",
-                  flush=True)  # fmt: skip
+            print(f"  {sent:>10,} spans stored, this stretch {rates[-1] if rates else 0:,.0f}/s,"
+                  f" load {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
     return rates[0], rates[-1] if len(rates) > 1 else rates[0], sent
 
 
@@ -107,15 +108,17 @@ def run(database: str, url: str, spans: int, samples: int) -> None:
     with TestClient(create_app(settings), headers=headers) as client:
         empty_rate, full_rate, sent = fill(client, batches)
         ratio = full_rate / empty_rate
-        note = f"{sent:,} spans; first and last {CHUNK:,}-span stretch of one run"
+        load = "/".join(f"{x:.1f}" for x in os.getloadavg())
+        note = f"{sent:,} spans; first and last {CHUNK:,}-span stretch of one run; load {load}"
         print(f"  ingest: empty {empty_rate:,.0f}/s, at {sent:,} {full_rate:,.0f}/s ({ratio:.2f})")
         record(BENCH, label.format("ingest") + "_over_empty", ratio, "ratio",
                f">= {TARGET_INGEST_RATIO}", note)  # fmt: skip
         record(BENCH, label.format("ingest_spans_per_s"), full_rate, "spans/s", "", note)
         for name, (p50, p95) in reads(client, samples).items():
             print(f"  {name}: p50 {p50:.1f} ms, p95 {p95:.1f} ms")
+            stored = f"{sent:,} spans stored; p50 {p50:.1f} ms"
             record(BENCH, label.format(f"{name}_p95_ms"), p95, "ms",
-                   f"<= {TARGET_P95_MS:.0f} ms", f"{sent:,} spans stored")  # fmt: skip
+                   f"<= {TARGET_P95_MS:.0f} ms", stored)  # fmt: skip
     size = database_bytes(url)
     if size is not None:
         print(f"  database: {size / 2**20:,.0f} MiB, {size / sent:,.0f} bytes per span")

@@ -8,6 +8,7 @@ from kvscope.backend import aggregates as sql
 from kvscope.backend import certainty, series
 from kvscope.backend.deps import SessionDep, SettingsDep, TokenDep
 from kvscope.backend.engines import EnginePublic, engines
+from kvscope.backend.rollups import RESOLUTION_NS
 from kvscope.backend.routes.failures import incidents_in
 from kvscope.backend.routes.paging import MAX_INT64, WindowS
 from kvscope.backend.schemas import HitRate, Summary
@@ -17,12 +18,14 @@ router = APIRouter(prefix="/api/v1/stats", tags=["stats"], dependencies=[TokenDe
 
 
 def bounds_of(window_s: float, step_s: float | None = None) -> dict:
-    """From window_s ago; with a step, until the end of the step holding now, else onwards
-    (a host whose clock runs ahead still counts)."""
+    """From window_s ago; with a step, from the whole second before (the rollups' resolution)
+    until the end of the step holding now, else onwards (a host whose clock runs ahead still
+    counts)."""
     now_ns = time.time_ns()
     since_ns = now_ns - int(window_s * 1e9)
     if step_s is None:
         return sql.window(since_ns, MAX_INT64)
+    since_ns -= since_ns % RESOLUTION_NS
     step_ns = max(1, int(step_s * 1e9))
     return sql.window(
         since_ns, since_ns + -(-(now_ns + 1 - since_ns) // step_ns) * step_ns, step_ns

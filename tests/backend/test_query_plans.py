@@ -10,7 +10,10 @@ from kvscope.backend import aggregates, liveness, retention
 from kvscope.backend.db import make_engine
 from kvscope.backend.migrations import migrate
 
-GROWING = {"span", "timelinepoint", "transfer", "failure", "lookup", "latency", "kv_request"}
+GROWING = {
+    *("span", "timelinepoint", "transfer", "failure", "lookup", "latency", "kv_request"),
+    "series_rollup",
+}
 """Tables with a row per span or request; block and lease are bounded by pool sizes."""
 
 WINDOWED = {
@@ -18,11 +21,10 @@ WINDOWED = {
     for name in (
         "LAST_LOOKUPS",
         "HITS_BY_CONNECTOR",
-        "HITS_PER_BUCKET",
+        "ROLLED_HITS",
+        "ROLLED_BY_LABEL",
         "TTFT_SAMPLES",
-        "KV_WAITS",
         "TRANSFERS_BY_DIRECTION",
-        "BYTES_PER_BUCKET",
         "LEASES_IN_WINDOW",
         "REQUESTS_BY_STATUS",
         "SPANS_IN_WINDOW",
@@ -51,6 +53,7 @@ PARAMETERS = {
     "message": "x",
     "instance_id": "p",
     "cutoff": 1,
+    "metric": "hit",
 }
 
 
