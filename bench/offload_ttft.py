@@ -11,6 +11,7 @@ warm-up request first (it stores the prefix, and runs the kernels at that length
 """
 
 import argparse
+import os
 import statistics
 import time
 from pathlib import Path
@@ -111,7 +112,8 @@ def report(results: dict[str, dict[int, list[float]]], shape: str, count: int) -
         metric = length_metric("ttft_hit_over_recompute", shape, tokens, count)
         headline = metric.endswith("_mid") or metric == "ttft_hit_over_recompute"
         note = (f"{offload * 1000:.1f} vs {recompute * 1000:.1f} ms, {shape} model, {tokens}-token"
-                f" prefix, median of {len(results['offload'][tokens])}")  # fmt: skip
+                f" prefix, median of {len(results['offload'][tokens])}; 1-min load at the end"
+                f" {os.getloadavg()[0]:.1f}")  # fmt: skip
         record("offload_ttft", metric, ratio, "ratio", TARGET if headline else "", note)
         record("offload_ttft", f"ttft_recompute_{shape}_{tokens}_ms", recompute * 1000, "ms")
         record("offload_ttft", f"ttft_hit_{shape}_{tokens}_ms", offload * 1000, "ms")
