@@ -42,11 +42,18 @@ def size_label(spans: int) -> str:
     return f"{spans // 1000}k"
 
 
-def fill(client: TestClient, batches: Batches) -> tuple[float, float, int]:
-    """Sends every batch; returns spans/s of the first and of the last CHUNK, spans sent."""
+def fill(
+    client: TestClient, batches: Batches, stop_after_s: float = float("inf")
+) -> tuple[float, float, int]:
+    """Sends every batch (or those sent within stop_after_s); returns spans/s of the first and
+    of the last CHUNK, spans sent."""
     per_chunk = max(1, CHUNK // batches.spans)
     rates, started, sent, last_report = [], time.perf_counter(), 0, time.monotonic()
+    deadline = time.monotonic() + stop_after_s
     for batch in range(batches.count):
+        if time.monotonic() > deadline and batch % per_chunk == 0:
+            print(f"  stopped after {stop_after_s:.0f} s at {sent:,} spans", flush=True)
+            break
         body = batches.body(batch)  # about 2 ms, timed with the batch it builds
         response = client.post("/v1/traces", content=body, headers=PROTOBUF)
         if response.status_code != 200:
@@ -99,14 +106,18 @@ def database_bytes(url: str) -> int | None:
     return sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
 
 
-def run(database: str, url: str, spans: int, samples: int) -> None:
+def run(
+    database: str, url: str, spans: int, samples: int, stop_after_s: float = float("inf")
+) -> None:
     settings = Settings(database_url=url, ingest_workers=0, retention_max_spans=10**12, token=TOKEN)
     batches = Batches(spans)
-    label = f"{database}_{{}}_{size_label(spans)}"  # the size asked for: 10m, not 9_9m
     print(f"{database}: {batches.count * batches.spans:,} spans in {batches.count} batches")
     headers = {"Authorization": f"Bearer {TOKEN}"}
     with TestClient(create_app(settings), headers=headers) as client:
-        empty_rate, full_rate, sent = fill(client, batches)
+        empty_rate, full_rate, sent = fill(client, batches, stop_after_s)
+        # The size asked for (10m, not 9_9m), or the size reached when stopped early.
+        reached = spans if sent >= batches.count * batches.spans else sent
+        label = f"{database}_{{}}_{size_label(reached)}"
         ratio = full_rate / empty_rate
         load = "/".join(f"{x:.1f}" for x in os.getloadavg())
         note = f"{sent:,} spans; first and last {CHUNK:,}-span stretch of one run; load {load}"
@@ -131,9 +142,14 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=100, help="timed reads of each kind")
     parser.add_argument("--postgres", help="also a PostgreSQL database URL (emptied first)")
     parser.add_argument("--workdir", help="where the SQLite file goes (default: a temp dir)")
+    parser.add_argument(
+        "--stop-after-s", type=float, default=float("inf"),
+        help="stop filling after this long and measure at the size reached (a busy machine)",
+    )  # fmt: skip
     arguments = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=arguments.workdir) as folder:
-        run("sqlite", f"sqlite:///{folder}/scale.db", arguments.spans, arguments.samples)
+        url = f"sqlite:///{folder}/scale.db"
+        run("sqlite", url, arguments.spans, arguments.samples, arguments.stop_after_s)
     if arguments.postgres:
         run("postgres", arguments.postgres, arguments.spans, arguments.samples)
 
