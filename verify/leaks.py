@@ -61,6 +61,8 @@ def _connector_leaks(sched: Any, work: Any) -> list[str]:
         return _p2p(sched.scheduler, work and work.worker)
     if kind == "MultiCore":
         return _multi(sched.scheduler, work and work.worker)
+    if type(sched).__module__.startswith("kvscope."):  # a half of ours this check missed
+        return [f"no leak check for {kind}"]
     return []
 
 

@@ -1,107 +1,12 @@
 """Drives an in-process engine for the matrix: requests with our ids, aborts, settling, faults."""
 
 import json
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvscope.demo.inspect import engine_scheduler, scheduler_connector
-
-STEP_TIMEOUT_S = 90.0
-"""No request of the matrix may take longer: a hang fails the cell instead of the whole run."""
-
-
-@dataclass
-class Finished:
-    tokens: list[int]
-    finish_reason: str | None
-    elapsed_s: float
-
-
-@dataclass
-class Batch:
-    """What a batch of requests ended as, by our request id (aborted ones are absent)."""
-
-    results: dict[str, Finished] = field(default_factory=dict)
-    aborted: list[str] = field(default_factory=list)
-    preemptions: int = 0
-
-
-def request_params(max_tokens: int, kv_transfer_params: dict | None = None) -> Any:
-    from vllm import SamplingParams
-
-    extra = {"kv_transfer_params": kv_transfer_params} if kv_transfer_params else None
-    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
-                          extra_args=extra)  # fmt: skip
-
-
-def run(
-    llm: Any,
-    req_ids: list[str],
-    prompts: list[str],
-    max_tokens: int,
-    kv_params: list[dict] | None = None,
-    abort_when: Callable[[], list[str]] | None = None,
-) -> Batch:
-    """Adds the requests, steps until each finished; abort_when() (asked after every step)
-    names requests to abort now. Counts vLLM's preemptions meanwhile."""
-    engine, batch = llm.llm_engine, Batch()
-    added: dict[str, float] = {}
-    for i, (req_id, prompt) in enumerate(zip(req_ids, prompts, strict=True)):
-        engine.add_request(req_id, prompt, request_params(max_tokens, kv_params and kv_params[i]))
-        added[req_id] = time.monotonic()
-    with count_preemptions(llm) as preemptions:
-        deadline = time.monotonic() + STEP_TIMEOUT_S
-        while set(added) - set(batch.results) - set(batch.aborted):
-            if time.monotonic() > deadline:
-                engine.abort_request(list(added))
-                raise TimeoutError(f"requests unfinished after {STEP_TIMEOUT_S} s: {batch}")
-            for output in engine.step():
-                if output.finished:
-                    completion = output.outputs[0]
-                    batch.results[output.request_id] = Finished(
-                        list(completion.token_ids), completion.finish_reason,
-                        time.monotonic() - added[output.request_id])  # fmt: skip
-            for req_id in abort_when() if abort_when else ():
-                engine.abort_request([req_id])
-                batch.aborted.append(req_id)
-    batch.preemptions = preemptions[0]
-    return batch
-
-
-class count_preemptions:
-    """Counts the scheduler's preemptions (vLLM's own method, wrapped, still called)."""
-
-    def __init__(self, llm: Any) -> None:
-        self.scheduler = engine_scheduler(llm)
-        self.count = [0]
-
-    def __enter__(self) -> list[int]:
-        original = self.original = self.scheduler._preempt_request
-
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            self.count[0] += 1
-            return original(*args, **kwargs)
-
-        self.scheduler._preempt_request = counted
-        return self.count
-
-    def __exit__(self, *exc_info: object) -> None:
-        del self.scheduler._preempt_request  # the class's method again
-
-
-def settle(llm: Any, timeout_s: float = 30.0) -> None:
-    """Steps the idle engine until no finished request still holds blocks (delayed frees,
-    stores, reads in flight) or timeout_s passes; the leak checks then say what is left."""
-    scheduler = engine_scheduler(llm)
-    deadline = time.monotonic() + timeout_s
-    while scheduler.has_requests() and time.monotonic() < deadline:
-        llm.llm_engine.step()
-        time.sleep(0.005)
-    for _ in range(3):  # stores commit a step after their copy ended
-        llm.llm_engine.step()
+from kvscope.demo.inspect import scheduler_connector
+from kvscope.verify.engine import Batch, run, settle  # noqa: F401 (imported from here too)
 
 
 def connector_core(llm: Any, kind: str) -> Any | None:
