@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import os
 import tempfile
 import time
 from dataclasses import dataclass
@@ -207,7 +208,8 @@ def record_phase_rates(rates: PhaseRates) -> None:
     faulted, clean = pair
     ratio = rates.faulted_over_clean()
     note = (f"{faulted.completed} completed at {faulted.req_per_s:.2f}/s with loads slower "
-            f"than their timeout, {clean.completed} at {clean.req_per_s:.2f}/s clean")  # fmt: skip
+            f"than their timeout, {clean.completed} at {clean.req_per_s:.2f}/s clean; load "
+            f"average {os.getloadavg()[0]:.1f}")  # fmt: skip
     record(BENCH, "faulted_over_clean_req_per_s", ratio, "ratio", ">= 0.5", note=note)
     record(BENCH, "faulted_req_per_s", faulted.req_per_s, "req/s", note=faulted.name)
     record(BENCH, "clean_req_per_s", clean.req_per_s, "req/s", note="the phase before")
