@@ -28,6 +28,7 @@ class Batches:
         self.template = encode_spans(collector.spans)
         # The last batch ends about now: windows of the last minutes hold the newest spans.
         self.t0 = time.time_ns() - self.count * self.requests * REQUEST_EVERY_NS
+        self.end_ns = self.t0 + self.count * self.requests * REQUEST_EVERY_NS
 
     def body(self, batch: int) -> bytes:
         request = pb.ExportTraceServiceRequest()
