@@ -30,7 +30,9 @@ class IngestService:
         self.metrics = IngestMetrics()
         self.metrics.registry.register(StreamCollector(engine, settings))
         self.limits = Limits.from_settings(settings)
-        self.writer = BatchWriter(engine, settings.ws_max_timelines_per_batch)
+        self.writer = BatchWriter(
+            engine, settings.ws_max_timelines_per_batch, group=settings.group_commit
+        )
         workers = settings.resolved_ingest_workers()
         self.pool = IngestPool(self.limits, workers) if workers else None
         self.checkpointer = Checkpointer(engine, self.writer.lock)

@@ -50,6 +50,8 @@ class Settings(BaseSettings):
     # Worker processes that decode batches (Python work runs on one core per
     # process); None: one per core, at most 4, and none on a single core; 0: in the server.
     ingest_workers: int | None = Field(None, ge=0, le=64)
+    # SQLite: batches that queued for the writer share one transaction (off: one each).
+    group_commit: bool = True
 
     def resolved_ingest_workers(self) -> int:
         if self.ingest_workers is not None:

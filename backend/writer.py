@@ -58,14 +58,34 @@ class Stored:
     live: LiveUpdate | None = field(default=None)
 
 
-class BatchWriter:
-    """The one writer of a database in this server: a transaction per batch, one at a time
-    (SQLite has a single writer, and one connection keeps its page cache warm)."""
+MAX_GROUP_SPANS = 8192
+"""Group commit: batches waiting for the writer are committed together, up to this many spans."""
 
-    def __init__(self, engine: Engine, max_timelines: int) -> None:
+
+@dataclass(slots=True)
+class _Waiting:
+    """A batch queued for the writer, and what became of it."""
+
+    prepared: Prepared
+    done: bool = False
+    error: BaseException | None = None
+
+
+class BatchWriter:
+    """The one writer of a database in this server, one transaction at a time (SQLite has a
+    single writer, and one connection keeps its page cache warm). On SQLite the batches that
+    queued while a transaction ran are written by the next one together (group commit: one
+    commit, and the index pages they share written to the WAL once); each export request is
+    answered only after the commit that holds its batch."""
+
+    def __init__(self, engine: Engine, max_timelines: int, group: bool = True) -> None:
         self.engine = engine
         self.max_timelines = max_timelines
         self.lock = threading.Lock()
+        self._queue: list[_Waiting] = []
+        self._queue_lock = threading.Lock()
+        # PostgreSQL's staging tables empty at commit: one batch per transaction there.
+        self._group = group and engine.dialect.name == "sqlite"
         # The write path uses the driver's own cursor, so its errors come unwrapped too.
         self._passing_errors = (OperationalError, engine.dialect.dbapi.OperationalError)
 
@@ -75,16 +95,61 @@ class BatchWriter:
         facts = prepared.facts
         if facts is None:
             return Stored(0, prepared.rejected, prepared.message)
+        waiting = _Waiting(prepared)
+        with self._queue_lock:
+            self._queue.append(waiting)
         with self.lock:
-            try:
-                with self.engine.begin() as connection:
-                    write_batch(connection, facts, prepared.resources, prepared.received_ns)
-            except self._passing_errors as error:
-                logger.warning("batch of %d spans not stored: %s", len(facts.spans), error)
-                reason = getattr(error, "orig", error)
-                raise StoreUnavailable(f"database unavailable, retry later: {reason}") from None
+            if not waiting.done:  # else an earlier holder of the lock wrote it with its own
+                self._write_group(self._take(waiting))
+        if waiting.error is not None:
+            raise waiting.error
         update = live_update(facts, self.max_timelines) if live else None
         return Stored(len(facts.spans), prepared.rejected, prepared.message, update)
+
+    def _take(self, mine: _Waiting) -> list[_Waiting]:
+        """The queued batches, oldest first, up to MAX_GROUP_SPANS (always including mine)."""
+        with self._queue_lock:
+            if not self._group:
+                self._queue.remove(mine)
+                return [mine]
+            group, spans = [], 0
+            for waiting in self._queue:
+                size = len(waiting.prepared.facts.spans)
+                if group and spans + size > MAX_GROUP_SPANS and mine in group:
+                    break
+                group.append(waiting)
+                spans += size
+            del self._queue[: len(group)]
+            return group
+
+    def _write_group(self, group: list[_Waiting]) -> None:
+        try:
+            self._commit(group)
+        except Exception as error:
+            if len(group) == 1:
+                group[0].error = error
+            else:  # one bad batch must not fail the others: each alone
+                for waiting in group:
+                    try:
+                        self._commit([waiting])
+                    except Exception as alone:
+                        waiting.error = alone
+        for waiting in group:
+            waiting.done = True
+
+    def _commit(self, group: list[_Waiting]) -> None:
+        try:
+            with self.engine.begin() as connection:
+                for waiting in group:
+                    prepared = waiting.prepared
+                    write_batch(
+                        connection, prepared.facts, prepared.resources, prepared.received_ns
+                    )
+        except self._passing_errors as error:
+            spans = sum(len(waiting.prepared.facts.spans) for waiting in group)
+            logger.warning("%d batch(es) of %d spans not stored: %s", len(group), spans, error)
+            reason = getattr(error, "orig", error)
+            raise StoreUnavailable(f"database unavailable, retry later: {reason}") from None
 
 
 def live_update(facts: Facts, max_timelines: int) -> LiveUpdate:

@@ -35,7 +35,7 @@ TARGET_P95_MS = 50.0
 
 
 @contextmanager
-def backend(database_url: str, workers: int | None = None):
+def backend(database_url: str, workers: int | None = None, group_commit: bool = True):
     """The backend as a separate process, as in production: its own interpreter and GIL.
     `workers`: its ingest worker processes (None: its default, one per core up to 4)."""
     port = free_port()
@@ -44,6 +44,7 @@ def backend(database_url: str, workers: int | None = None):
         "DATABASE_URL": database_url,
         "KVSCOPE_BACKEND_LOG_LEVEL": "warning",
         "KVSCOPE_BACKEND_RETENTION_MAX_SPANS": str(10**9),
+        "KVSCOPE_BACKEND_GROUP_COMMIT": str(group_commit).lower(),
     }
     env.pop("KVSCOPE_BACKEND_INGEST_WORKERS", None)
     if workers is not None:
@@ -105,12 +106,14 @@ def run_one(
     samples: int,
     workers: int | None,
     kind: str = "otel",
-) -> list[float]:
-    """Stores `spans` spans and prints the figures; returns each round's rate."""
+    group_commit: bool = True,
+) -> tuple[list[float], float]:
+    """Stores `spans` spans and prints the figures; returns each round's rate and the spans
+    per backend CPU-second."""
     setting = "its default ingest workers" if workers is None else f"{workers} ingest workers"
     print(f"{label}: storing {spans:,} spans from {clients} {kind} client processes, backend "
           f"with {setting}", flush=True)  # fmt: skip
-    with backend(database_url, workers) as (url, pid):
+    with backend(database_url, workers, group_commit) as (url, pid):
         cpu_before = pid_cpu_seconds(pid)  # the server and its ingest workers
         sent, seconds, rates, client_cpu = fill(kind, url, spans, clients)
         backend_cpu = pid_cpu_seconds(pid) - cpu_before
@@ -147,7 +150,7 @@ def run_one(
             f"{p95:.1f} ms = {p95 / TARGET_P95_MS:.2f}x the {TARGET_P95_MS:.0f} ms budget"
         )
         record(BENCH, f"{label}_timeline_p95_ms", p95, "ms", f"<= {TARGET_P95_MS:.0f} ms", note)
-    return rates
+    return rates, capacity
 
 
 def compare(database: str, url_of, arguments) -> None:
@@ -156,16 +159,36 @@ def compare(database: str, url_of, arguments) -> None:
     run_one(database, url_of("default"), arguments.spans, arguments.clients,
             arguments.samples, None)  # fmt: skip
     spans = max(CHUNK_SPANS, arguments.compare_spans)
+    if database == "sqlite":
+        group_commit(database, url_of, arguments, spans)
     for kind in ("otel", "replay"):
         rates = {}
         for workers, name in ((2, "workers"), (0, "in_process")):
             label = f"{database}_{kind}_{name}"
-            rates[name] = run_one(label, url_of(label), spans, arguments.clients, 0, workers, kind)
+            rates[name], _ = run_one(
+                label, url_of(label), spans, arguments.clients, 0, workers, kind
+            )
         ratio = statistics.median(rates["workers"]) / statistics.median(rates["in_process"])
         print(f"{database}, {kind} clients: 2 ingest workers over decoding in the server "
               f"process: {ratio:.2f}x (median rounds of {spans:,} spans each)")  # fmt: skip
         record(BENCH, f"{database}_{kind}_workers_over_in_process", ratio, "ratio", "",
                f"{spans} spans each, {kind} clients")  # fmt: skip
+
+
+def group_commit(database: str, url_of, arguments, spans: int) -> None:
+    """The default backend with group commit against one commit per batch, side by side
+    (alternating, twice each), in spans per backend CPU-second."""
+    capacity: dict[bool, list[float]] = {True: [], False: []}
+    for grouped in (False, True, False, True):
+        label = f"{database}_{'group_commit' if grouped else 'commit_per_batch'}"
+        _, found = run_one(label, url_of(f"{label}_{len(capacity[grouped])}"), spans,
+                           arguments.clients, 0, None, "otel", grouped)  # fmt: skip
+        capacity[grouped].append(found)
+    ratio = statistics.median(capacity[True]) / statistics.median(capacity[False])
+    print(f"{database}: group commit over a commit per batch: {ratio:.2f}x spans per backend "
+          f"CPU-second (load average {os.getloadavg()[0]:.1f})")  # fmt: skip
+    record(BENCH, f"{database}_group_commit_over_commit_per_batch", ratio, "ratio", "",
+           f"{spans} spans each, twice each, alternating")  # fmt: skip
 
 
 def main() -> None:
