@@ -1,9 +1,11 @@
 """`kvscope verify`: parses its options, runs the scenarios, prints the report, sets the status."""
 
 import argparse
+import contextlib
 import json
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -66,6 +68,22 @@ def run_verify(args: argparse.Namespace) -> int:
             return 2
         build_model(model)
     use_in_process_engine()
-    report = verify(spec, model, args.tp, args.scenario)
+    with _stdout_to_stderr():
+        report = verify(spec, model, args.tp, args.scenario)
     print(as_json(report) if args.json else as_table(report))
     return 0 if report.passed else 1
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """File descriptor 1 onto 2 for a while: libraries that print to stdout from native code
+    (NIXL, UCX) or through handlers bound to it cannot mix into the report."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)

@@ -44,6 +44,20 @@ def test_multi_of_two_offloads_passes(tiny_model):
     assert set(_verdicts(report).values()) == {"pass"}, _verdicts(report)
 
 
+def test_p2p_connector_without_a_peer_passes(tiny_model):
+    """The P2P connector with no prefill peer (no request names one): it must stay out of the
+    way in every scenario. Its pulls need a P/D pair (tests/reliability covers them)."""
+    from kvscope.demo.engine import free_port
+
+    report = verify(parse_connector("P2PConnector", {"side_channel_port": free_port()}),
+                    tiny_model)  # fmt: skip
+    assert report.passed, _broken(report)
+    verdicts = _verdicts(report)
+    assert verdicts.pop(("failed_load", "recompute")) == "skip"
+    assert verdicts.pop(("failed_load", "fail")) == "skip"
+    assert set(verdicts.values()) == {"pass"}, verdicts
+
+
 def test_example_connector_passes(tiny_model):
     """vLLM's stock ExampleConnector passes every scenario it can run (it has no failure path
     kvscope can drive: failed loads are skipped) but preemption, where verify found a bug of
