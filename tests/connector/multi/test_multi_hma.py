@@ -125,8 +125,10 @@ def stored_engine(model, first: dict, second: dict, policy: str = "recompute") -
     return engine
 
 
-def events(spans, name: str) -> list[dict]:
-    return [dict(e.attributes) for s in spans() for e in s.events if e.name == name]
+def events(spans, name: str, req_id: str) -> list[dict]:
+    """One request's events (ids are unique per test: an earlier test's spans may export late)."""
+    found = [dict(e.attributes) for s in spans() for e in s.events if e.name == name]
+    return [e for e in found if e.get(names.REQUEST_ID) == req_id]
 
 
 def test_the_multi_is_supports_hma_as_vllm_asks(tiny_model):
@@ -137,13 +139,13 @@ def test_the_multi_is_supports_hma_as_vllm_asks(tiny_model):
 
 def test_a_hit_is_served_by_the_first_child_in_both_groups(tiny_model, spans):
     engine = stored_engine(tiny_model, {}, {})
-    engine.add(request("r2", PROMPT))
-    engine.step_until_loaded("r2")
-    engine.assert_loaded("r2")
+    engine.add(request("hit", PROMPT))
+    engine.step_until_loaded("hit")
+    engine.assert_loaded("hit")
     assert engine.child(0).stats["loaded_blocks"] == 6 + 2
     assert engine.child(1).stats["loaded_blocks"] == 0
-    [routed] = events(spans, "kvscope.multi.load_routed")
-    full_ids, swa_ids = engine.block_ids("r2")
+    [routed] = events(spans, "kvscope.multi.load_routed", "hit")
+    full_ids, swa_ids = engine.block_ids("hit")
     assert routed[names.CONNECTOR_CHILD] == "first"
     assert list(routed[names.BLOCK_IDS]) == full_ids[:6] + swa_ids[4:6]
     assert list(routed[names.KV_CACHE_GROUP_IDS]) == [FULL] * 6 + [SWA] * 2
@@ -153,17 +155,17 @@ def test_a_hit_is_served_by_the_first_child_in_both_groups(tiny_model, spans):
 
 def test_a_failed_load_falls_back_to_the_second_child_in_every_group(tiny_model, spans):
     engine = stored_engine(tiny_model, FAIL_BAD, {})
-    engine.add(bad := request("bad-2", PROMPT))
-    engine.step_until_loaded("bad-2")
+    engine.add(bad := request("bad-fallback", PROMPT))
+    engine.step_until_loaded("bad-fallback")
     output = engine.outputs[-1]
     assert not output.failed_recving and not output.invalid_block_ids
-    engine.assert_loaded("bad-2")
+    engine.assert_loaded("bad-fallback")
     assert engine.child(1).stats["loaded_blocks"] == 6 + 2
-    [failed] = [e for e in events(spans, names.EVENT_LOAD_FAILED)
+    [failed] = [e for e in events(spans, names.EVENT_LOAD_FAILED, "bad-fallback")
                 if e.get("kvscope.multi.fallback_child")]  # fmt: skip
     assert failed[names.FAILURE_OUTCOME] == "served_by_fallback"
     assert failed["kvscope.multi.blocks_not_in_fallback"] == 0
-    routes = events(spans, "kvscope.multi.load_routed")
+    routes = events(spans, "kvscope.multi.load_routed", "bad-fallback")
     assert [r[names.CONNECTOR_CHILD] for r in routes] == ["first", "second"]
     assert list(routes[1][names.KV_CACHE_GROUP_IDS]) == [FULL] * 6 + [SWA] * 2
     engine.step()
@@ -195,12 +197,12 @@ def test_a_shorter_fallback_is_no_fallback_with_two_groups(tiny_model, spans):
     [swa_key] = second.groups.block_keys(second.namespace, request("x", PROMPT).block_hashes[5:6],
                                          SWA)  # fmt: skip
     assert second.pool.evict(swa_key), "the second child's hit now ends at block 5"
-    engine.add(request("bad-2", PROMPT))
-    engine.step_until_loaded("bad-2")
-    assert engine.outputs[-1].failed_recving == {"bad-2"}
+    engine.add(request("bad-short", PROMPT))
+    engine.step_until_loaded("bad-short")
+    assert engine.outputs[-1].failed_recving == {"bad-short"}
     assert engine.child(1).stats["loaded_blocks"] == 0
-    outcomes = {e[names.FAILURE_OUTCOME] for e in events(spans, names.EVENT_LOAD_FAILED)
-                if names.CONNECTOR_CHILD in e}  # fmt: skip
+    outcomes = {e[names.FAILURE_OUTCOME] for e in events(spans, names.EVENT_LOAD_FAILED,
+                "bad-short") if names.CONNECTOR_CHILD in e}  # fmt: skip
     assert outcomes == {"recomputed"}
     engine.run()
     engine.assert_all_freed()
@@ -247,9 +249,10 @@ def test_with_one_group_a_child_without_hma_gets_request_finished(tiny_model, tm
     config = multi_config(tiny_model, [offload_child("offload"), example_child(tmp_path)])
     scheduler = Scheduler(config, kv_cache_config(("full",)), StructuredOutputManager(config),
                           block_size=BLOCK)  # fmt: skip
-    finished = scheduler.connector.request_finished_all_groups(request("r", PROMPT), ([1, 2],))
+    finished = scheduler.connector.request_finished_all_groups(request("one", PROMPT), ([1, 2],))
     assert finished == (False, None)
-    hooks = [s for s in spans() if s.attributes.get(names.HOOK) == "request_finished"]
+    hooks = [s for s in spans() if s.attributes.get(names.HOOK) == "request_finished"
+             and s.attributes.get(names.REQUEST_ID) == "one"]  # fmt: skip
     counts = {s.attributes.get(names.CONNECTOR_CHILD): s.attributes.get(
         names.KV_CACHE_GROUP_COUNT) for s in hooks}  # fmt: skip
     assert counts == {None: 1, "offload": 1, "example": 1}, "the Multi's span and each child's"
