@@ -1,9 +1,10 @@
 """The P2P connector's settings, from vLLM's kv_connector_extra_config (or the environment)."""
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from kvscope.connector.common.tier_health import TierHealthConfig
 from kvscope.connector.p2p.side_channel import DEFAULT_HOST
 
 DEFAULT_SIDE_CHANNEL_PORT = 5700
@@ -27,6 +28,7 @@ class P2PConfig:
     lease_margin_s: float = 1.0
     read_timeout_s: float = 10.0
     handshake_timeout_s: float = 5.0
+    tier_health: TierHealthConfig = field(default_factory=TierHealthConfig)  # per peer
 
     @classmethod
     def from_extra_config(cls, extra: dict[str, Any] | None) -> "P2PConfig":
@@ -43,6 +45,7 @@ class P2PConfig:
             lease_margin_s=float(extra.get("lease_margin_s", 1.0)),
             read_timeout_s=float(extra.get("read_timeout_s", 10.0)),
             handshake_timeout_s=float(extra.get("handshake_timeout_s", 5.0)),
+            tier_health=TierHealthConfig.from_extra_config(extra),
         )
         config.check()
         return config

@@ -21,8 +21,10 @@ from kvscope.connector.p2p.metadata import (
     P2PWorkerMeta,
 )
 from kvscope.connector.p2p.params import RemotePrefill
+from kvscope.connector.p2p.peer_health import PeerHealth
 from kvscope.traces import names
 from kvscope.traces.events import add_event
+from kvscope.traces.outcomes import RECOMPUTED
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +49,8 @@ class P2PScheduler:
         self._to_send: list[HeldBlocks] = []
         self._to_recv: list[BlockPull] = []
         self._to_release: list[BlockRelease] = []
+        # A breaker per prefill peer, fed by every pull's outcome; lookups ask it first.
+        self.health = PeerHealth(config.tier_health)
         self.stats: dict[str, int] = {"held": 0, "leases_expired": 0, "pulls": 0,
                                       "pull_tokens": 0, "failed_pulls": 0}  # fmt: skip
 
@@ -72,9 +76,22 @@ class P2PScheduler:
                        remote.num_blocks * self.block_size)  # fmt: skip
         if (cause := self._uncovered(remote, num_computed_tokens, pullable)) is not None:
             return self._refuse(request, cause, remote)
+        if (cause := self._bypassed(remote, req_id)) is not None:
+            return self._refuse(request, cause, remote)
         self.lookups[req_id] = (remote, num_computed_tokens)
         count = pullable - num_computed_tokens
         return (count, True) if count > 0 else (0, False)
+
+    def _bypassed(self, remote: RemotePrefill, req_id: str) -> str | None:
+        """Why the peer is not asked now (its breaker is open), or None: a sick peer costs a
+        recompute at once, not a handshake or read timeout per request."""
+        sick = self.health.admit(remote.engine_id, req_id)
+        if sick is None:
+            return None
+        return (
+            f"peer bypassed: {sick.tier} {sick.state} after {sick.failures} failed pulls in a"
+            f" row (bypass {sick.bypass_s:g} s); computing the prompt here"
+        )
 
     def _uncovered(self, remote: RemotePrefill, num_computed: int, num_tokens: int) -> str | None:
         """Why the prefill side's blocks cannot serve this hit, or None."""
@@ -101,7 +118,7 @@ class P2PScheduler:
         """No external hit (vLLM computes the prompt); the prefill side frees its blocks."""
         logger.error("p2p: request %s: %s", request.request_id, cause)
         add_event(names.EVENT_LOAD_FAILED, **{names.REQUEST_ID: str(request.request_id),
-                                              names.FAILURE_CAUSE: cause})  # fmt: skip
+                  names.FAILURE_CAUSE: cause, names.FAILURE_OUTCOME: RECOMPUTED})  # fmt: skip
         request.kv_transfer_params["do_remote_prefill"] = False
         if remote is not None:
             self._to_release.append(BlockRelease(str(request.request_id), remote))
@@ -124,6 +141,7 @@ class P2PScheduler:
         request.kv_transfer_params["do_remote_prefill"] = False  # one transfer per request
         if num_external_tokens <= 0:  # all local hits: the prefill side may free its blocks
             self._to_release.append(BlockRelease(req_id, remote))
+            self.health.cancel(remote.engine_id, req_id)  # no pull: no outcome will come
             return
         ranges = needed_ranges(
             self.groups, num_computed, num_computed + num_external_tokens, self.block_size
@@ -131,6 +149,7 @@ class P2PScheduler:
         local, remote_ids = pull_pairs(ranges, remote, block_ids, local_null or _never_null)
         self._to_recv.append(BlockPull(req_id, local, remote_ids, remote))
         self.pulling.add(req_id)
+        self.health.pulling(req_id, remote.engine_id)
         self.stats["pulls"] += 1
         self.stats["pull_tokens"] += num_external_tokens
 
@@ -143,6 +162,7 @@ class P2PScheduler:
         params = request.kv_transfer_params or {}
         if (looked_up := self.lookups.pop(req_id, None)) is not None:
             self._to_release.append(BlockRelease(req_id, looked_up[0]))  # aborted before alloc
+            self.health.cancel(looked_up[0].engine_id, req_id)
         if req_id in self.pulling:
             return True, None  # the read still writes into them: freed on finished_recving
         if not params.get("do_remote_decode") or not any(block_ids):
@@ -180,9 +200,13 @@ class P2PScheduler:
         meta = worker_meta if isinstance(worker_meta, P2PWorkerMeta) else P2PWorkerMeta()
         for req_id in finished_sending:
             self._end_lease(req_id, expired=req_id in meta.leases_expired)
+        self.health.failed(meta.loads_failed)  # kept until every rank reported the pull
         for req_id in finished_recving:
             self.pulling.discard(req_id)
+            self.health.ended(req_id)
         self.stats["failed_pulls"] += len(meta.loads_failed)
+        self.stats["tier_bypasses"] = self.health.bypasses
+        self.stats["tier_bypassed_lookups"] = self.health.bypassed_lookups
 
     def _end_lease(self, req_id: str, expired: bool) -> None:
         held = self.held.pop(req_id, None)

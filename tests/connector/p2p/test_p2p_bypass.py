@@ -1,0 +1,138 @@
+"""A sick prefill peer on a real P/D pair: after N failed pulls the decode side bypasses it
+(computes at once, reads nothing), the tier.health span says so, a later probe restores it,
+and greedy tokens equal a run without a connector throughout."""
+
+import time
+
+import pytest
+
+from kvscope.bench.pd_pair import PDPair, free_port, metric
+from kvscope.demo.engine import in_process_llm
+from kvscope.demo.oracle import greedy_tokens
+from kvscope.demo.prompts import long_prompt
+from kvscope.traces import names
+from kvscope.traces.sdk.otlp_json import read_spans_file
+from tests.connector.p2p.pd_client import (
+    completion_body,
+    greedy_via,
+    prefill_only,
+    wait_until_no_blocks_held,
+)
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(500)]
+
+MAX_TOKENS = 8
+FAILURES = 2  # failures_to_bypass
+BYPASS_S = 6.0  # long enough for the bypassed request to come before the probe
+CONNECTOR = {"lease_timeout_s": 15.0, "lease_margin_s": 1.0, "read_timeout_s": 6.0,
+             "handshake_timeout_s": 2.0,
+             "tier_health": {"failures_to_bypass": FAILURES, "bypass_s": BYPASS_S}}  # fmt: skip
+# Distinct first blocks: the decode server never has a local prefix hit.
+PROMPTS = [f"Bypass case {i}: " + long_prompt(i, sentences=3) for i in range(FAILURES + 2)]
+HITS = "vllm:external_prefix_cache_hits_total"
+
+
+@pytest.fixture(scope="module")
+def expected(tiny_model):
+    with in_process_llm(tiny_model) as llm:
+        return greedy_tokens(llm, PROMPTS, MAX_TOKENS)
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_model, tmp_path_factory, expected):
+    env = {"OTEL_BSP_SCHEDULE_DELAY": "100"}
+    workdir = tmp_path_factory.mktemp("pd_bypass")
+    pd = PDPair(tiny_model, workdir, extra=CONNECTOR, env=env, spans_to_files=True).start(400)
+    try:
+        yield pd
+    finally:
+        pd.stop()
+
+
+def decode_spans(pair: PDPair) -> list[dict]:
+    time.sleep(0.5)  # the exporter writes every 100 ms
+    return read_spans_file(pair.spans_file("decode"))
+
+
+def reads(spans: list[dict]) -> list[dict]:
+    return [s for s in spans if s["name"] == names.SPAN_TRANSFER
+            and s["attributes"].get(names.TRANSFER_DIRECTION) == "p2p_read"]  # fmt: skip
+
+
+def health_states(spans: list[dict], tier: str) -> list[dict]:
+    return [s["attributes"] for s in spans if s["name"] == names.SPAN_TIER_HEALTH
+            and s["attributes"][names.TIER] == tier]  # fmt: skip
+
+
+def run(pair: PDPair, tiny_model, index: int, dead_peer: bool = False) -> dict:
+    """One request: prefilled on the pair's prefill server, decoded on its decode server; with
+    dead_peer the params name a side channel nobody serves (the peer is down)."""
+    body = completion_body(tiny_model, PROMPTS[index], MAX_TOKENS)
+    params = prefill_only(pair.prefill.url, body)
+    if dead_peer:
+        params = {**params, "remote_port": free_port()}
+    start = time.monotonic()
+    tokens = greedy_via(pair.decode.url, {**body, "kv_transfer_params": params})
+    return {"tokens": tokens, "seconds": time.monotonic() - start,
+            "tier": f"p2p:{params['remote_engine_id']}"}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def sick(pair, tiny_model):
+    """FAILURES requests whose peer is down, then one to the live peer: bypassed."""
+    failed = [run(pair, tiny_model, i, dead_peer=True)["tokens"] for i in range(FAILURES)]
+    before = decode_spans(pair)
+    hits_before = metric(pair.decode.url, HITS)
+    bypassed = run(pair, tiny_model, FAILURES)
+    after = decode_spans(pair)
+    return {**bypassed, "failed": failed, "before": before, "after": after,
+            "hits_before": hits_before, "hits_after": metric(pair.decode.url, HITS)}  # fmt: skip
+
+
+def test_failed_pulls_bypass_the_peer_and_tokens_equal_no_connector(sick, expected):
+    assert [*sick["failed"], sick["tokens"]] == expected[: FAILURES + 1]
+
+
+def test_the_bypassed_request_computes_at_once_and_reads_nothing(sick, pair):
+    assert len(reads(sick["after"])) == len(reads(sick["before"])), "a bypassed peer was read"
+    assert sick["hits_after"] == sick["hits_before"]
+    refusals = [e for s in sick["after"] for e in s["events"]
+                if e["name"] == names.EVENT_LOAD_FAILED
+                and e[names.FAILURE_CAUSE].startswith("peer bypassed")]  # fmt: skip
+    assert len(refusals) == 1 and refusals[0][names.FAILURE_OUTCOME] == "recomputed"
+    assert sick["seconds"] < CONNECTOR["handshake_timeout_s"] + 5  # no timeout waited out
+    # The refusal tells the prefill side to free the blocks now, not at its lease's end (the
+    # dead peer's requests' leases expire instead).
+    assert released_leases(pair, within_s=5.0) == 1
+
+
+def released_leases(pair: PDPair, within_s: float) -> int:
+    """Leases the prefill server ended because the decode side was done (not expired)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        events = [e for s in read_spans_file(pair.spans_file("prefill")) for e in s["events"]]
+        count = sum(e["name"] == names.EVENT_LEASE_RELEASED
+                    and e[names.LEASE_OUTCOME] == "released" for e in events)  # fmt: skip
+        if count or time.monotonic() > deadline:
+            return count
+        time.sleep(0.2)
+
+
+def test_the_tier_health_span_says_the_peer_is_bypassed(sick):
+    (state,) = health_states(sick["after"], sick["tier"])
+    assert state[names.TIER_STATE] == "bypassed"
+    assert state[names.TIER_FAILURES] == FAILURES
+    assert state[names.TIER_BYPASS_S] == BYPASS_S
+    assert "peer_unreachable" in state[names.TIER_REASON]
+
+
+def test_a_probe_after_the_bypass_pulls_again_and_restores_the_peer(sick, pair, tiny_model,
+                                                                      expected):  # fmt: skip
+    time.sleep(BYPASS_S)
+    hits_before = metric(pair.decode.url, HITS)
+    probe = run(pair, tiny_model, FAILURES + 1)
+    assert probe["tokens"] == expected[FAILURES + 1]
+    assert metric(pair.decode.url, HITS) > hits_before, "the probe did not pull"
+    states = [s[names.TIER_STATE] for s in health_states(decode_spans(pair), sick["tier"])]
+    assert states == ["bypassed", "probing", "healthy"]
+    wait_until_no_blocks_held([pair.prefill.url, pair.decode.url], timeout_s=30)
