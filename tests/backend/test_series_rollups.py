@@ -8,10 +8,10 @@ import pytest
 from sqlalchemy import text
 from sqlmodel import Session
 
-from kvscope.backend import aggregates, series
+from kvscope.backend import aggregates, rollups, series
 from kvscope.backend.bulk import DO_NOTHING, BulkWriter
 from kvscope.backend.db import make_engine
-from kvscope.backend.migrations import migrate
+from kvscope.backend.migrations import VERSION_TABLE, migrate
 from kvscope.backend.models import Latency, Lookup, Request, TimelinePoint, Transfer
 from kvscope.backend.store import _REQUEST_UPSERT
 
@@ -230,3 +230,22 @@ def test_a_step_of_the_route_is_whole_seconds():
     assert series.step_for(900, None) == 15.0
     assert series.step_for(100, None) == 2.0  # 1.67 s widened to the rollups' second
     assert series.step_for(60, 0.2) == 1.0
+
+
+def test_migration_6_brings_the_rollups_to_an_older_database(tmp_path):
+    engine = make_engine(f"sqlite:///{tmp_path}/old.db")
+    migrate(engine)
+    with engine.begin() as connection:  # back to version 5: no rollup table, no triggers
+        for name, *_ in rollups.TRIGGERS:
+            connection.exec_driver_sql(f"DROP TRIGGER {name}")
+        connection.exec_driver_sql("DROP TABLE series_rollup")
+        connection.exec_driver_sql("DROP INDEX ix_lookup_request")
+        connection.exec_driver_sql(f"UPDATE {VERSION_TABLE} SET version = 5")
+    assert migrate(engine) == 6
+    rows = _rows(random.Random(6))
+    _write(engine, {"lookup": rows["lookup"][:1], **{k: [] for k in rows if k != "lookup"}},
+           random.Random(6))  # fmt: skip
+    with engine.connect() as connection:
+        found = connection.execute(text("SELECT metric, samples FROM series_rollup")).all()
+    engine.dispose()
+    assert [tuple(row) for row in found] == [("hit", 1)]
