@@ -33,7 +33,7 @@ BENCHES: list[BenchSpec] = [
     module_bench("tracing_overhead",
                  quick_args=["--rounds", "40"],
                  quick_timeout_s=600, full_timeout_s=2400),
-    module_bench("copy_bandwidth", quick_args=["--repeats", "7"],
+    module_bench("copy_bandwidth", quick_args=["--repeats", "31"],
                  quick_timeout_s=300, full_timeout_s=900),
     module_bench("nixl_bandwidth",
                  quick_args=["--blocks", "128", "--read-blocks", "48", "--rounds", "4",
