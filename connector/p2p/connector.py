@@ -8,7 +8,8 @@ kv_transfer_config = {
     "kv_connector_extra_config": {"side_channel_port": 5700, "lease_timeout_s": 30},
 }
 Other keys: side_channel_host (default 127.0.0.1), lease_margin_s, read_timeout_s,
-handshake_timeout_s (see config.P2PConfig).
+handshake_timeout_s (see config.P2PConfig), and tier_health: {"failures_to_bypass": 5,
+"bypass_s": 2.0, ...} for the breaker of each prefill peer (connector/common/tier_health.py).
 """
 
 from typing import Any

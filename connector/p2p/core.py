@@ -53,6 +53,8 @@ class P2PCore(KVConnectorBase_V1, SupportsHMA):
         """Inside a Multi, which says what a failed load became (a fallback, or the policy)."""
         if self.worker is not None:
             self.worker.failure_outcome = None
+        if self.scheduler is not None:
+            self.scheduler.refusal_outcome = None
 
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config: Any) -> str | None:

@@ -51,6 +51,9 @@ class P2PScheduler:
         self._to_release: list[BlockRelease] = []
         # A breaker per prefill peer, fed by every pull's outcome; lookups ask it first.
         self.health = PeerHealth(config.tier_health)
+        # A refused lookup is computed here whatever the policy; inside a Multi (None) another
+        # child may serve it, and the Multi says what it became.
+        self.refusal_outcome: str | None = RECOMPUTED
         self.stats: dict[str, int] = {"held": 0, "leases_expired": 0, "pulls": 0,
                                       "pull_tokens": 0, "failed_pulls": 0}  # fmt: skip
 
@@ -117,8 +120,9 @@ class P2PScheduler:
     def _refuse(self, request: Any, cause: str, remote: RemotePrefill | None) -> tuple[int, bool]:
         """No external hit (vLLM computes the prompt); the prefill side frees its blocks."""
         logger.error("p2p: request %s: %s", request.request_id, cause)
+        outcome = {names.FAILURE_OUTCOME: self.refusal_outcome} if self.refusal_outcome else {}
         add_event(names.EVENT_LOAD_FAILED, **{names.REQUEST_ID: str(request.request_id),
-                  names.FAILURE_CAUSE: cause, names.FAILURE_OUTCOME: RECOMPUTED})  # fmt: skip
+                  names.FAILURE_CAUSE: cause}, **outcome)  # fmt: skip
         request.kv_transfer_params["do_remote_prefill"] = False
         if remote is not None:
             self._to_release.append(BlockRelease(str(request.request_id), remote))

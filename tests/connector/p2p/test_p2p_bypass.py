@@ -7,6 +7,10 @@ import time
 import pytest
 
 from kvscope.bench.pd_pair import PDPair, free_port, metric
+from kvscope.connector.common.tier_health import TierHealthConfig, TierState
+from kvscope.connector.p2p.config import P2PConfig
+from kvscope.connector.p2p.metadata import P2PWorkerMeta
+from kvscope.connector.p2p.scheduler import P2PScheduler
 from kvscope.demo.engine import in_process_llm
 from kvscope.demo.oracle import greedy_tokens
 from kvscope.demo.prompts import long_prompt
@@ -18,8 +22,9 @@ from tests.connector.p2p.pd_client import (
     prefill_only,
     wait_until_no_blocks_held,
 )
+from tests.connector.p2p.test_p2p_protocol import Request, prefilled
 
-pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(500)]
+ENGINE_MARKS = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(500)]
 
 MAX_TOKENS = 8
 FAILURES = 2  # failures_to_bypass
@@ -30,6 +35,12 @@ CONNECTOR = {"lease_timeout_s": 15.0, "lease_margin_s": 1.0, "read_timeout_s": 6
 # Distinct first blocks: the decode server never has a local prefix hit.
 PROMPTS = [f"Bypass case {i}: " + long_prompt(i, sentences=3) for i in range(FAILURES + 2)]
 HITS = "vllm:external_prefix_cache_hits_total"
+
+
+def engine_test(test):
+    for mark in ENGINE_MARKS:
+        test = mark(test)
+    return test
 
 
 @pytest.fixture(scope="module")
@@ -89,10 +100,12 @@ def sick(pair, tiny_model):
             "hits_before": hits_before, "hits_after": metric(pair.decode.url, HITS)}  # fmt: skip
 
 
+@engine_test
 def test_failed_pulls_bypass_the_peer_and_tokens_equal_no_connector(sick, expected):
     assert [*sick["failed"], sick["tokens"]] == expected[: FAILURES + 1]
 
 
+@engine_test
 def test_the_bypassed_request_computes_at_once_and_reads_nothing(sick, pair):
     assert len(reads(sick["after"])) == len(reads(sick["before"])), "a bypassed peer was read"
     assert sick["hits_after"] == sick["hits_before"]
@@ -118,6 +131,7 @@ def released_leases(pair: PDPair, within_s: float) -> int:
         time.sleep(0.2)
 
 
+@engine_test
 def test_the_tier_health_span_says_the_peer_is_bypassed(sick):
     (state,) = health_states(sick["after"], sick["tier"])
     assert state[names.TIER_STATE] == "bypassed"
@@ -126,6 +140,7 @@ def test_the_tier_health_span_says_the_peer_is_bypassed(sick):
     assert "peer_unreachable" in state[names.TIER_REASON]
 
 
+@engine_test
 def test_a_probe_after_the_bypass_pulls_again_and_restores_the_peer(sick, pair, tiny_model,
                                                                       expected):  # fmt: skip
     time.sleep(BYPASS_S)
@@ -136,3 +151,68 @@ def test_a_probe_after_the_bypass_pulls_again_and_restores_the_peer(sick, pair, 
     states = [s[names.TIER_STATE] for s in health_states(decode_spans(pair), sick["tier"])]
     assert states == ["bypassed", "probing", "healthy"]
     wait_until_no_blocks_held([pair.prefill.url, pair.decode.url], timeout_s=30)
+
+
+# --- the scheduler half alone (no engine): outcomes across steps and ranks -------------------
+
+
+def decode_side(failures_to_bypass: int = 2) -> P2PScheduler:
+    config = P2PConfig(tier_health=TierHealthConfig(failures_to_bypass, bypass_s=60.0))
+    return P2PScheduler(config, "D", 32)
+
+
+def pull(decode: P2PScheduler, params: dict, req_id: str) -> tuple[int, bool]:
+    request = Request(req_id, 100, dict(params))
+    found = decode.lookup(request, 0)
+    if found[0]:
+        decode.bind(request, ([11, 12, 13, 14],), found[0])
+    return found
+
+
+def test_a_pull_one_rank_failed_counts_once_every_rank_reported():
+    """At TP > 1 a rank's failure comes in one step's worker metadata, vLLM's finished_recving
+    (counted to the world size) a step later: the failure is kept until then, counted once."""
+    _, params = prefilled()
+    decode = decode_side()
+    for count, req_id in enumerate(("d-1", "d-2")):
+        assert pull(decode, params, req_id) == (99, True)
+        failed = P2PWorkerMeta(loads_failed={req_id: "read_failed: x"})
+        decode.on_worker_output(failed, set(), set())
+        decode.on_worker_output(failed, set(), set())  # another rank, another step
+        assert decode.health.peers["P"].failures == count
+        decode.on_worker_output(None, set(), {req_id})
+    assert decode.health.peers["P"].state is TierState.BYPASSED
+    decode.build_metadata()
+    request = Request("d-3", 100, dict(params))
+    assert decode.lookup(request, 0) == (0, False)
+    assert request.kv_transfer_params["do_remote_prefill"] is False
+    (release,) = decode.build_metadata().reqs_to_release  # the prefill side frees its blocks
+    assert release.req_id == "d-3"
+    decode.on_worker_output(None, set(), set())
+    assert decode.stats["tier_bypasses"] == 1 and decode.stats["tier_bypassed_lookups"] == 1
+
+
+def test_a_successful_pull_resets_the_count_under_the_default_threshold():
+    _, params = prefilled()
+    default = TierHealthConfig().failures_to_bypass
+    decode = decode_side(default)
+    for i in range(default - 1):
+        pull(decode, params, f"f-{i}")
+        decode.on_worker_output(P2PWorkerMeta(loads_failed={f"f-{i}": "x"}), set(), {f"f-{i}"})
+    pull(decode, params, "ok")
+    decode.on_worker_output(None, set(), {"ok"})
+    health = decode.health.peers["P"]
+    assert health.failures == 0 and health.state is TierState.HEALTHY
+
+
+def test_a_probe_that_will_not_pull_is_given_up():
+    _, params = prefilled()
+    decode = decode_side(failures_to_bypass=1)
+    pull(decode, params, "f")
+    decode.on_worker_output(P2PWorkerMeta(loads_failed={"f": "x"}), set(), {"f"})
+    decode.health.peers["P"].bypassed_until = 0.0  # the bypass is over
+    probe = Request("probe", 100, dict(params))
+    assert decode.lookup(probe, 0) == (99, True)
+    assert decode.lookup(Request("other", 100, dict(params)), 0) == (0, False)
+    decode.bind(probe, ([],), 0)  # all local hits after all: no pull, no outcome
+    assert decode.lookup(Request("next", 100, dict(params)), 0) == (99, True)  # the new probe
