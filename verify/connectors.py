@@ -1,5 +1,6 @@
 """Names the connector to verify and builds the kv_transfer_config that wraps it in tracing."""
 
+import importlib
 import tempfile
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,11 +49,21 @@ def parse_connector(text: str, extra_config: dict[str, Any] | None = None) -> Co
 
 
 def with_defaults(spec: ConnectorSpec) -> ConnectorSpec:
-    """vLLM's ExampleConnector needs a storage folder: a fresh one, so nothing is stale."""
+    """vLLM's ExampleConnector (or a subclass) stores in a folder, /tmp unless told: a fresh
+    one, so nothing from an earlier run can be served."""
     extra = dict(spec.extra_config)
-    if spec.name == "ExampleConnector" and "shared_storage_path" not in extra:
+    if _is_example_connector(spec) and "shared_storage_path" not in extra:
         extra["shared_storage_path"] = tempfile.mkdtemp(prefix="kvscope-verify-example-")
     return ConnectorSpec(spec.name, spec.module_path, extra)
+
+
+def _is_example_connector(spec: ConnectorSpec) -> bool:
+    from vllm.distributed.kv_transfer.kv_connector.v1.example_connector import ExampleConnector
+
+    if spec.module_path is None:
+        return spec.name == "ExampleConnector"
+    connector_class = getattr(importlib.import_module(spec.module_path), spec.name, None)
+    return isinstance(connector_class, type) and issubclass(connector_class, ExampleConnector)
 
 
 def traced_transfer_config(spec: ConnectorSpec, policy: str) -> dict[str, Any]:
