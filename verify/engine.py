@@ -35,9 +35,9 @@ def request_params(max_tokens: int, kv_transfer_params: dict | None = None) -> A
                           extra_args=extra)  # fmt: skip
 
 
-def as_prompt(prompt: str | Sequence[int]) -> Any:
-    """Text as it is; token ids as vLLM's TokensPrompt."""
-    return prompt if isinstance(prompt, str) else {"prompt_token_ids": list(prompt)}
+def as_prompt(prompt: str | dict | Sequence[int]) -> Any:
+    """Text and vLLM prompt dicts as they are; a sequence of token ids as vLLM's TokensPrompt."""
+    return prompt if isinstance(prompt, (str, dict)) else {"prompt_token_ids": list(prompt)}
 
 
 def add_requests(llm: Any, req_ids: list[str], prompts: Sequence, max_tokens: int,
