@@ -56,6 +56,11 @@ ROLLED_HITS = text(
     "SELECT (bucket_ns - :since) / :step, SUM(samples), SUM(positives), SUM(total), "
     f"SUM(extra) {_ROLLED}GROUP BY (bucket_ns - :since) / :step HAVING SUM(samples) > 0"
 )
+# The summary's external hit tokens: the same rollup over the whole window.
+ROLLED_HIT_TOKENS = text(
+    "SELECT COALESCE(SUM(total), 0) FROM series_rollup WHERE metric = 'hit' "
+    "AND bucket_ns >= :since AND bucket_ns < :until"
+)
 ROLLED_BY_LABEL = text(
     f"SELECT (bucket_ns - :since) / :step, label, SUM(samples), SUM(total) {_ROLLED}"
     "GROUP BY (bucket_ns - :since) / :step, label HAVING SUM(samples) > 0"

@@ -38,7 +38,6 @@ def summary(session: SessionDep, settings: SettingsDep, window_s: WindowS = 300.
     bounds = bounds_of(window_s)
     ttft = sorted(ms for _, ms in sql.rows(connection, sql.TTFT_SAMPLES, bounds))
     p50, p95 = sql.percentiles(ttft)
-    hits = hit_rates(session, window_s)
     incidents, _, _ = incidents_in(session, bounds["since"], bounds["until"])
     failures: dict[str, int] = {}
     for incident in incidents:
@@ -52,8 +51,12 @@ def summary(session: SessionDep, settings: SettingsDep, window_s: WindowS = 300.
         requests=sql.counted(connection, sql.REQUESTS_BY_STATUS, bounds),
         ttft_ms_p50=p50,
         ttft_ms_p95=p95,
-        # The composite's (or a plain connector's) lookups: a child's hit is inside it.
-        external_hit_tokens=sum(h.external_hit_tokens for h in hits if h.child is None),
+        # The composite's (or a plain connector's) lookups, each request's last one, from the
+        # series' per-second rollups (the window from its whole second): a child's hit is inside.
+        external_hit_tokens=connection.execute(
+            sql.ROLLED_HIT_TOKENS,
+            {**bounds, "since": bounds["since"] - bounds["since"] % RESOLUTION_NS},
+        ).scalar_one(),
         transfers=_transfers(connection, bounds),
         failures=failures,
         leases_active=connection.execute(sql.LEASES_HELD).scalar_one(),

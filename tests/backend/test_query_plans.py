@@ -23,6 +23,7 @@ WINDOWED = {
         "HITS_BY_CONNECTOR",
         "ROLLED_HITS",
         "ROLLED_BY_LABEL",
+        "ROLLED_HIT_TOKENS",
         "TTFT_SAMPLES",
         "TRANSFERS_BY_DIRECTION",
         "LEASES_IN_WINDOW",

@@ -189,6 +189,12 @@ def test_hit_series_equal_the_raw_lookups(stored):
     assert sum(p.lookups for p in built.hits) == REQUESTS
 
 
+def test_the_summary_hit_tokens_equal_the_raw_lookups(stored):
+    _, connection = stored
+    found = connection.execute(aggregates.ROLLED_HIT_TOKENS, aggregates.window(T0, T0 + 120 * S))
+    assert found.scalar_one() == sum(hits for _, _, hits, _ in _raw_hits(connection).values())
+
+
 def test_bytes_per_direction_equal_the_raw_transfers(stored):
     built, connection = stored
     raw: dict[tuple, int] = {}
