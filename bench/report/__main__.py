@@ -45,9 +45,18 @@ def run_report(
     return write_report(out_dir, machine, runs, command)
 
 
+STANDING = "scale_10m*.jsonl"
+"""Figures of runs too long for a report run (the 10M-span fill), kept beside the report; the
+run's own figures of the same name win."""
+
+
+def standing_records(out_dir: Path) -> list[dict]:
+    return [record for path in sorted(out_dir.glob(STANDING)) for record in load(path)]
+
+
 def write_report(out_dir: Path, machine: Machine, runs: list[BenchRun], command: str) -> Path:
     """README.md and the plots from a run's results (figure names as FIGURES has them now)."""
-    rows = build_rows(runs, load(out_dir / "results.jsonl"))
+    rows = build_rows(runs, standing_records(out_dir) + load(out_dir / "results.jsonl"))
     plots = {
         "ratios": plot_ratios(rows, out_dir / "ratios.png"),
         "runs": plot_runs(runs, machine, out_dir / "runs.png"),
