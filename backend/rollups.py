@@ -185,11 +185,16 @@ def point_statements(postgres: bool) -> list[str]:
         f"FROM {state} {changed}"
     )
     wait = "(CASE WHEN pair.l > pair.a THEN (pair.l - pair.a) / 1e6 ELSE 0 END)"
+    binned = (
+        f"SELECT pair.a - pair.a % {_R} AS b, CAST({bin_sql(wait, postgres)} AS TEXT) AS w, "
+        f"pair.sign AS sign FROM ({pairs}) pair WHERE pair.a IS NOT NULL AND pair.l IS NOT NULL"
+    )
+    # The old wait out and the new one in may fall in one bucket and bin: one row for both, as
+    # PostgreSQL's upsert may not touch a row twice in one statement.
     return [
         _add(
-            f"SELECT 'kv_wait', pair.a - pair.a % {_R}, COALESCE(NEW.engine_id, ''), "
-            f"CAST({bin_sql(wait, postgres)} AS TEXT), pair.sign, 0, 0, 0 FROM ({pairs}) pair "
-            "WHERE pair.a IS NOT NULL AND pair.l IS NOT NULL"
+            f"SELECT 'kv_wait', k.b, COALESCE(NEW.engine_id, ''), k.w, SUM(k.sign), 0, 0, 0 "
+            f"FROM ({binned}) k GROUP BY k.b, k.w HAVING SUM(k.sign) != 0"
         )
     ]
 
