@@ -216,3 +216,20 @@ def identify_layout(views: list[torch.Tensor]) -> str:
             return name
     raise KVLayoutError(f"the KV views' axes, largest stride first, are {''.join(seen)}:"
                         f" none of vLLM's layouts {KV_CACHE_LAYOUTS}")  # fmt: skip
+
+
+def distinct_kv_memories(kv_caches: dict[str, Any], kv_cache_config: Any) -> dict[str, Any]:
+    """One KV view per memory: with several KV cache groups vLLM overlays one layer of each
+    group on a tensor, so copying, registering or reading every view would move the same bytes
+    twice (the first group's layer names each memory). One group: every layer as it is."""
+    if len(getattr(kv_cache_config, "kv_cache_groups", None) or ()) <= 1:
+        return kv_caches
+    ordered = [name for g in kv_cache_config.kv_cache_groups for name in g.layer_names]
+    ordered += [name for name in kv_caches if name not in set(ordered)]
+    layers: dict[str, Any] = {}
+    seen: set[int] = set()
+    for name in ordered:
+        if name in kv_caches and (address := kv_caches[name].data_ptr()) not in seen:
+            seen.add(address)
+            layers[name] = kv_caches[name]
+    return layers

@@ -13,9 +13,10 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvscope.connector.common.faults import FaultInjector
 from kvscope.connector.common.host_pool import KVNamespace, num_host_blocks
+from kvscope.connector.common.kv_layout import distinct_kv_memories
 from kvscope.connector.cpu_offload import prom
 from kvscope.connector.cpu_offload.config import OffloadConfig
-from kvscope.connector.cpu_offload.groups import KVGroups, copy_layers, layers_per_block
+from kvscope.connector.cpu_offload.groups import KVGroups, layers_per_block
 from kvscope.connector.cpu_offload.metadata import OffloadMetadata
 from kvscope.connector.cpu_offload.scheduler import OffloadScheduler
 from kvscope.connector.cpu_offload.stats import IntervalReporter, OffloadStats
@@ -102,7 +103,7 @@ class CpuOffloadCore(KVConnectorBase_V1, SupportsHMA):
     # --- worker side --------------------------------------------------------------------------
 
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
-        self.worker.register(copy_layers(kv_caches, self._kv_cache_config))
+        self.worker.register(distinct_kv_memories(kv_caches, self._kv_cache_config))
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         self.worker.start_loads(self._metadata())

@@ -97,19 +97,3 @@ def layers_per_block(kv_cache_config: Any) -> int:
     layer of each group per tensor; a block id belongs to one group at a time), so one block of
     any group spans as many layers as the largest group has."""
     return max(len(group.layer_names) for group in kv_cache_config.kv_cache_groups)
-
-
-def copy_layers(kv_caches: dict[str, Any], kv_cache_config: Any) -> dict[str, Any]:
-    """The KV layers the worker copies blocks of: with several groups one view per KV memory
-    (the first group's layer), since copying overlaid views would copy the same bytes twice."""
-    if len(kv_cache_config.kv_cache_groups) <= 1:
-        return kv_caches
-    ordered = [name for g in kv_cache_config.kv_cache_groups for name in g.layer_names]
-    ordered += [name for name in kv_caches if name not in set(ordered)]
-    layers: dict[str, Any] = {}
-    seen: set[int] = set()
-    for name in ordered:
-        if name in kv_caches and (address := kv_caches[name].data_ptr()) not in seen:
-            seen.add(address)
-            layers[name] = kv_caches[name]
-    return layers

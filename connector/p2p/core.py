@@ -11,8 +11,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from kvscope.connector.common.kv_layout import distinct_kv_memories
 from kvscope.connector.p2p.config import P2PConfig
-from kvscope.connector.p2p.groups import P2PGroups, transfer_layers
+from kvscope.connector.p2p.groups import P2PGroups
 from kvscope.connector.p2p.metadata import P2PMetadata
 from kvscope.connector.p2p.scheduler import P2PScheduler
 from kvscope.connector.p2p.vllm_layout import preferred_layout, resolved_layout, tensor_strides
@@ -107,7 +108,7 @@ class P2PCore(KVConnectorBase_V1, SupportsHMA):
 
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
         kv_cache_config = self._kv_cache_config
-        kv_caches = transfer_layers(kv_caches, kv_cache_config)
+        kv_caches = distinct_kv_memories(kv_caches, kv_cache_config)
         self.worker.register(
             kv_caches,
             resolved_layout(self._vllm_config, kv_cache_config),

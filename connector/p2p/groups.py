@@ -77,22 +77,6 @@ def _group(group_id: int, spec: Any) -> P2PGroup:
     )
 
 
-def transfer_layers(kv_caches: dict[str, Any], kv_cache_config: Any) -> dict[str, Any]:
-    """The KV views NIXL registers and reads: with several groups one view per KV memory (the
-    first group's layer), since overlaid views would register and move the same bytes twice."""
-    if len(getattr(kv_cache_config, "kv_cache_groups", None) or ()) <= 1:
-        return kv_caches
-    ordered = [name for g in kv_cache_config.kv_cache_groups for name in g.layer_names]
-    ordered += [name for name in kv_caches if name not in set(ordered)]
-    layers: dict[str, Any] = {}
-    seen: set[int] = set()
-    for name in ordered:
-        if name in kv_caches and (address := kv_caches[name].data_ptr()) not in seen:
-            seen.add(address)
-            layers[name] = kv_caches[name]
-    return layers
-
-
 def held_tails(block_ids: tuple[list[int], ...], null_block_id: int) -> tuple[tuple[int, ...], ...]:
     """Prefill side: each group's blocks from its first real one (vLLM put the null block in
     place of the sliding-window blocks the next token no longer attends to)."""
