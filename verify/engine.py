@@ -1,7 +1,9 @@
 """Drives an in-process vLLM engine: requests with our ids, aborts, preemption count, settling."""
 
+import contextlib
+import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -9,6 +11,21 @@ from kvscope.demo.inspect import engine_scheduler
 
 STEP_TIMEOUT_S = 90.0
 """No batch may take longer: a hang fails its scenario instead of the whole run."""
+
+
+@contextlib.contextmanager
+def environ(**values: str) -> Iterator[None]:
+    """os.environ with these values for a while (the whole process shares it)."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @dataclass

@@ -1,12 +1,11 @@
 """Runs the scenarios on real in-process engines (one per load failure policy) and judges each."""
 
 import contextlib
-import os
 import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from kvscope.verify.connectors import (
     traced_transfer_config,
     with_defaults,
 )
+from kvscope.verify.engine import environ
 from kvscope.verify.hooklog import hook_calls
 from kvscope.verify.leaks import engine_leaks
 from kvscope.verify.rules import ScenarioResult, Violation
@@ -68,7 +68,7 @@ def verify(spec: ConnectorSpec, model: Path, tp: int = 1, scenarios: list[str] |
     for path in faults:
         write_plan(Path(path), {})
     report = Report(spec.label)
-    with _tp_environment(tp):
+    with environ(**(TP_ENV if tp > 1 else {})):
         oracle = oracle_tokens(model, chosen, tp, progress)
         collector, history = SpanCollector.attach(), History()
         for policy in ("recompute", "fail"):
@@ -89,18 +89,6 @@ def verify(spec: ConnectorSpec, model: Path, tp: int = 1, scenarios: list[str] |
 def _skipped(scenario: Scenario) -> ScenarioResult:
     return ScenarioResult(scenario.name, scenario.policy, skipped="the connector has no "
                           "failure path kvscope can drive (a FaultPlan file)")  # fmt: skip
-
-
-@contextlib.contextmanager
-def _tp_environment(tp: int) -> Iterator[None]:
-    values = TP_ENV if tp > 1 else {}
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            os.environ.pop(name) if value is None else os.environ.__setitem__(name, value)
 
 
 _ORACLES: dict[tuple, list[int]] = {}

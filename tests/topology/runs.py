@@ -1,31 +1,15 @@
 """Workloads for the topology tests: store-then-hit passes, P/D pulls, vLLM's own counters."""
 
-import contextlib
-import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from kvscope.demo.oracle import greedy_tokens
+from kvscope.verify.engine import environ  # noqa: F401 (the topology tests take it from here)
 
 MAX_TOKENS = 8
 ONE_TOKEN_PROMPT = "Hi"  # under one block: stores nothing, hits nothing, steps the engine
-
-
-@contextlib.contextmanager
-def environ(**values: str) -> Iterator[None]:
-    """os.environ with these values for a while (the whole pytest process shares it)."""
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def counter(llm: Any, name: str, **labels: str) -> float:
