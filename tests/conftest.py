@@ -23,11 +23,14 @@ def span_exporter():
     """The process's in-memory span exporter (tracing is set up once per process)."""
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from kvscope.traces.sdk.configure import configure_tracing
+    from kvscope.traces.sdk.configure import add_exporter, configure_tracing
     from kvscope.traces.sdk.settings import TracingSettings
 
     exporter = InMemorySpanExporter()
-    configure_tracing(TracingSettings(schedule_delay_s=0.05), exporters=[exporter])
+    settings = TracingSettings(schedule_delay_s=0.05)
+    # Something in this process (kvscope verify's collector) may have set tracing up first.
+    if not configure_tracing(settings, exporters=[exporter]):
+        add_exporter(exporter, settings)
     return exporter
 
 
