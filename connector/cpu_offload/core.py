@@ -37,7 +37,7 @@ class CpuOffloadCore(KVConnectorBase_V1, SupportsHMA):
         faults = FaultInjector.from_extra_config(extra)
         self.scheduler: OffloadScheduler | None = None
         self.worker: OffloadWorker | None = None
-        self._reporter = IntervalReporter()
+        self._reporter = IntervalReporter(OffloadStats)
         # vLLM gathers every rank's worker output (TP x PP), not only the TP group's.
         world_size = vllm_config.parallel_config.world_size
         self.groups = KVGroups.of(kv_cache_config)

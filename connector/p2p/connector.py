@@ -30,3 +30,7 @@ class P2PConnector(InstrumentedConnector, SupportsHMA):
     @classmethod
     def inner_class(cls, extra_config: dict[str, Any]) -> type[P2PCore]:
         return P2PCore
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None):
+        return P2PCore.build_kv_connector_stats(data)

@@ -12,12 +12,16 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvscope.connector.common.kv_layout import distinct_kv_memories
+from kvscope.connector.common.stats_schema import IntervalReporter
+from kvscope.connector.p2p import prom
 from kvscope.connector.p2p.config import P2PConfig
 from kvscope.connector.p2p.groups import P2PGroups
 from kvscope.connector.p2p.metadata import P2PMetadata
 from kvscope.connector.p2p.scheduler import P2PScheduler
+from kvscope.connector.p2p.stats import P2PStats
 from kvscope.connector.p2p.vllm_layout import preferred_layout, resolved_layout, tensor_strides
 from kvscope.connector.p2p.worker import P2PWorker
+from kvscope.traces.outcomes import outcome_of_policy
 
 
 class P2PCore(KVConnectorBase_V1, SupportsHMA):
@@ -40,10 +44,12 @@ class P2PCore(KVConnectorBase_V1, SupportsHMA):
         self.groups = P2PGroups.of(kv_cache_config)
         self.scheduler: P2PScheduler | None = None
         self.worker: P2PWorker | None = None
+        self._reporter = IntervalReporter(P2PStats)
         if role == KVConnectorRole.SCHEDULER:
             self.scheduler = P2PScheduler(
                 config, engine_id, vllm_config.cache_config.block_size, self.groups
             )
+            self.scheduler.failure_outcome = outcome_of_policy(ktc.kv_load_failure_policy)
         else:
             serves = ktc.kv_role in ("kv_producer", "kv_both")
             tp_size = vllm_config.parallel_config.tensor_parallel_size
@@ -56,6 +62,7 @@ class P2PCore(KVConnectorBase_V1, SupportsHMA):
             self.worker.failure_outcome = None
         if self.scheduler is not None:
             self.scheduler.refusal_outcome = None
+            self.scheduler.failure_outcome = None
 
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config: Any) -> str | None:
@@ -147,6 +154,26 @@ class P2PCore(KVConnectorBase_V1, SupportsHMA):
 
     def build_connector_worker_meta(self):
         return self.worker.take_worker_meta()
+
+    # --- stats and metrics ----------------------------------------------------------------
+
+    def get_kv_connector_stats(self) -> P2PStats | None:
+        """What changed since the last call (the halves keep cumulative counters); vLLM sums
+        the workers' over ranks and adds the scheduler half's."""
+        if self.worker is not None:
+            counters, samples = self.worker.report_values()
+            return self._reporter.report(counters, {}, samples)
+        counters, gauges = self.scheduler.report_values()
+        return self._reporter.report(counters, gauges, self.scheduler.samples)
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> P2PStats:
+        return P2PStats(data=data or {})
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        return prom.build_prom_metrics(vllm_config, metric_types, labelnames,
+                                       per_engine_labelvalues)  # fmt: skip
 
     def shutdown(self) -> None:
         if self.worker is not None:

@@ -48,15 +48,17 @@ class PeerHealth:
             if req_id in self.peer_of:
                 self._failed.setdefault(req_id, cause)
 
-    def ended(self, req_id: str) -> None:
-        """The pull of req_id ended on every rank: its outcome goes to its peer's breaker."""
+    def ended(self, req_id: str) -> str | None:
+        """The pull of req_id ended on every rank: its outcome goes to its peer's breaker.
+        Returns the first cause a rank reported, None when the pull succeeded."""
         engine_id = self.peer_of.pop(req_id, None)
         cause = self._failed.pop(req_id, None)
         if engine_id is None or (health := self.peers.get(engine_id)) is None:
-            return
+            return cause
         before = health.bypasses
         health.record(req_id, ok=cause is None, reason=cause or "")
         self.bypasses += health.bypasses - before
+        return cause
 
     def bypassed_peers(self) -> int:
         return sum(h.state is not TierState.HEALTHY for h in self.peers.values())

@@ -10,6 +10,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
+from kvscope.connector.common.stats_schema import Samples
 from kvscope.connector.p2p.config import P2PConfig
 from kvscope.connector.p2p.metadata import BlockPull, BlockRelease, done_notif
 from kvscope.connector.p2p.results import TransferResult, TransportError
@@ -57,6 +58,7 @@ class BlockPuller:
         self.loads_failed: dict[str, str] = {}  # since the last take
         self.stats = {"read_bytes": 0, "read_s": 0.0, "reads": 0, "failed_reads": 0,
                       "handshakes": 0}  # fmt: skip
+        self.samples = Samples()  # per-read durations and sizes for the stats' histograms
 
     def start(self, pulls: list[BlockPull], releases: list[BlockRelease]) -> None:
         for item in [*pulls, *releases]:
@@ -144,6 +146,8 @@ class BlockPuller:
         self.stats["reads"] += 1
         self.stats["read_bytes"] += result.nbytes
         self.stats["read_s"] += result.duration_s
+        self.samples.observe("read_seconds", result.duration_s)
+        self.samples.observe("read_size_bytes", result.nbytes)
         self._recving.add(pull.req_id)
         add_event(names.EVENT_BLOCK_LOADED, **{names.REQUEST_ID: pull.req_id,
                   names.BLOCK_TIER: "device"}, **pulled_block_attributes(pull))  # fmt: skip

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from kvscope.connector.common.leases import next_lease_id
+from kvscope.connector.common.stats_schema import Samples
 from kvscope.connector.p2p.config import P2PConfig
 from kvscope.connector.p2p.groups import P2PGroups, held_tails, needed_ranges, pull_pairs
 from kvscope.connector.p2p.metadata import (
@@ -22,6 +23,7 @@ from kvscope.connector.p2p.metadata import (
 )
 from kvscope.connector.p2p.params import RemotePrefill
 from kvscope.connector.p2p.peer_health import PeerHealth
+from kvscope.connector.p2p.stats import failure_kind
 from kvscope.traces import names
 from kvscope.traces.events import add_event
 from kvscope.traces.outcomes import RECOMPUTED
@@ -54,8 +56,13 @@ class P2PScheduler:
         # A refused lookup is computed here whatever the policy; inside a Multi (None) another
         # child may serve it, and the Multi says what it became.
         self.refusal_outcome: str | None = RECOMPUTED
+        # What a failed pull became, for the stats (the worker's events say it too); None
+        # inside a Multi.
+        self.failure_outcome: str | None = RECOMPUTED
         self.stats: dict[str, int] = {"held": 0, "leases_expired": 0, "pulls": 0,
                                       "pull_tokens": 0, "failed_pulls": 0}  # fmt: skip
+        self.samples = Samples()  # histogram samples and failures for the next stats report
+        self._pull_started: dict[str, float] = {}  # decode request id -> monotonic start
 
     # --- decode side ----------------------------------------------------------------------
 
@@ -68,17 +75,17 @@ class P2PScheduler:
         try:
             remote = RemotePrefill.from_params(params)
         except ValueError as exc:
-            return self._refuse(request, f"bad kv_transfer_params: {exc}", None)
+            return self._refuse(request, f"bad kv_transfer_params: {exc}", None, "bad_params")
         if remote.block_size != self.block_size:
             cause = (
                 f"layout mismatch: prefill block_size {remote.block_size}, decode"
                 f" {self.block_size}; start both engines with the same --block-size"
             )
-            return self._refuse(request, cause, remote)
+            return self._refuse(request, cause, remote, "layout_mismatch")
         pullable = min(request.num_prompt_tokens - 1, remote.num_tokens,
                        remote.num_blocks * self.block_size)  # fmt: skip
         if (cause := self._uncovered(remote, num_computed_tokens, pullable)) is not None:
-            return self._refuse(request, cause, remote)
+            return self._refuse(request, cause, remote, "not_covered")
         if (cause := self._bypassed(remote, req_id)) is not None:
             return self._refuse(request, cause, remote)
         self.lookups[req_id] = (remote, num_computed_tokens)
@@ -117,9 +124,15 @@ class P2PScheduler:
                 )
         return None
 
-    def _refuse(self, request: Any, cause: str, remote: RemotePrefill | None) -> tuple[int, bool]:
-        """No external hit (vLLM computes the prompt); the prefill side frees its blocks."""
+    def _refuse(
+        self, request: Any, cause: str, remote: RemotePrefill | None, kind: str | None = None
+    ) -> tuple[int, bool]:
+        """No external hit (vLLM computes the prompt); the prefill side frees its blocks.
+        A refusal of `kind` counts as a failure in the stats (a bypass does not: it has its own
+        counter)."""
         logger.error("p2p: request %s: %s", request.request_id, cause)
+        if kind is not None:
+            self.samples.fail(kind, self.refusal_outcome or "left_to_parent")
         outcome = {names.FAILURE_OUTCOME: self.refusal_outcome} if self.refusal_outcome else {}
         add_event(names.EVENT_LOAD_FAILED, **{names.REQUEST_ID: str(request.request_id),
                   names.FAILURE_CAUSE: cause}, **outcome)  # fmt: skip
@@ -154,6 +167,7 @@ class P2PScheduler:
         self._to_recv.append(BlockPull(req_id, local, remote_ids, remote))
         self.pulling.add(req_id)
         self.health.pulling(req_id, remote.engine_id)
+        self._pull_started[req_id] = time.monotonic()
         self.stats["pulls"] += 1
         self.stats["pull_tokens"] += num_external_tokens
 
@@ -207,10 +221,24 @@ class P2PScheduler:
         self.health.failed(meta.loads_failed)  # kept until every rank reported the pull
         for req_id in finished_recving:
             self.pulling.discard(req_id)
-            self.health.ended(req_id)
-        self.stats["failed_pulls"] += len(meta.loads_failed)
+            self._pull_ended(req_id, self.health.ended(req_id))
         self.stats["tier_bypasses"] = self.health.bypasses
         self.stats["tier_bypassed_lookups"] = self.health.bypassed_lookups
+
+    def _pull_ended(self, req_id: str, cause: str | None) -> None:
+        """Once per pull, when every rank reported it: its wait and, if it failed, why."""
+        if (started := self._pull_started.pop(req_id, None)) is not None:
+            self.samples.observe("kv_wait_seconds", time.monotonic() - started)
+        if cause is not None:
+            self.stats["failed_pulls"] += 1
+            self.samples.fail(failure_kind(cause), self.failure_outcome or "left_to_parent")
+
+    def report_values(self) -> tuple[dict[str, int], dict[str, int]]:
+        """Cumulative counters and the gauges now, for the connector's stats."""
+        gauges = {"held_requests": len(self.held), "pulls_in_flight": len(self.pulling),
+                  "peers": len(self.health.peers),
+                  "peers_bypassed": self.health.bypassed_peers()}  # fmt: skip
+        return dict(self.stats), gauges
 
     def _end_lease(self, req_id: str, expired: bool) -> None:
         held = self.held.pop(req_id, None)

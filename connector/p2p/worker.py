@@ -8,11 +8,13 @@ import logging
 
 import torch
 
+from kvscope.connector.common.stats_schema import Samples
 from kvscope.connector.p2p.config import P2PConfig
 from kvscope.connector.p2p.lender import BlockLender
 from kvscope.connector.p2p.metadata import P2P_METADATA_VERSION, P2PMetadata, P2PWorkerMeta
 from kvscope.connector.p2p.puller import BlockPuller
 from kvscope.connector.p2p.side_channel import SideChannelServer
+from kvscope.connector.p2p.stats import WORKER_COUNTERS
 from kvscope.connector.p2p.transport import NixlTransport, TransportConfig
 from kvscope.traces.outcomes import outcome_of_policy
 
@@ -43,6 +45,7 @@ class P2PWorker:
         self.side_channel: SideChannelServer | None = None
         self.lender: BlockLender | None = None
         self.puller: BlockPuller | None = None
+        self._no_samples = Samples()
 
     def register(
         self,
@@ -121,6 +124,14 @@ class P2PWorker:
         if self.transport is None:
             return {}
         return {**self.lender.stats, **self.puller.stats}
+
+    def report_values(self) -> tuple[dict[str, float], Samples]:
+        """Cumulative counters of this rank's reads and loans, and its histogram samples (the
+        lender's expired leases are the scheduler half's to count, once per request)."""
+        if self.transport is None:
+            return {}, self._no_samples
+        stats = self.stats
+        return {key: stats[key] for key in WORKER_COUNTERS if key in stats}, self.puller.samples
 
     def shutdown(self) -> None:
         if self.side_channel is not None:

@@ -382,11 +382,12 @@ def dashboard_metrics() -> set[str]:
     """Every metric name the Grafana dashboard's queries read."""
     exprs = " ".join(t["expr"] for p in json.loads(DASHBOARD.read_text())["panels"]
                      for t in p["targets"])  # fmt: skip
-    return set(re.findall(r"\b((?:vllm:|kvscope_)[a-z_:]+)\b", exprs))
+    return set(re.findall(r"\b((?:vllm:|kvscope_)[a-z0-9_:]+)\b", exprs))
 
 
 def test_the_dashboard_queries_kvscope_and_vllm_metrics():
     found = dashboard_metrics()
     assert any(m.startswith("vllm:kvscope_offload_") for m in found)
+    assert any(m.startswith("vllm:kvscope_p2p_") for m in found)
     assert any(m.startswith("kvscope_backend_") for m in found)
     assert "vllm:time_to_first_token_seconds_bucket" in found

@@ -7,7 +7,6 @@ from types import SimpleNamespace
 import msgspec
 import prometheus_client
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from vllm import SamplingParams
 from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVEventBatch
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorLogging
@@ -34,6 +33,7 @@ from tests.connector.cpu_offload.test_offload_ranks import (
     start_load,
     store_prompt,
 )
+from tests.connector.prom_scrape import exactly, scrape_registry
 
 LABELS = {"model_name": "tiny", "engine": "0"}
 
@@ -59,7 +59,7 @@ def report(offload: OffloadScheduler, reporter: IntervalReporter) -> OffloadStat
 
 
 def test_a_store_and_a_load_are_reported_once_as_an_interval():
-    offload, reporter = scheduler(), IntervalReporter()
+    offload, reporter = scheduler(), IntervalReporter(OffloadStats)
     stored(offload, "r0")
     start_load(offload, request("r1"))
     offload.on_worker_output(OffloadWorkerMeta(loads_done={"r1": 1}))
@@ -73,7 +73,7 @@ def test_a_store_and_a_load_are_reported_once_as_an_interval():
 
 
 def test_failures_are_counted_by_cause_and_outcome():
-    offload, reporter = scheduler(), IntervalReporter()
+    offload, reporter = scheduler(), IntervalReporter(OffloadStats)
     stored(offload, "r0")
     start_load(offload, request("r1"))
     offload.on_worker_output(OffloadWorkerMeta(loads_failed={"r1": 1}))
@@ -87,7 +87,7 @@ def test_stats_survive_msgpack_and_vllms_logger_and_stay_bounded():
     samples = Samples()
     for _ in range(MAX_SAMPLES + 10):
         samples.observe("load_seconds", 0.01)
-    stats = IntervalReporter().report({"load_bytes": 4096, "load_s": 0.5}, {}, samples)
+    stats = IntervalReporter(OffloadStats).report({"load_bytes": 4096, "load_s": 0.5}, {}, samples)
     assert stats.data["counters"]["samples_dropped"] == 10
     wire = MsgpackDecoder().decode(MsgpackEncoder().encode(stats.to_dict()))
     rebuilt = CpuOffloadConnector.build_kv_connector_stats(wire)
@@ -118,29 +118,21 @@ def registry_types():
     return registry, {kind: functools.partial(kind, registry=registry) for kind in kinds}
 
 
-def scrape(registry) -> dict[str, dict]:
-    """{sample name: {labels as a sorted tuple: value}} as Prometheus would read /metrics."""
-    text = prometheus_client.generate_latest(registry).decode()
-    samples: dict[str, dict] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
-    return samples
-
-
-def value(samples: dict, name: str, **labels: str) -> float:
-    return samples[name][tuple(sorted({**LABELS, **labels}.items()))]
+def value(found: dict, name: str, **labels: str) -> float:
+    return exactly(found, name, **LABELS, **labels)
 
 
 def test_prometheus_metrics_carry_vllms_labels_and_every_kind_of_value():
-    offload, reporter = scheduler(), IntervalReporter()
+    offload, reporter = scheduler(), IntervalReporter(OffloadStats)
     stored(offload, "r0")
     start_load(offload, request("r1"))
     offload.on_worker_output(OffloadWorkerMeta(loads_failed={"r1": 1}))
     samples = Samples()
     samples.observe("store_seconds", 0.002)
     samples.observe("store_size_bytes", 65536)
-    worker = IntervalReporter().report({"store_bytes": 65536, "store_s": 0.002}, {}, samples)
+    worker = IntervalReporter(OffloadStats).report(
+        {"store_bytes": 65536, "store_s": 0.002}, {}, samples
+    )
     stats = worker.aggregate(report(offload, reporter))  # as vLLM adds the scheduler's
     registry, types = registry_types()
     vllm_config = SimpleNamespace(kv_transfer_config=SimpleNamespace(kv_connector_extra_config={}))
@@ -148,7 +140,7 @@ def test_prometheus_metrics_carry_vllms_labels_and_every_kind_of_value():
         vllm_config, types, ["model_name", "engine"], {0: ["tiny", "0"]}
     )
     metrics.observe(MsgpackDecoder().decode(MsgpackEncoder().encode(stats.to_dict())), 0)
-    found = scrape(registry)
+    found = scrape_registry(registry)
     assert value(found, "vllm:kvscope_offload_lookups_total") == 2
     assert value(found, "vllm:kvscope_offload_hit_tokens_total") == 4 * BLOCK
     assert value(found, "vllm:kvscope_offload_bytes_total", path="store") == 65536

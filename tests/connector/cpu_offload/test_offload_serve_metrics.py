@@ -9,11 +9,11 @@ import httpx
 import msgspec
 import pytest
 import zmq
-from prometheus_client.parser import text_string_to_metric_families
 from vllm.distributed.kv_events import BlockStored, KVEventBatch
 
 from kvscope.demo.engine import ServerProcess, engine_env, free_port, serve_command
 from kvscope.demo.prompts import long_prompt
+from tests.connector.prom_scrape import total, wait_for
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(400)]
 PROMPT = long_prompt(2, sentences=6)
@@ -72,28 +72,6 @@ def served(tiny_model, tmp_path_factory):
 def complete(url: str, model) -> None:
     body = {"model": str(model), "prompt": PROMPT, "max_tokens": 4, "temperature": 0}
     httpx.post(url + "/v1/completions", json=body, timeout=60).raise_for_status()
-
-
-def metrics(url: str) -> dict[str, list]:
-    """{sample name: [(labels, value), ...]} of the server's /metrics."""
-    text = httpx.get(url + "/metrics", timeout=10).text
-    found: dict[str, list] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            found.setdefault(sample.name, []).append((sample.labels, sample.value))
-    return found
-
-
-def total(found: dict, name: str, **labels: str) -> float:
-    return sum(v for got, v in found.get(name, []) if labels.items() <= got.items())
-
-
-def wait_for(url: str, name: str, timeout_s: float = 30, **labels: str) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while (found := metrics(url)) and total(found, name, **labels) <= 0:
-        assert time.monotonic() < deadline, f"{name} {labels} still 0 after {timeout_s} s"
-        time.sleep(0.5)
-    return found
 
 
 @pytest.fixture(scope="module")

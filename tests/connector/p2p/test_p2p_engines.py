@@ -21,6 +21,7 @@ from tests.connector.p2p.pd_client import (
     streamed_chunks,
     wait_until_no_blocks_held,
 )
+from tests.connector.prom_scrape import total, wait_for
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -31,6 +32,7 @@ CONNECTOR = {"lease_timeout_s": LEASE_S, "lease_margin_s": 1.0, "read_timeout_s"
              "handshake_timeout_s": 4.0}  # fmt: skip
 # Distinct first blocks, so the decode server never has a local prefix hit.
 PROMPTS = [long_prompt(i, sentences=3 + i) for i in range(3)]
+BYTES_PER_BLOCK = 2 * 2 * 32 * 64 * 2  # layers, KV heads, tokens, K and V dims, bf16
 FAULT_NAMES = ["expired", "silent", "stopped", "killed", "stream"]
 FAULTS = {name: f"Fault case {name}: " + long_prompt(i + 1) for i, name in enumerate(FAULT_NAMES)}
 
@@ -101,11 +103,30 @@ def test_the_kv_bytes_moved_through_nixl(pd, happy):
     reads = [s["attributes"] for s in spans_of(pair, "decode") if s["name"] == names.SPAN_TRANSFER]
     good = [r for r in reads if r[names.TRANSFER_DIRECTION] == "p2p_read" and r[names.TRANSFER_OK]]
     blocks = sum(-(-(n - 1) // 32) for n in prompt_lengths)
-    bytes_per_block = 2 * 2 * 32 * 64 * 2  # layers, KV heads, tokens, K and V dims, bf16
-    assert sum(r[names.TRANSFER_BYTES] for r in good[: len(PROMPTS)]) == blocks * bytes_per_block
+    assert sum(r[names.TRANSFER_BYTES] for r in good[: len(PROMPTS)]) == blocks * BYTES_PER_BLOCK
     assert all(r[names.TRANSFER_GBPS] > 0 for r in good)
     handshakes = [s for s in spans_of(pair, "decode") if s["name"] == names.SPAN_HANDSHAKE]
     assert handshakes and handshakes[0]["attributes"][names.TRANSFER_OK]
+
+
+def test_both_servers_metrics_count_the_pulls_reads_and_loans(pd, happy):
+    """vLLM's /metrics, read with prometheus_client's parser: the decode server's pulls and
+    NIXL reads of the happy prompts, the prefill server's held blocks and confirmed reads."""
+    pair, _ = pd
+    _, prompt_lengths, _ = happy
+    p2p = "vllm:kvscope_p2p_"
+    decode = wait_for(pair.decode.url, p2p + "reads_total", at_least=len(PROMPTS))
+    prefill = wait_for(pair.prefill.url, p2p + "reads_notified_total", at_least=len(PROMPTS))
+    blocks = sum(-(-(n - 1) // 32) for n in prompt_lengths)
+    assert total(decode, p2p + "pulls_total") == len(PROMPTS)
+    assert total(decode, p2p + "pull_tokens_total") == sum(n - 1 for n in prompt_lengths)
+    assert total(decode, p2p + "read_bytes_total") == blocks * BYTES_PER_BLOCK
+    assert total(decode, p2p + "read_duration_seconds_count") == len(PROMPTS)
+    assert total(decode, p2p + "kv_wait_seconds_count") == len(PROMPTS)
+    assert total(decode, p2p + "failed_pulls_total") == 0
+    assert total(decode, p2p + "peers") == 1 and total(decode, p2p + "peers_bypassed") == 0
+    assert total(prefill, p2p + "held_total") == len(PROMPTS)
+    assert total(prefill, p2p + "leases_expired_total") == 0
 
 
 def test_prefill_server_freed_the_blocks_once_read(pd, happy):
