@@ -7,6 +7,7 @@ from pathlib import Path
 from kvscope.bench.report.machine import Machine
 from kvscope.bench.report.runner import BenchRun
 from kvscope.bench.report.table import Row, format_value, verdict
+from kvscope.bench.report.unmet import unmet_section
 
 
 def _cell(text: str) -> str:
@@ -120,6 +121,7 @@ def render(
     ]
     lines += machine_section(machine)
     lines += figures_section(rows, plots.get("ratios"))
+    lines += unmet_section(rows)
     if plots.get("ttft_vs_prefix") is not None:
         lines += [f"![TTFT against prefix length]({plots['ttft_vs_prefix'].name})", ""]
     lines += runs_section(runs, out_dir, plots.get("runs"))

@@ -8,6 +8,7 @@ from kvscope.bench.report.__main__ import run_report, write_report
 from kvscope.bench.report.benches import BENCHES, BenchSpec
 from kvscope.bench.report.figures import FIGURES, target_met
 from kvscope.bench.report.saved import load_run
+from kvscope.bench.report.unmet import NOTES
 
 RECORDING = textwrap.dedent("""
     from kvscope.bench.results import record
@@ -34,7 +35,7 @@ def python_bench(name: str, code: str, timeout_s: float = 20) -> BenchSpec:
 
 
 def row_of(report: str, metric: str) -> str:
-    [row] = [line for line in report.splitlines() if f"`{metric}`" in line]
+    [row] = [line for line in report.splitlines() if line.startswith("|") and f"`{metric}`" in line]
     return row
 
 
@@ -59,6 +60,10 @@ def test_report_from_fake_benches(tmp_path: Path) -> None:
     assert "| bench timed out |" in row_of(report, "sqlite_timeline_p95_ms")
     assert "| not run |" in row_of(report, "ttft_over_stock")
     assert "### Other recorded figures" in report
+    unmet = report[report.index("## Unmet targets") : report.index("## Benches")]
+    assert "`load_over_raw_contiguous`** (copy_bandwidth, target >= 0.95): " in unmet
+    assert NOTES[("copy_bandwidth", "load_over_raw_contiguous")] in unmet
+    assert "store_over_raw_contiguous" not in unmet  # met
     assert "| 1.250 | >= 1 | yes | copy_bandwidth |" in row_of(report, "mystery_ratio")
     # Expected figures keep the order of FIGURES whatever order they were recorded in.
     assert report.index("`load_over_raw_contiguous`") < report.index("`load_over_raw_scattered`")
@@ -97,6 +102,8 @@ def test_targets_and_the_expected_list() -> None:
     keys = [(figure.bench, figure.metric) for figure in FIGURES]
     assert len(keys) == len(set(keys)), "a figure is listed twice"
     assert {bench for bench, _ in keys} <= {spec.name for spec in BENCHES}
+    targeted = {(figure.bench, figure.metric) for figure in FIGURES if figure.target}
+    assert set(NOTES) <= targeted, "a note on unmet targets names no figure with a target"
 
 
 def test_ttft_against_prefix_length_is_plotted_from_the_recorded_medians(tmp_path: Path) -> None:
