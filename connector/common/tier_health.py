@@ -73,10 +73,14 @@ def failure_reason(waited_s: float, timeout_s: float) -> str:
     return f"failed after {waited_s:.2f} s"
 
 
-def emit_state_span(tier: str, state: TierState, reason: str, failures: int, bypass_s: float):
-    """One kvscope.tier.health span, a root of its own (the tier's, not a request's trace)."""
+def emit_state_span(tier: str, state: TierState, reason: str, failures: int, bypass_s: float,
+                    engine_id: str | None = None):  # fmt: skip
+    """One kvscope.tier.health span, a root of its own (the tier's, not a request's trace),
+    naming the engine whose connector judged the tier when it knows it."""
     attributes = {names.TIER: tier, names.TIER_STATE: str(state), names.TIER_REASON: reason,
                   names.TIER_FAILURES: failures, names.TIER_BYPASS_S: float(bypass_s)}  # fmt: skip
+    if engine_id is not None:
+        attributes[names.ENGINE_ID] = engine_id
     root = trace.set_span_in_context(trace.INVALID_SPAN)
     get_tracer().start_span(names.SPAN_TIER_HEALTH, context=root, attributes=attributes).end()
 
@@ -89,8 +93,10 @@ class TierHealth:
         tier: str,
         config: TierHealthConfig | None = None,
         clock: Callable[[], float] = time.monotonic,
+        engine_id: str | None = None,
     ) -> None:
         self.tier = tier
+        self.engine_id = engine_id  # vLLM's engine_id of the engine that judges the tier
         self.config = config or TierHealthConfig()
         self.clock = clock
         self.state = TierState.HEALTHY
@@ -177,4 +183,4 @@ class TierHealth:
     def _change(self, state: TierState, reason: str) -> None:
         self.state = state
         bypass_s = 0.0 if state is TierState.HEALTHY else self.bypass_s
-        emit_state_span(self.tier, state, reason, self.failures, bypass_s)
+        emit_state_span(self.tier, state, reason, self.failures, bypass_s, self.engine_id)

@@ -54,6 +54,7 @@ class CpuOffloadCore(KVConnectorBase_V1, SupportsHMA):
             self.scheduler.failure_outcome = outcome_of_policy(
                 self._kv_transfer_config.kv_load_failure_policy
             )
+            self.scheduler.health.engine_id = str(self._kv_transfer_config.engine_id)
         else:
             faults.rank = world_rank()
             policy = self._kv_transfer_config.kv_load_failure_policy

@@ -15,8 +15,9 @@ class PeerHealth:
     recorded once, when the last rank reported, failed if any rank failed it.
     """
 
-    def __init__(self, config: TierHealthConfig | None = None) -> None:
+    def __init__(self, config: TierHealthConfig | None = None, engine_id: str | None = None):
         self.config = config or TierHealthConfig()
+        self.engine_id = engine_id  # this (decode) engine's, named on the breakers' spans
         self.peers: dict[str, TierHealth] = {}
         self.peer_of: dict[str, str] = {}  # decode request id -> remote engine id
         self._failed: dict[str, str] = {}  # decode request id -> the first cause reported
@@ -27,7 +28,9 @@ class PeerHealth:
         """None if the lookup may pull from the peer now, else the peer's (bypassed) breaker."""
         health = self.peers.get(engine_id)
         if health is None:
-            health = self.peers[engine_id] = TierHealth(f"p2p:{engine_id}", self.config)
+            health = self.peers[engine_id] = TierHealth(
+                f"p2p:{engine_id}", self.config, engine_id=self.engine_id
+            )
             self._bound(keep=engine_id)
         if health.admit(req_id):
             return None

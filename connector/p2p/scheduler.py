@@ -52,7 +52,7 @@ class P2PScheduler:
         self._to_recv: list[BlockPull] = []
         self._to_release: list[BlockRelease] = []
         # A breaker per prefill peer, fed by every pull's outcome; lookups ask it first.
-        self.health = PeerHealth(config.tier_health)
+        self.health = PeerHealth(config.tier_health, engine_id)
         # A refused lookup is computed here whatever the policy; inside a Multi (None) another
         # child may serve it, and the Multi says what it became.
         self.refusal_outcome: str | None = RECOMPUTED

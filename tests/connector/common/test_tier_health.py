@@ -48,6 +48,14 @@ def test_failures_in_a_row_bypass_the_tier_and_lookups_answer_no(spans):
                     names.TIER_FAILURES: 3, names.TIER_BYPASS_S: 2.0}  # fmt: skip
 
 
+def test_the_span_names_the_engine_that_judged_the_tier(spans):
+    health = TierHealth("tier-e", TierHealthConfig(failures_to_bypass=1), engine_id="decode-0")
+    fail(health, 1)
+    [span] = [s for s in spans() if s.name == names.SPAN_TIER_HEALTH
+              and s.attributes[names.TIER] == "tier-e"]  # fmt: skip
+    assert span.attributes[names.ENGINE_ID] == "decode-0"
+
+
 def test_a_success_resets_the_count_of_failures():
     health, _ = breaker()
     fail(health, 2)

@@ -23,6 +23,7 @@ from tests.connector.p2p.pd_client import (
     wait_until_no_blocks_held,
 )
 from tests.connector.p2p.test_p2p_protocol import Request, prefilled
+from tests.connector.prom_scrape import total, wait_for
 
 ENGINE_MARKS = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(500)]
 
@@ -138,6 +139,21 @@ def test_the_tier_health_span_says_the_peer_is_bypassed(sick):
     assert state[names.TIER_FAILURES] == FAILURES
     assert state[names.TIER_BYPASS_S] == BYPASS_S
     assert "peer_unreachable" in state[names.TIER_REASON]
+    # Named by the decode engine that judged the peer (the tier names the peer).
+    assert state[names.ENGINE_ID] and f"p2p:{state[names.ENGINE_ID]}" != sick["tier"]
+
+
+@engine_test
+def test_the_decode_servers_metrics_say_the_peer_is_bypassed(sick, pair):
+    """vLLM's /metrics, read with prometheus_client's parser."""
+    p2p = "vllm:kvscope_p2p_"
+    found = wait_for(pair.decode.url, p2p + "tier_bypasses_total")
+    assert total(found, p2p + "tier_bypasses_total") == 1
+    assert total(found, p2p + "peers_bypassed") == 1
+    assert total(found, p2p + "tier_bypassed_lookups_total") == 1
+    assert total(found, p2p + "failed_pulls_total") == FAILURES
+    assert total(found, p2p + "failures_total", cause="peer_unreachable",
+                 outcome="recomputed") == FAILURES  # fmt: skip
 
 
 @engine_test
