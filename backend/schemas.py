@@ -100,6 +100,8 @@ class Summary(BaseModel):
     blocks: dict[str, dict[str, int]]
     spans: int
     streams_incomplete: int
+    tiers_bypassed: int = 0
+    """KV tiers (per engine) bypassed or being probed now, whatever the window."""
 
 
 class HitRate(BaseModel):

@@ -5,7 +5,7 @@ import time
 from fastapi import APIRouter, Query
 
 from kvscope.backend import aggregates as sql
-from kvscope.backend import certainty, series
+from kvscope.backend import certainty, series, tiers
 from kvscope.backend.deps import SessionDep, SettingsDep, TokenDep
 from kvscope.backend.engines import EnginePublic, engines
 from kvscope.backend.rollups import RESOLUTION_NS
@@ -63,6 +63,7 @@ def summary(session: SessionDep, settings: SettingsDep, window_s: WindowS = 300.
         blocks=blocks,
         spans=connection.execute(sql.SPANS_IN_WINDOW, bounds).scalar_one(),
         streams_incomplete=len({g.origin for g in certainty.gaps(session, settings.gap_grace_s)}),
+        tiers_bypassed=sum(t.state != "healthy" for t in tiers.latest(connection)),
     )
 
 

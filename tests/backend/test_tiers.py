@@ -36,8 +36,16 @@ def _tiers(backend) -> list[dict]:
         return response.json()
 
 
+def _bypassed_in_summary(backend) -> int:
+    with backend.client() as client:
+        response = client.get("/api/v1/stats/summary")
+        assert response.status_code == 200, response.text
+        return response.json()["tiers_bypassed"]
+
+
 def test_latest_state_per_engine_and_tier_with_since(backend):
     engine_id = f"engine-{uuid.uuid4().hex[:6]}"
+    bypassed_before = _bypassed_in_summary(backend)
     scheduler = Process("vllm-decode", engine_id, "scheduler")
     t0 = time.time_ns() - 60_000 * MS
     scheduler.hook("get_num_new_matched_tokens", None, t0, t0 + MS)  # names the engine
@@ -58,6 +66,7 @@ def test_latest_state_per_engine_and_tier_with_since(backend):
     assert offload["service_name"] == "vllm-decode"
     assert offload["since_ns"] == t0 + 3 * MS  # the bypass began again after the probe
     assert offload["bypassed_until_ns"] == t0 + 3 * MS + 10_000 * MS
+    assert _bypassed_in_summary(backend) == bypassed_before + 1  # the overview's count
 
 
 def test_a_tier_healthy_again_is_healthy_and_arrival_order_does_not_matter(backend):
