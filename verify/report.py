@@ -10,6 +10,7 @@ EVIDENCE_WIDTH = 110
 
 def as_json(report: Report) -> str:
     return json.dumps({"connector": report.connector, "passed": report.passed,
+                       "tensor_parallel_size": report.tensor_parallel_size,
                        "rules": RULES, "scenarios": [r.to_dict() for r in report.results]},
                       indent=2)  # fmt: skip
 

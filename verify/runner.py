@@ -43,6 +43,7 @@ def stderr_progress(line: str) -> None:
 class Report:
     connector: str
     results: list[ScenarioResult] = field(default_factory=list)
+    tensor_parallel_size: int = 1
 
     @property
     def passed(self) -> bool:
@@ -67,7 +68,7 @@ def verify(spec: ConnectorSpec, model: Path, tp: int = 1, scenarios: list[str] |
     faults = fault_plan_paths(spec)
     for path in faults:
         write_plan(Path(path), {})
-    report = Report(spec.label)
+    report = Report(spec.label, tensor_parallel_size=tp)
     with environ(**(TP_ENV if tp > 1 else {})):
         oracle = oracle_tokens(model, chosen, tp, progress)
         collector, history = SpanCollector.attach(), History()

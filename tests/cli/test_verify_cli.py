@@ -64,3 +64,18 @@ def test_a_broken_connector_exits_1_with_json_naming_the_rule(tiny_model):
     assert claims and claims[0]["contract"] == report["rules"]["claims_bounded"]
     assert claims[0]["span"].startswith("kvscope.hook.get_num_new_matched_tokens ")
     assert claims[0]["request"].startswith("cold_miss_then_hit.first.")
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_tensor_parallel_two_ranks_pass(tiny_model):
+    """--tp 2: vLLM's multiprocessing executor with two worker ranks on the CPU (one core
+    each); the offload connector's hit is loaded on both ranks and the tokens match."""
+    result = run_verify("--connector", "CpuOffloadConnector", "--tp", "2",
+                        "--model", str(tiny_model), "--scenario", "cold_miss_then_hit",
+                        "--json", timeout=400)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert report["passed"] is True and report["tensor_parallel_size"] == 2, report
+    (scenario,) = report["scenarios"]
+    assert scenario["verdict"] == "pass", scenario
