@@ -19,17 +19,20 @@ from kvscope.demo import workload_cli
 from kvscope.demo.engine import ENGINE_ENV, serve_command
 from kvscope.demo.topology import engine_config
 from kvscope.traces.sdk.settings import TracingSettings, parse_endpoint
+from tests.demo.compose_files import (
+    COMPOSE,
+    ENGINES,
+    GPU_OVERRIDE,
+    ROOT,
+    command_of,
+    interpolate,
+    option,
+    published,
+)
 
-ROOT = Path(__file__).resolve().parents[2]
-COMPOSE = ROOT / "docker-compose.yml"
-GPU_OVERRIDE = ROOT / "docker-compose.gpu.yml"
-PROMETHEUS = ROOT / "deploy" / "prometheus" / "prometheus.yml"
-GRAFANA = ROOT / "deploy" / "grafana"
-DASHBOARD = GRAFANA / "dashboards" / "kvscope.json"
 JAEGER_GRPC = "http://jaeger:4317"
 SIDE_CHANNEL_PORT = 5700
 FAULTS_FILE = Path("/faults/faults.json")
-ENGINES = ("prefill", "decode")
 # Engine settings compose changes on purpose: containers share neither loopback nor memory.
 ENGINE_ENV_OVERRIDES = {"UCX_NET_DEVICES"}
 # Variables read by third-party code, not by kvscope's settings modules.
@@ -40,52 +43,6 @@ FOREIGN_ENV = {
     "GF_SECURITY_ADMIN_PASSWORD", "GF_AUTH_ANONYMOUS_ENABLED", "GF_AUTH_ANONYMOUS_ORG_ROLE",
     "GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH",  # Grafana
 }  # fmt: skip
-_VARIABLE = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")
-
-
-def read_env_file() -> dict[str, str]:
-    lines = (ROOT / ".env").read_text().splitlines()
-    pairs = (line.split("=", 1) for line in lines if line.strip() and not line.startswith("#"))
-    return {key.strip(): value.strip() for key, value in pairs}
-
-
-def interpolate(node, env: dict[str, str]):
-    """Compose's ${VAR} and ${VAR:-default} substitution, applied to every string."""
-    if isinstance(node, dict):
-        return {key: interpolate(value, env) for key, value in node.items()}
-    if isinstance(node, list):
-        return [interpolate(value, env) for value in node]
-    if not isinstance(node, str):
-        return node
-
-    def substitute(match: re.Match) -> str:
-        name, default = match.groups()
-        if name not in env and default is None:
-            raise AssertionError(f"${{{name}}} is used but not defined in .env")
-        return env.get(name) or default or ""
-
-    return _VARIABLE.sub(substitute, node)
-
-
-@pytest.fixture(scope="module")
-def env_file() -> dict[str, str]:
-    return read_env_file()
-
-
-@pytest.fixture(scope="module")
-def services(env_file) -> dict[str, dict]:
-    """docker-compose.yml's services, with .env substituted."""
-    return interpolate(yaml.safe_load(COMPOSE.read_text()), env_file)["services"]
-
-
-def command_of(services: dict, name: str) -> list[str]:
-    command = services[name]["command"]
-    assert isinstance(command, list), f"{name}: give the command as a list (no shell parsing)"
-    return [str(arg) for arg in command]
-
-
-def option(argv: list[str], flag: str) -> str:
-    return argv[argv.index(flag) + 1]
 
 
 def test_every_service_has_an_image_or_a_build_that_exists(services):
@@ -159,12 +116,6 @@ def test_every_service_names_itself_for_tracing(services):
     for name, service in services.items():
         if service.get("build"):
             assert service["environment"]["OTEL_SERVICE_NAME"], name
-
-
-def published(service: dict) -> dict[int, int]:
-    """{container port: host port}."""
-    pairs = (str(entry).rsplit(":", 1) for entry in service.get("ports", []))
-    return {int(inner): int(outer) for outer, inner in pairs}
 
 
 def test_backend_command_and_settings_agree_with_compose(services, env_file, monkeypatch):
@@ -317,77 +268,3 @@ def test_docker_compose_config_accepts_the_files():
             [docker, "compose", *files, "config", "--quiet"], cwd=ROOT, capture_output=True
         )
         assert result.returncode == 0, result.stderr.decode()
-
-
-def test_prometheus_scrapes_both_servers_and_the_backend(services, env_file):
-    config = yaml.safe_load(PROMETHEUS.read_text())
-    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
-    targets = {name: {t for group in job["static_configs"] for t in group["targets"]}
-               for name, job in jobs.items()}  # fmt: skip
-    assert targets["vllm"] == {f"{role}:{env_file[role.upper() + '_PORT']}" for role in ENGINES}
-    assert targets["kvscope-backend"] == {f"backend:{env_file['KVSCOPE_BACKEND_PORT']}"}
-    roles = {group["labels"]["role"] for group in jobs["vllm"]["static_configs"]}
-    assert roles == set(ENGINES), "the dashboard's queries group by role"
-    prometheus = services["prometheus"]
-    script = prometheus["entrypoint"][-1]
-    token_file = jobs["kvscope-backend"]["authorization"]["credentials_file"]
-    assert f'"$$KVSCOPE_BACKEND_TOKEN" > {token_file}' in script  # compose turns $$ into $
-    assert prometheus["environment"]["KVSCOPE_BACKEND_TOKEN"] == env_file["KVSCOPE_BACKEND_TOKEN"]
-    config_path = re.search(r"--config.file=(\S+)", script).group(1)
-    assert f"./deploy/prometheus/prometheus.yml:{config_path}:ro" in prometheus["volumes"]
-    assert any(v.endswith(":/prometheus") for v in prometheus["volumes"]), "token file's volume"
-    assert 9090 in published(prometheus)
-
-
-def test_grafana_provisions_prometheus_and_the_kvscope_dashboard(services, env_file):
-    grafana = services["grafana"]
-    mounts = dict(v.removesuffix(":ro").split(":", 1) for v in grafana["volumes"])
-    (source,) = yaml.safe_load((GRAFANA / "provisioning/datasources/prometheus.yml").read_text())[
-        "datasources"
-    ]
-    assert source["url"] == "http://prometheus:9090" and 9090 in published(services["prometheus"])
-    (provider,) = yaml.safe_load((GRAFANA / "provisioning/dashboards/kvscope.yml").read_text())[
-        "providers"
-    ]
-    assert mounts["./deploy/grafana/dashboards"] == provider["options"]["path"]
-    assert mounts["./deploy/grafana/provisioning"] == "/etc/grafana/provisioning"
-    home = grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
-    assert home == provider["options"]["path"] + "/kvscope.json"
-    dashboard = json.loads(DASHBOARD.read_text())
-    assert {t["datasource"]["uid"] for p in dashboard["panels"] for t in p["targets"]} == {
-        source["uid"]
-    }
-    link = services["dashboard"]["environment"]["KVSCOPE_GRAFANA_URL"]
-    assert link == f"http://localhost:{env_file['GRAFANA_PORT']}/d/{dashboard['uid']}"
-    assert 3000 in published(grafana)
-
-
-def test_the_dashboard_shows_what_operators_look_for():
-    titles = {p["title"]: " ".join(t["expr"] for t in p["targets"])
-              for p in json.loads(DASHBOARD.read_text())["panels"]}  # fmt: skip
-    wanted = {
-        "hit rate": "vllm:kvscope_offload_hit_tokens_total",
-        "bytes/s per path": "by (role, path) (rate(vllm:kvscope_offload_bytes_total",
-        "leases": "vllm:kvscope_offload_active_leases",
-        "failures by cause": "by (role, cause, outcome)",
-        "ttft": "vllm:time_to_first_token_seconds_bucket",
-        "kv wait": "vllm:kvscope_offload_kv_wait_seconds_bucket",
-    }
-    for topic, query in wanted.items():
-        shown = [expr for title, expr in titles.items() if topic in title.lower()]
-        assert any(query in expr for expr in shown), f"no panel on {topic} queries {query}"
-
-
-def dashboard_metrics() -> set[str]:
-    """Every metric name the Grafana dashboard's queries read."""
-    exprs = " ".join(t["expr"] for p in json.loads(DASHBOARD.read_text())["panels"]
-                     for t in p["targets"])  # fmt: skip
-    return set(re.findall(r"\b((?:vllm:|kvscope_)[a-z0-9_:]+)\b", exprs))
-
-
-def test_the_dashboard_queries_kvscope_and_vllm_metrics():
-    found = dashboard_metrics()
-    assert any(m.startswith("vllm:kvscope_offload_") for m in found)
-    assert any(m.startswith("vllm:kvscope_p2p_") for m in found)
-    assert any(m.startswith("kvscope_backend_") for m in found)
-    assert "vllm:time_to_first_token_seconds_bucket" in found

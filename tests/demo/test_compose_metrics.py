@@ -15,7 +15,7 @@ from kvscope.demo.engine import ServerProcess, engine_env, free_port, serve_comm
 from kvscope.demo.topology import engine_config
 from tests.backend.conftest import RunningBackend
 from tests.connector.cpu_offload.test_offload_serve_metrics import TOPIC, EventSubscriber, complete
-from tests.demo.test_compose import dashboard_metrics
+from tests.demo.compose_files import dashboard_metrics
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(500)]
 SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}
