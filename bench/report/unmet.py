@@ -31,11 +31,15 @@ _TRACING = (
 _INGEST = (
     "Tried: group commit across concurrent export requests (KVSCOPE_BACKEND_GROUP_COMMIT), "
     "rollups kept by triggers (~3% of the write's CPU), ingest worker processes "
-    "(`sqlite_otel_workers_over_in_process`). Measured by part on this VM: protobuf decode plus "
-    "deriving rows ~48k spans per CPU-second, the SQLite write ~50k, so ~24k together before "
-    "HTTP and the server's own work; 30k needs one of the two about twice as fast. The larger "
-    "lever is the per-span Python after protobuf's parser (backend/otlp.py's attribute walk "
-    "and backend/derive.py); not done."
+    "(`sqlite_otel_workers_over_in_process`). Measured by part, one process, 520-span bodies "
+    "into an empty database: protobuf parse + decode + deriving rows ~70k spans per "
+    "CPU-second (decode ~100k, derive ~265k), the same plus the SQLite write (the ingest "
+    "service called directly) ~34k, through the app with an in-process HTTP client ~25k. So "
+    "the write and the decode each cost about as much as the 30k target allows for all of "
+    "ingest, and the server's HTTP path, thread hand-offs and (with workers) the bodies' and "
+    "rows' trips between processes take the rest: the served figure is 15-20k. Reaching 30k "
+    "needs the write and the decode each about twice as fast (fewer rows per span, or a "
+    "decoder that does not build a Python object per attribute); not done."
 )
 NOTES: dict[tuple[str, str], str] = {
     ("copy_bandwidth", "store_over_raw_contiguous"): _COPY,
