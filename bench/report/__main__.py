@@ -56,7 +56,8 @@ def standing_records(out_dir: Path) -> list[dict]:
 
 def write_report(out_dir: Path, machine: Machine, runs: list[BenchRun], command: str) -> Path:
     """README.md and the plots from a run's results (figure names as FIGURES has them now)."""
-    rows = build_rows(runs, standing_records(out_dir) + load(out_dir / "results.jsonl"))
+    rows = build_rows(runs, standing_records(out_dir) + load(out_dir / "results.jsonl"),
+                      quick="--quick" in command)  # fmt: skip
     plots = {
         "ratios": plot_ratios(rows, out_dir / "ratios.png"),
         "runs": plot_runs(runs, machine, out_dir / "runs.png"),

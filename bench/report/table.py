@@ -34,14 +34,18 @@ def _missing_why(run: BenchRun | None) -> str:
     return "not recorded"
 
 
-def build_rows(runs: list[BenchRun], records: list[dict]) -> list[Row]:
-    """FIGURES in order, then any recorded figure FIGURES does not list (last value wins)."""
+def build_rows(runs: list[BenchRun], records: list[dict], quick: bool | None = None) -> list[Row]:
+    """FIGURES in order, then any recorded figure FIGURES does not list (last value wins).
+    With `quick` given, a figure only the other size records is left out unless recorded."""
     latest: dict[tuple[str, str], dict] = {}
     for record in records:
         latest[(record["bench"], canonical(record["bench"], record["metric"]))] = record
     run_of = {run.name: run for run in runs}
+    other_size = {None: "", True: "full", False: "quick"}[quick]
     rows = [_expected_row(figure, latest.pop((figure.bench, figure.metric), None),
                           run_of.get(figure.bench)) for figure in FIGURES]  # fmt: skip
+    sized = {(f.bench, f.metric) for f in FIGURES if f.sizes == other_size}
+    rows = [row for row in rows if row.value is not None or (row.bench, row.metric) not in sized]
     for (bench, metric), record in latest.items():
         rows.append(Row(bench, metric, metric, record.get("unit", ""),
                         record.get("target", ""), float(record["value"]),

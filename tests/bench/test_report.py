@@ -8,6 +8,7 @@ from kvscope.bench.report.__main__ import run_report, write_report
 from kvscope.bench.report.benches import BENCHES, BenchSpec
 from kvscope.bench.report.figures import FIGURES, target_met
 from kvscope.bench.report.saved import load_run
+from kvscope.bench.report.table import build_rows
 from kvscope.bench.report.unmet import NOTES
 
 RECORDING = textwrap.dedent("""
@@ -59,6 +60,7 @@ def test_report_from_fake_benches(tmp_path: Path) -> None:
     assert "| bench failed |" in row_of(report, "ttft_hit_over_recompute_mid")
     assert "| bench timed out |" in row_of(report, "sqlite_timeline_p95_ms")
     assert "| not run |" in row_of(report, "ttft_over_stock")
+    assert "`ttft_over_single_mid`" not in report  # only full runs record it (the mid model)
     assert "### Other recorded figures" in report
     unmet = report[report.index("## Unmet targets") : report.index("## Benches")]
     assert "`load_over_raw_contiguous`** (copy_bandwidth, target >= 0.95): " in unmet
@@ -126,3 +128,13 @@ def test_ttft_against_prefix_length_is_plotted_from_the_recorded_medians(tmp_pat
     path = plot_ttft_vs_prefix(rows, tmp_path / "ttft.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert plot_ttft_vs_prefix(rows[-1:], tmp_path / "none.png") is None
+
+
+def test_a_full_report_leaves_out_what_only_quick_runs_record() -> None:
+    recorded = {"bench": "pd_latency", "metric": "ttft_over_stock_uniproc", "value": 0.4}
+    rows = {row.metric: row for row in build_rows([], [recorded], quick=False)}
+    assert "ttft_over_stock" not in rows and "ttft_over_single" not in rows  # tiny model
+    assert rows["ttft_over_stock_uniproc"].value == 0.4  # recorded anyway: shown
+    assert rows["ttft_over_single_mid"].missing_why == "not run"
+    assert "ttft_over_single_mid" not in {r.metric for r in build_rows([], [], quick=True)}
+    assert len(build_rows([], [])) == len(FIGURES)  # size unknown: every figure
