@@ -41,7 +41,15 @@ _INGEST = (
     "needs the write and the decode each about twice as fast (fewer rows per span, or a "
     "decoder that does not build a Python object per attribute); not done."
 )
+_INGEST_WALL = (
+    "The full size stores 1M spans: the rate falls as the database grows (rounds of 20k spans "
+    "at ~22k/s over the first 100k, 11-14k/s past 600k; the 60k-span comparisons in the same "
+    "run reach 19.7-21.3k/s), the B-trees' pages no longer in SQLite's 64 MiB page cache. The "
+    "OTel clients share the two cores (the run reached 0.79 of what the cores allow). Not tried: "
+    "a larger page cache or memory-mapped reads (PRAGMA mmap_size)."
+)
 NOTES: dict[tuple[str, str], str] = {
+    ("ingest", "sqlite_spans_per_s"): _INGEST_WALL,
     ("copy_bandwidth", "store_over_raw_contiguous"): _COPY,
     ("copy_bandwidth", "load_over_raw_contiguous"): _COPY,
     ("copy_bandwidth", "store_over_raw_scattered"): _COPY + _SCATTERED,
