@@ -1,6 +1,7 @@
 """Replayable OTLP bodies for the scale bench: one encoded template, rewritten per batch so
 every batch has its own traces, request ids, seq numbers and times (cheap: no SDK per span)."""
 
+import random
 import time
 
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
@@ -34,15 +35,21 @@ class Batches:
         request = pb.ExportTraceServiceRequest()
         request.CopyFrom(self.template)
         shift = self.t0 + batch * self.requests * REQUEST_EVERY_NS
-        prefix = batch.to_bytes(8, "big")
+        # Random trace ids, as OTel makes them (their unique index takes random inserts; ids
+        # that grow with the batch would make it append-only and the fill look cheaper).
+        rng = random.Random(batch)
+        trace_ids: dict[bytes, bytes] = {}
         for resource_spans in request.resource_spans:
             for scope_spans in resource_spans.scope_spans:
                 for span in scope_spans.spans:
-                    self._move(span, batch, prefix, shift)
+                    new_id = trace_ids.get(span.trace_id)
+                    if new_id is None:
+                        new_id = trace_ids[span.trace_id] = rng.randbytes(16)
+                    self._move(span, batch, new_id, shift)
         return request.SerializeToString()
 
-    def _move(self, span, batch: int, prefix: bytes, shift: int) -> None:
-        span.trace_id = prefix + span.trace_id[8:]  # span and parent ids stay: per trace
+    def _move(self, span, batch: int, trace_id: bytes, shift: int) -> None:
+        span.trace_id = trace_id  # span and parent ids stay: per trace
         span.start_time_unix_nano += shift
         span.end_time_unix_nano += shift
         for event in span.events:

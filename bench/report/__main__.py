@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from kvscope.bench.report.benches import BENCHES, BenchSpec
+from kvscope.bench.report.figures import FIGURES, canonical
 from kvscope.bench.report.machine import REPO, Machine
 from kvscope.bench.report.markdown import render
 from kvscope.bench.report.plots import plot_ratios, plot_runs, plot_ttft_vs_prefix
@@ -46,12 +47,19 @@ def run_report(
 
 
 STANDING = "scale_10m*.jsonl"
-"""Figures of runs too long for a report run (the 10M-span fill), kept beside the report; the
-run's own figures of the same name win."""
+"""Figures of runs too long for a report run (the 10M-span fill), kept beside the report: they
+fill expected rows the run did not record; the run's own figures of the same name win."""
 
 
 def standing_records(out_dir: Path) -> list[dict]:
-    return [record for path in sorted(out_dir.glob(STANDING)) for record in load(path)]
+    """The standing files' records of expected figures (their other figures stay in them)."""
+    expected = {(figure.bench, figure.metric) for figure in FIGURES}
+    return [
+        record
+        for path in sorted(out_dir.glob(STANDING))
+        for record in load(path)
+        if (record["bench"], canonical(record["bench"], record["metric"])) in expected
+    ]
 
 
 def write_report(out_dir: Path, machine: Machine, runs: list[BenchRun], command: str) -> Path:

@@ -42,11 +42,17 @@ _INGEST = (
     "decoder that does not build a Python object per attribute); not done."
 )
 _INGEST_WALL = (
-    "The full size stores 1M spans: the rate falls as the database grows (rounds of 20k spans "
-    "at ~22k/s over the first 100k, 11-14k/s past 600k; the 60k-span comparisons in the same "
-    "run reach 19.7-21.3k/s), the B-trees' pages no longer in SQLite's 64 MiB page cache. The "
-    "OTel clients share the two cores (the run reached 0.79 of what the cores allow). Not tried: "
-    "a larger page cache or memory-mapped reads (PRAGMA mmap_size)."
+    "The full size stores 1M spans and the rate falls as the database grows (rounds of 20k "
+    "spans at ~22k/s over the first 100k, 11-14k/s past 600k; the 60k-span comparisons in the "
+    "same run reach 19.7-21.3k/s). Measured after the run, the backend alone in one process: "
+    "with OTel's random trace ids its CPU per span grows until ~500k spans (19.5k -> 13.5k "
+    "spans/CPU-s) and then holds; with trace ids that grow batch by batch it holds at ~23k. "
+    "The unique (trace_id, span_id) index takes random inserts and outgrows SQLite's 64 MiB "
+    "page cache (timelines read spans by trace id, so the index stays); a 256 MiB cache gave "
+    "16-17.6k at 1M. Not changed: a larger cache costs memory per connection and only moves "
+    "the knee; trace ids stored as 16 bytes rather than 32 hex characters would shrink the "
+    "index, with a migration. The OTel clients share the two cores (the run reached 0.79 of "
+    "what the cores allow)."
 )
 NOTES: dict[tuple[str, str], str] = {
     ("ingest", "sqlite_spans_per_s"): _INGEST_WALL,
@@ -63,12 +69,18 @@ NOTES: dict[tuple[str, str], str] = {
 
 
 def unmet_section(rows: list[Row]) -> list[str]:
-    """One paragraph per expected figure with a value that misses its target."""
+    """One paragraph per note, naming the expected figures with a value that miss their
+    target and share it (the four copy ratios have one)."""
     unmet = [row for row in rows if row.expected and row.met is False]
     if not unmet:
         return []
-    lines = ["## Unmet targets: what was tried, what limits them", ""]
+    by_note: dict[str, list[Row]] = {}
     for row in unmet:
         note = NOTES.get((row.bench, row.metric), "no note yet: nobody has looked into it.")
-        lines += [f"- **`{row.metric}`** ({row.bench}, target {row.target}): {note}"]
+        by_note.setdefault(note, []).append(row)
+    lines = ["## Unmet targets: what was tried, what limits them", ""]
+    for note, named in by_note.items():
+        metrics = ", ".join(f"`{row.metric}`" for row in named)
+        targets = ", ".join(dict.fromkeys(row.target for row in named))
+        lines += [f"- **{metrics}** ({named[0].bench}, target {targets}): {note}"]
     return [*lines, ""]

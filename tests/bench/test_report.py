@@ -1,10 +1,11 @@
 """The benchmark report on fake benches: figure table, failed and timed-out rows, plots."""
 
+import json
 import sys
 import textwrap
 from pathlib import Path
 
-from kvscope.bench.report.__main__ import run_report, write_report
+from kvscope.bench.report.__main__ import run_report, standing_records, write_report
 from kvscope.bench.report.benches import BENCHES, BenchSpec
 from kvscope.bench.report.figures import FIGURES, target_met
 from kvscope.bench.report.saved import load_run
@@ -138,3 +139,10 @@ def test_a_full_report_leaves_out_what_only_quick_runs_record() -> None:
     assert rows["ttft_over_single_mid"].missing_why == "not run"
     assert "ttft_over_single_mid" not in {r.metric for r in build_rows([], [], quick=True)}
     assert len(build_rows([], [])) == len(FIGURES)  # size unknown: every figure
+
+
+def test_standing_files_fill_only_expected_figures(tmp_path: Path) -> None:
+    lines = [{"bench": "scale", "metric": "sqlite_summary_p95_ms_10m", "value": 30.0},
+             {"bench": "scale", "metric": "sqlite_summary_p95_ms_1m", "value": 20.0}]  # fmt: skip
+    (tmp_path / "scale_10m_followup.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert [r["metric"] for r in standing_records(tmp_path)] == ["sqlite_summary_p95_ms_10m"]
