@@ -18,7 +18,7 @@ SECONDS_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
 BYTES_BUCKETS = tuple(2.0**power for power in range(12, 33, 2))  # 4 KiB .. 4 GiB
 
 
-def metric_types(given: dict) -> dict:
+def _with_defaults(given: dict) -> dict:
     """vLLM's metric classes (multiprocess-aware) over prometheus_client's defaults."""
     return {Counter: Counter, Gauge: Gauge, Histogram: Histogram, **given}
 
@@ -27,12 +27,14 @@ class SchemaPromMetrics(KVConnectorPromMetrics):
     """One labelled child per engine (and per cause and outcome), made up front.
 
     `counters` and `gauges` map stats keys to their help text; `prefix` starts every name.
+    A connector's build_prom_metrics returns its subclass made with vLLM's four arguments.
     """
 
     def __init__(self, vllm_config, metric_types, labelnames, per_engine_labelvalues, *,
                  prefix: str, schema: StatsSchema, counters: dict[str, str],
                  gauges: dict[str, str]):  # fmt: skip
-        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        types = _with_defaults(metric_types)
+        super().__init__(vllm_config, types, labelnames, per_engine_labelvalues)
         self.prefix, self.schema = prefix, schema
         self.counters = {key: self.per_engine(self._counter_cls, key, doc)
                          for key, doc in counters.items()}  # fmt: skip

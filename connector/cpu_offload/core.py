@@ -158,8 +158,9 @@ class CpuOffloadCore(KVConnectorBase_V1, SupportsHMA):
 
     @classmethod
     def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
-        return prom.build_prom_metrics(vllm_config, metric_types, labelnames,
-                                       per_engine_labelvalues)  # fmt: skip
+        return prom.OffloadPromMetrics(
+            vllm_config, metric_types, labelnames, per_engine_labelvalues
+        )
 
     def shutdown(self) -> None:
         if self.worker is not None:

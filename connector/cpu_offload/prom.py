@@ -7,7 +7,6 @@ from kvscope.connector.common.schema_prom import (
     BYTES_BUCKETS,
     SECONDS_BUCKETS,
     SchemaPromMetrics,
-    metric_types,
 )
 from kvscope.connector.cpu_offload.stats import SCHEMA
 
@@ -76,9 +75,3 @@ class OffloadPromMetrics(SchemaPromMetrics):
                 self.transfer_bytes[engine_idx, path].observe(sample)
         for sample in histograms.get("kv_wait_seconds", ()):
             self.kv_wait[engine_idx].observe(sample)
-
-
-def build_prom_metrics(vllm_config, metric_types_given, labelnames, per_engine_labelvalues):
-    """Given to vLLM by CpuOffloadCore.build_prom_metrics (and so by the facade and the Multi)."""
-    return OffloadPromMetrics(vllm_config, metric_types(metric_types_given), labelnames,
-                              per_engine_labelvalues)  # fmt: skip

@@ -7,7 +7,6 @@ from kvscope.connector.common.schema_prom import (
     BYTES_BUCKETS,
     SECONDS_BUCKETS,
     SchemaPromMetrics,
-    metric_types,
 )
 from kvscope.connector.p2p.stats import SCHEMA
 
@@ -68,9 +67,3 @@ class P2PPromMetrics(SchemaPromMetrics):
                              ("kv_wait_seconds", self.kv_wait)):  # fmt: skip
             for sample in histograms.get(name, ()):
                 metric[engine_idx].observe(sample)
-
-
-def build_prom_metrics(vllm_config, metric_types_given, labelnames, per_engine_labelvalues):
-    """Given to vLLM by P2PCore.build_prom_metrics (and so by the facade and the Multi)."""
-    return P2PPromMetrics(vllm_config, metric_types(metric_types_given), labelnames,
-                          per_engine_labelvalues)  # fmt: skip

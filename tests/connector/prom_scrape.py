@@ -1,6 +1,7 @@
 """Prometheus samples as a scraper reads them (prometheus_client's parser): from a registry in
 the test process, or from a vLLM server's /metrics."""
 
+import functools
 import time
 
 import httpx
@@ -15,6 +16,13 @@ def parsed(text: str) -> dict[str, list[tuple[dict, float]]]:
         for sample in family.samples:
             found.setdefault(sample.name, []).append((sample.labels, sample.value))
     return found
+
+
+def registry_types() -> tuple[prometheus_client.CollectorRegistry, dict]:
+    """A fresh registry and the metric classes bound to it, as vLLM hands metric_types over."""
+    registry = prometheus_client.CollectorRegistry()
+    kinds = (prometheus_client.Gauge, prometheus_client.Counter, prometheus_client.Histogram)
+    return registry, {kind: functools.partial(kind, registry=registry) for kind in kinds}
 
 
 def scrape_registry(registry: prometheus_client.CollectorRegistry) -> dict[str, list]:

@@ -1,11 +1,9 @@
 """The offload connector's stats, Prometheus metrics and host-tier KV events, without an engine:
 stats through msgpack and vLLM's logger, metrics read back with prometheus_client's parser."""
 
-import functools
 from types import SimpleNamespace
 
 import msgspec
-import prometheus_client
 import pytest
 from vllm import SamplingParams
 from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVEventBatch
@@ -33,7 +31,7 @@ from tests.connector.cpu_offload.test_offload_ranks import (
     start_load,
     store_prompt,
 )
-from tests.connector.prom_scrape import exactly, scrape_registry
+from tests.connector.prom_scrape import exactly, registry_types, scrape_registry
 
 LABELS = {"model_name": "tiny", "engine": "0"}
 
@@ -110,12 +108,6 @@ def test_stats_of_another_version_or_shape_are_refused():
         CpuOffloadConnector.build_kv_connector_stats(
             {"version": 1, "counters": {"bogus": 1}, "gauges": {}, "histograms": {},
              "failures": {}})  # fmt: skip
-
-
-def registry_types():
-    registry = prometheus_client.CollectorRegistry()
-    kinds = (prometheus_client.Gauge, prometheus_client.Counter, prometheus_client.Histogram)
-    return registry, {kind: functools.partial(kind, registry=registry) for kind in kinds}
 
 
 def value(found: dict, name: str, **labels: str) -> float:

@@ -1,10 +1,8 @@
 """The P2P connector's stats and Prometheus metrics without an engine: both halves' reports,
 through msgpack and vLLM's logger, read back with prometheus_client's parser."""
 
-import functools
 from types import SimpleNamespace
 
-import prometheus_client
 import pytest
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorLogging
 from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
@@ -16,7 +14,7 @@ from kvscope.connector.p2p.metadata import P2PWorkerMeta
 from kvscope.connector.p2p.scheduler import P2PScheduler
 from kvscope.connector.p2p.stats import P2PStats
 from tests.connector.p2p.test_p2p_protocol import BLOCK, Request, prefilled
-from tests.connector.prom_scrape import exactly, scrape_registry
+from tests.connector.prom_scrape import exactly, registry_types, scrape_registry
 
 LABELS = {"model_name": "tiny", "engine": "0"}
 READ_BYTES = 3 * 65536
@@ -108,9 +106,7 @@ def value(found: dict, name: str, **labels: str) -> float:
 
 def test_prometheus_metrics_carry_vllms_labels_and_both_halves_values():
     stats = worker_report().aggregate(scheduler_report(decode_with_three_lookups()))
-    registry = prometheus_client.CollectorRegistry()
-    kinds = (prometheus_client.Gauge, prometheus_client.Counter, prometheus_client.Histogram)
-    types = {kind: functools.partial(kind, registry=registry) for kind in kinds}
+    registry, types = registry_types()
     vllm_config = SimpleNamespace(kv_transfer_config=SimpleNamespace(kv_connector_extra_config={}))
     metrics = P2PConnector.build_prom_metrics(
         vllm_config, types, ["model_name", "engine"], {0: ["tiny", "0"]}
