@@ -40,8 +40,11 @@ else
     step "removing packages that cannot import beside the CPU torch"
     "$VENV/bin/pip" uninstall --yes --quiet torchvision torchaudio torchcodec triton 2>/dev/null || true
   fi
-  step "installing NIXL $NIXL_VERSION (no CUDA libraries pulled)"
-  "${PIP[@]}" --no-deps "nixl==$NIXL_VERSION" "nixl-cu12==$NIXL_VERSION"
+  # NIXL's native libraries link one CUDA major: match the torch just installed (CPU: cu12).
+  torch_cuda_major=$("$VENV/bin/python" -c "import torch; print((torch.version.cuda or '12').split('.')[0])")
+  nixl_backend="nixl-cu$torch_cuda_major"
+  step "installing NIXL $NIXL_VERSION ($nixl_backend; no CUDA libraries pulled)"
+  "${PIP[@]}" --no-deps "nixl==$NIXL_VERSION" "$nixl_backend==$NIXL_VERSION"
   step "installing kvscope and its dependencies"
   "${PIP[@]}" -e ".[dev]"
   echo "$want" >"$STAMP"

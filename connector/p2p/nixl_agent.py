@@ -1,25 +1,74 @@
-"""Creating a NIXL agent over a KV layout, and NIXL's naming and clean-up quirks."""
+"""Creating a NIXL agent over a KV layout: NIXL's package for this torch, naming and clean-up."""
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import uuid
-from typing import Any
+from types import ModuleType
+from typing import Any, Final
 
-from nixl._api import nixl_agent, nixl_agent_config
+import torch
 
 from kvscope.connector.p2p.layout import KVLayout
 
 logger = logging.getLogger(__name__)
 
+NIXL_VERSION: Final = "1.5.1"
+"""The NIXL release kvscope is tested with (scripts/setup.sh installs it)."""
+CPU_TORCH_PACKAGE: Final = "nixl_cu12"
+"""NIXL's package beside a CPU torch: its UCX backend moves host memory without CUDA."""
+
+
+def nixl_package(torch_cuda: str | None) -> str:
+    """NIXL's backend package for a torch built for CUDA `torch_cuda` (e.g. '13.0'; None: CPU).
+
+    NIXL's native libraries link one CUDA major, so beside a cu13 torch only nixl_cu13 loads."""
+    if not torch_cuda:
+        return CPU_TORCH_PACKAGE
+    major = torch_cuda.split(".")[0]
+    if not major.isdigit():
+        raise ValueError(f"torch reports CUDA {torch_cuda!r}: expected a version like '13.0'")
+    return f"nixl_cu{major}"
+
+
+def install_command(package: str) -> str:
+    """The pip line that installs a NIXL backend package without pulling a second torch."""
+    return f"pip install --no-deps {package.replace('_', '-')}=={NIXL_VERSION}"
+
+
+def load_nixl_api() -> ModuleType:
+    """NIXL's Python API from the package matching torch's CUDA build (torch.version.cuda).
+
+    Imported directly rather than through the `nixl` meta package, so that the error names the
+    one package to install."""
+    package = nixl_package(torch.version.cuda)
+    try:
+        return importlib.import_module(f"{package}._api")
+    except ModuleNotFoundError as exc:
+        if exc.name not in (package, f"{package}._api"):
+            raise
+        raise ImportError(
+            f"the P2P connector needs NIXL's {package} package for this torch (CUDA"
+            f" {torch.version.cuda or 'none: CPU build'}): {install_command(package)}"
+        ) from None
+
 
 def new_agent(engine_id: str, tp_rank: int) -> tuple[Any, str]:
-    """A UCX agent without NIXL's progress thread (it spins a whole core even when idle)."""
+    """A UCX agent without NIXL's progress thread (it spins a whole core even when idle).
+
+    NIXL serialises the agent's own calls (STRICT): handshakes add peers from a background
+    thread while the engine and poller threads read and progress."""
+    api = load_nixl_api()
     # Unique per process start: loading bad metadata under a name poisons that name in peers.
     name = f"kvscope-{engine_id}-tp{tp_rank}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    config = nixl_agent_config(enable_prog_thread=False, backends=["UCX"])
-    return nixl_agent(name, config), name
+    config = api.nixl_agent_config(
+        enable_prog_thread=False,
+        backends=["UCX"],
+        sync_mode=api.nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT,
+    )
+    return api.nixl_agent(name, config), name
 
 
 def register_layout(agent: Any, layout: KVLayout) -> tuple[Any, dict[bool, Any]]:

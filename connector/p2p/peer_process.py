@@ -115,15 +115,15 @@ def _serve_raw(
     args: argparse.Namespace, kv_caches: dict[str, torch.Tensor], shape: FakeKVShape
 ) -> tuple[Any, str, Any]:
     """Plain nixl_agent calls, no kvscope transport: the baselines of bench/nixl_bandwidth."""
-    from nixl._api import nixl_agent, nixl_agent_config
-
     from kvscope.connector.p2p.layout import KVLayout
+    from kvscope.connector.p2p.nixl_agent import load_nixl_api
     from kvscope.connector.p2p.side_channel import PeerInfo, SideChannelServer
 
     layout = KVLayout.from_layer_tensors(args.engine_id, kv_caches, kv_layout=shape.kv_layout)
     agent_name = f"raw-{args.engine_id}-{os.getpid()}"
     progress_thread = args.raw == RAW_PROGRESS_THREAD
-    agent = nixl_agent(agent_name, nixl_agent_config(enable_prog_thread=progress_thread))
+    api = load_nixl_api()
+    agent = api.nixl_agent(agent_name, api.nixl_agent_config(enable_prog_thread=progress_thread))
     regions = [(a, n, 0, "") for a, n in layout.registration_regions()]
     agent.register_memory(regions, "DRAM")
     server = SideChannelServer(port=args.port)
