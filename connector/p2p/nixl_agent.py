@@ -12,6 +12,7 @@ from typing import Any, Final
 import torch
 
 from kvscope.connector.p2p.layout import KVLayout
+from kvscope.connector.p2p.results import PeerRejectedError
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +85,29 @@ def register_layout(agent: Any, layout: KVLayout) -> tuple[Any, dict[bool, Any]]
         if offered
     }
     return registered, local_dlists
+
+
+def prepare_peer(
+    agent: Any, own_name: str, agent_metadata: bytes, layout: KVLayout, per_block: bool
+) -> tuple[str, Any]:
+    """NIXL's part of a handshake: load the peer's agent, prepare its blocks' descriptors (per
+    block or per layer page, as both sides share), connect. Returns its name and descriptors."""
+    try:
+        name = as_str(agent.add_remote_agent(agent_metadata))
+        if name == own_name:
+            raise PeerRejectedError("the peer's metadata is our own agent's")
+        remote_dlist = agent.prep_xfer_dlist(
+            name, layout.descriptor_array(per_block), layout.memory_kind
+        )
+        agent.make_connection(name)
+    except PeerRejectedError:
+        raise
+    except Exception as exc:
+        raise PeerRejectedError(
+            f"NIXL refused the metadata of engine {layout.engine_id!r} "
+            f"({type(exc).__name__}: {exc}): handshake again with a live peer"
+        ) from None
+    return name, remote_dlist
 
 
 def as_str(name: str | bytes) -> str:

@@ -71,12 +71,23 @@ class BlockPuller:
                 self._begin_handshake(key, item)
 
     def _begin_handshake(self, key: PeerKey, item: BlockPull | BlockRelease) -> None:
-        host, port, _ = key  # the peer's rank 0 port, from its kv_transfer_params
+        """The whole handshake runs in the executor: with LB* layouts NIXL prepares layers x
+        blocks descriptors for the peer (millions on a large GPU), which would stall a step.
+        Requests for the peer wait in `waiting`; poll() picks the result up."""
         timeout_s = min(self.config.handshake_timeout_s, max(self._time_left(item), 0.1))
-        future = self._executor.submit(
-            fetch_peer_info, host, port + self.tp_rank, self.tp_rank, timeout_s
-        )
+        future = self._executor.submit(self._handshake, key, timeout_s)
         self._handshakes[key] = _Handshake(future, time.monotonic(), [item])
+
+    def _handshake(self, key: PeerKey, timeout_s: float) -> str:
+        """Fetch the peer's agent and layout over the side channel and add it: its agent name."""
+        host, port, engine_id = key  # the peer's rank 0 port, from its kv_transfer_params
+        info: PeerInfo = fetch_peer_info(host, port + self.tp_rank, self.tp_rank, timeout_s)
+        if info.layout.engine_id != engine_id:
+            raise TransportError(
+                f"side channel {host}:{port} serves engine {info.layout.engine_id!r},"
+                f" not {engine_id!r}: the prefill server restarted or the port is reused"
+            )
+        return self.transport.add_peer(info.agent_metadata, info.layout)
 
     def poll(self) -> set[str]:
         """finished_recving: pulls that ended (failed ones also name their blocks as errors)."""
@@ -93,13 +104,7 @@ class BlockPuller:
     def _end_handshake(self, key: PeerKey, handshake: _Handshake) -> None:
         first = handshake.waiting[0]
         try:
-            info: PeerInfo = handshake.future.result()
-            if info.layout.engine_id != key[2]:
-                raise TransportError(
-                    f"side channel {key[0]}:{key[1]} serves engine {info.layout.engine_id!r},"
-                    f" not {key[2]!r}: the prefill server restarted or the port is reused"
-                )
-            agent = self.transport.add_peer(info.agent_metadata, info.layout)
+            agent = handshake.future.result()
         except Exception as exc:  # SideChannelError, PeerRejectedError (layout), TransportError
             cause = f"handshake failed: {exc}"
             record_handshake(first.req_id, key, handshake.started, time.monotonic(), cause)

@@ -11,7 +11,13 @@ from typing import Any
 import torch
 
 from kvscope.connector.p2p.layout import BlockMapping, KVLayout, check_compatible
-from kvscope.connector.p2p.nixl_agent import as_str, new_agent, register_layout, try_cleanup
+from kvscope.connector.p2p.nixl_agent import (
+    as_str,
+    new_agent,
+    prepare_peer,
+    register_layout,
+    try_cleanup,
+)
 from kvscope.connector.p2p.notif_inbox import NotifInbox
 from kvscope.connector.p2p.pacing import TransportConfig, next_poll_delay
 from kvscope.connector.p2p.poller import PollerStats, ProgressPoller
@@ -58,7 +64,8 @@ class NixlTransport:
         )
         self._kv_caches = dict(kv_caches)  # registered memory must outlive the agent's use of it
         self.config = config or TransportConfig()
-        self._lock = threading.Condition()  # NIXL calls and our state; agent sync mode is NONE
+        self._lock = threading.Condition()  # our state, and NIXL calls on the engine's path
+        self._setup_lock = threading.Lock()  # handshakes (slow NIXL calls) outside self._lock
         self._agent, self.agent_name = new_agent(engine_id, tp_rank)
         self._registered, self._local_dlists = register_layout(self._agent, self.layout)
         self._peers: dict[str, _Peer] = {}
@@ -77,31 +84,31 @@ class NixlTransport:
             return PeerInfo(self.agent_name, self._agent.get_agent_metadata(), self.layout)
 
     def add_peer(self, agent_metadata: bytes, layout: KVLayout) -> str:
-        """Accept a peer's agent; returns its name, the `peer` of later calls."""
+        """Accept a peer's agent; returns its name, the `peer` of later calls.
+
+        Slow: NIXL loads the peer's metadata, prepares its descriptors (layers x blocks of
+        them with LB* layouts) and connects. Call it off the engine thread (BlockPuller does):
+        the transport lock is taken only to record the peer, so reads, polls and notifications
+        of other peers go on meanwhile (NIXL serialises its own calls, see new_agent)."""
         try:
             mapping = check_compatible(self.layout, layout)
         except ValueError as exc:
             raise PeerRejectedError(str(exc)) from None
-        with self._lock:
+        with self._setup_lock:  # one handshake at a time: a re-added name replaces its handle
             self._check_open()
-            try:
-                name = as_str(self._agent.add_remote_agent(agent_metadata))
-                if name == self.agent_name:
-                    raise PeerRejectedError("the peer's metadata is our own agent's")
-                if name in self._peers:
-                    self._agent.release_dlist_handle(self._peers.pop(name).remote_dlist)
-                remote_dlist = self._agent.prep_xfer_dlist(
-                    name, layout.descriptor_array(mapping.per_block), layout.memory_kind
-                )
-                self._agent.make_connection(name)
-            except PeerRejectedError:
-                raise
-            except Exception as exc:
-                raise PeerRejectedError(
-                    f"NIXL refused the metadata of engine {layout.engine_id!r} "
-                    f"({type(exc).__name__}: {exc}): handshake again with a live peer"
-                ) from None
-            self._peers[name] = _Peer(name, layout, mapping, remote_dlist)
+            name, remote_dlist = prepare_peer(
+                self._agent, self.agent_name, agent_metadata, layout, mapping.per_block
+            )
+            with self._lock:
+                replaced = self._peers.pop(name, None)
+                if not self._closed:
+                    self._peers[name] = _Peer(name, layout, mapping, remote_dlist)
+            if replaced is not None:
+                try_cleanup(self._agent.release_dlist_handle, replaced.remote_dlist)
+            if self._closed:  # closed while NIXL prepared it: nothing may use it now
+                try_cleanup(self._agent.release_dlist_handle, remote_dlist)
+                try_cleanup(self._agent.remove_remote_agent, name)
+                raise TransportError("the transport was closed during the handshake")
         self._poller.keep_hot(self.config.hot_after_activity_s)
         return name
 
