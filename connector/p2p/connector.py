@@ -12,12 +12,15 @@ handshake_timeout_s (see config.P2PConfig), and tier_health: {"failures_to_bypas
 "bypass_s": 2.0, ...} for the breaker of each prefill peer (connector/common/tier_health.py).
 """
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import SupportsHMA
 
 from kvscope.connector.p2p.core import P2PCore
 from kvscope.traces.instrumented import InstrumentedConnector
+
+if TYPE_CHECKING:
+    from vllm.config import KVTransferConfig
 
 
 class P2PConnector(InstrumentedConnector, SupportsHMA):
@@ -30,6 +33,11 @@ class P2PConnector(InstrumentedConnector, SupportsHMA):
     @classmethod
     def inner_class(cls, extra_config: dict[str, Any]) -> type[P2PCore]:
         return P2PCore
+
+    @classmethod
+    def supports_sleep_mode(cls, kv_transfer_config: "KVTransferConfig") -> bool:
+        """False: P2P cannot yet re-register its KV cache with peers after wake-up (P2PCore)."""
+        return P2PCore.supports_sleep_mode(kv_transfer_config)
 
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None):

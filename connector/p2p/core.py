@@ -1,6 +1,6 @@
 """P2PCore: the untraced P2P connector; builds the half for its role and delegates each hook."""
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
@@ -22,6 +22,9 @@ from kvscope.connector.p2p.stats import P2PStats
 from kvscope.connector.p2p.vllm_layout import preferred_layout, resolved_layout, tensor_strides
 from kvscope.connector.p2p.worker import P2PWorker
 from kvscope.traces.outcomes import outcome_of_policy
+
+if TYPE_CHECKING:
+    from vllm.config import KVTransferConfig
 
 
 class P2PCore(KVConnectorBase_V1, SupportsHMA):
@@ -68,6 +71,13 @@ class P2PCore(KVConnectorBase_V1, SupportsHMA):
     def get_required_kvcache_layout(cls, vllm_config: Any) -> str | None:
         """Asked by vLLM's resolve_kv_cache_layout, as it asks stock NIXL (vllm_layout)."""
         return preferred_layout(vllm_config)
+
+    @classmethod
+    def supports_sleep_mode(cls, kv_transfer_config: "KVTransferConfig") -> bool:
+        """False, so vLLM (0.33+) refuses sleep mode with P2P: sleep frees the KV cache and wake
+        maps new pages, and P2P cannot yet deregister, register the new pages and tell its peers
+        a new registration generation; peers would READ the old pages."""
+        return False
 
     @classmethod
     def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
@@ -122,6 +132,23 @@ class P2PCore(KVConnectorBase_V1, SupportsHMA):
             getattr(kv_cache_config, "num_blocks", None),
             tensor_strides(kv_cache_config, list(kv_caches)),
         )
+
+    def unregister_kv_caches(self) -> None:
+        """vLLM 0.33's sleep hook; refused (see supports_sleep_mode) rather than left to serve
+        pages that sleep frees."""
+        raise RuntimeError(
+            "the P2P connector cannot follow sleep mode (it cannot re-register the KV cache"
+            " with its peers yet): start the engine without --enable-sleep-mode"
+        )
+
+    def restore_kv_caches(self) -> None:
+        """vLLM 0.33's wake hook; refused like unregister_kv_caches."""
+        self.unregister_kv_caches()
+
+    def set_xfer_handshake_metadata(self, metadata: dict) -> None:
+        """Ignored, so vLLM may send it again (it does after wake-up): P2P's peers handshake
+        over its own side channel whenever a request names a peer it does not know."""
+        return None
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         metadata = self._get_connector_metadata()
