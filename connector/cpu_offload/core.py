@@ -1,6 +1,6 @@
 """CpuOffloadCore: the untraced connector; builds the half for its role and delegates each hook."""
 
-from typing import Any
+from typing import Any, Final
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
@@ -13,7 +13,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvscope.connector.common.faults import FaultInjector
 from kvscope.connector.common.host_pool import KVNamespace, num_host_blocks
-from kvscope.connector.common.kv_layout import distinct_kv_memories
+from kvscope.connector.common.kv_layout import distinct_kv_memories, layout_name
 from kvscope.connector.cpu_offload import prom
 from kvscope.connector.cpu_offload.config import OffloadConfig
 from kvscope.connector.cpu_offload.groups import KVGroups, layers_per_block
@@ -22,6 +22,14 @@ from kvscope.connector.cpu_offload.scheduler import OffloadScheduler
 from kvscope.connector.cpu_offload.stats import IntervalReporter, OffloadStats
 from kvscope.connector.cpu_offload.worker import OffloadWorker
 from kvscope.traces.outcomes import outcome_of_policy
+
+PREFERRED_LAYOUT: Final = "LBHNC"
+"""Layers outermost, then blocks, heads before tokens: a block of one layer is one contiguous
+run. The per-layer views of LBNHC, CUDA's default, are not: every copy goes through a gather."""
+EXTRA_LAYOUT: Final = "kv_cache_layout"
+"""kv_connector_extra_config key overriding PREFERRED_LAYOUT ("none": state no preference)."""
+SLEEP_DRAIN_TIMEOUT_S: Final = 30.0
+"""How long unregister_kv_caches lets a copy run before cancelling it (and waiting for it)."""
 
 
 class CpuOffloadCore(KVConnectorBase_V1, SupportsHMA):
@@ -106,6 +114,29 @@ class CpuOffloadCore(KVConnectorBase_V1, SupportsHMA):
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
         self.worker.register(distinct_kv_memories(kv_caches, self._kv_cache_config))
 
+    def unregister_kv_caches(self) -> None:
+        """vLLM 0.33's sleep mode, before it unmaps the KV cache: every copy ends, none starts."""
+        self.worker.sleep(SLEEP_DRAIN_TIMEOUT_S)
+
+    def restore_kv_caches(self) -> None:
+        """After wake-up: the KV cache is mapped back at the same addresses; copies may run."""
+        self.worker.wake_up()
+
+    @classmethod
+    def supports_sleep_mode(cls, kv_transfer_config: Any) -> bool:
+        """True: unregister_kv_caches drains the copies and restore_kv_caches re-arms them."""
+        return True
+
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config: Any) -> str | None:
+        return preferred_layout(vllm_config)
+
+    @classmethod
+    def yields_kv_cache_layout(cls) -> bool:
+        """True: the copies serve any layout, so beside a connector that needs another one
+        (P2P's BLNHC in a Multi) this preference should give way rather than refuse."""
+        return True
+
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         self.worker.start_loads(self._metadata())
 
@@ -170,6 +201,23 @@ class CpuOffloadCore(KVConnectorBase_V1, SupportsHMA):
         metadata = self._get_connector_metadata()
         assert isinstance(metadata, OffloadMetadata), type(metadata)
         return metadata
+
+
+def preferred_layout(vllm_config: Any) -> str | None:
+    """LBHNC on CUDA-alike devices (vLLM's own offloader asks for it); None on the CPU, whose
+    attention backend reads only LBHNC (a preference would only warn), and for MLA, whose
+    pages have no heads to order. Any layout works: vLLM drops it, warning, when the backends
+    cannot use it. The extra config key kv_cache_layout overrides it ("none": no preference)."""
+    model_config = getattr(vllm_config, "model_config", None)
+    if model_config is None or getattr(model_config, "use_mla", False):
+        return None
+    extra = getattr(vllm_config.kv_transfer_config, "kv_connector_extra_config", None) or {}
+    asked = extra.get(EXTRA_LAYOUT)
+    if asked is not None:
+        return None if str(asked).lower() == "none" else layout_name(asked)
+    from vllm.platforms import current_platform
+
+    return None if current_platform.is_cpu() else PREFERRED_LAYOUT
 
 
 def kv_events_enabled(vllm_config: Any) -> bool:

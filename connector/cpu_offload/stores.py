@@ -42,7 +42,7 @@ class StorePlanning:
         store_id = next(self._store_ids)
         self._stores[store_id] = PlannedStore(
             req_id, list(reservation.host_block_ids), list(reservation.block_keys),
-            [b.group_id for b in reserved], self._hold_window_blocks(block_pool, reserved, device),
+            [b.group_id for b in reserved], self._hold_device_blocks(block_pool, device),
             block_pool,
         )  # fmt: skip
         state.stores_in_flight.add(store_id)
@@ -66,14 +66,16 @@ class StorePlanning:
             self._host_block_group[host_block_id] = of_key[key].group_id
         return reservation
 
-    def _hold_window_blocks(self, block_pool: Any, blocks: list[GroupBlock], device: tuple):
-        """Takes a reference on the sliding-window blocks a store reads (vLLM's touch), so the
-        window moving on does not hand them to another request before the copy ends."""
-        window_groups = {g.group_id for g in self.groups.groups if g.window_blocks is not None}
-        if block_pool is None or not window_groups:
+    def _hold_device_blocks(self, block_pool: Any, device: tuple[int, ...]) -> list[Any]:
+        """Takes a reference on every device block a store reads (vLLM's touch), released when
+        every rank reported the store: vLLM cannot hand them to another request before the
+        copy ends. A preemption frees a request's blocks to the next allocation of the same
+        schedule, and model runner V2 zeroes and copies-on-write new blocks (update_requests)
+        before any connector hook of that step; a sliding window frees its old blocks while
+        the request runs. A wait in handle_preemptions would come too late for V2."""
+        if block_pool is None:
             return []
-        held = [block_pool.blocks[block_id] for b, block_id in zip(blocks, device, strict=True)
-                if b.group_id in window_groups]  # fmt: skip
+        held = [block_pool.blocks[block_id] for block_id in device]
         block_pool.touch(held)
         return held
 

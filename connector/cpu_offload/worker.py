@@ -13,6 +13,7 @@ from kvscope.connector.common.copy_engine import CopyResult, Direction, make_cop
 from kvscope.connector.common.faults import FaultInjector
 from kvscope.connector.common.host_buffer import BlockLayout, HostBuffer, find_block_dim
 from kvscope.connector.cpu_offload.config import OffloadConfig
+from kvscope.connector.cpu_offload.kernel_blocks import group_layers
 from kvscope.connector.cpu_offload.metadata import BlockTransfer, OffloadMetadata, OffloadWorkerMeta
 from kvscope.connector.cpu_offload.stats import Samples
 from kvscope.traces import names
@@ -48,6 +49,7 @@ class OffloadWorker:
         self.failure_outcome: str | None = outcome_of_policy(failure_policy)
         self.buffer: HostBuffer | None = None
         self.copies = None
+        self.asleep = False  # vLLM's sleep mode unmapped the KV cache: no copy may start
         self._pending: dict[int, PendingCopy] = {}
         self._to_flush: set[str] = set()
         self._load_errors: set[int] = set()
@@ -59,10 +61,19 @@ class OffloadWorker:
         self.samples = Samples()  # per-copy durations and sizes for the stats' histograms
 
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        layers = list(kv_caches.values())
-        # vLLM's KV layouts put blocks first or second ([N, ...] or [2, N, ...]); looking only
-        # there keeps a head size that equals the block count from being taken for it.
-        block_dim = find_block_dim(layers[0].shape[:2], self.num_device_blocks)
+        """Builds the host pool and copy engine over vLLM's views, one per distinct memory
+        (KV-sharing layers alias another layer's view: copying both would move it twice and
+        size host blocks larger than the scheduler half does)."""
+        layers = list({view.data_ptr(): view for view in kv_caches.values()}.values())
+        # Kernel-block views (the backend's kernel block is smaller than the KV block) are
+        # regrouped so each copy moves whole KV blocks, as vLLM's own offloader does.
+        grouped = group_layers(layers, self.num_device_blocks)
+        if grouped is not None:
+            layers, block_dim = grouped, 0
+        else:
+            # vLLM's KV layouts put blocks first or second ([N, ...] or [2, N, ...]); looking
+            # only there keeps a head size that equals the block count from being taken for it.
+            block_dim = find_block_dim(layers[0].shape[:2], self.num_device_blocks)
         layout = BlockLayout.of(layers, block_dim)
         pin = layers[0].device.type == "cuda"
         self.buffer = HostBuffer.with_capacity(layout, self.pool_bytes, pin)
@@ -70,6 +81,11 @@ class OffloadWorker:
 
     def start_loads(self, metadata: OffloadMetadata) -> None:
         self._check_pool_size(metadata)
+        self._refuse_while_asleep()
+        # Taken here, not in start_stores: with a speculator, vLLM's runners call
+        # get_transfer_results before wait_for_save, and a flush first seen there would be
+        # reported a step late. Every runner starts loads before both, each step.
+        self._to_flush |= metadata.reqs_to_flush
         for transfer in metadata.reqs_to_load:
             fault = self.faults.on_load(transfer.req_id)
             job_id = self.copies.submit_load(
@@ -81,12 +97,12 @@ class OffloadWorker:
 
     def start_stores(self, metadata: OffloadMetadata) -> None:
         """After the forward: the blocks' data is final (on CUDA the copy stream waits for it)."""
+        self._refuse_while_asleep()
         for transfer in metadata.reqs_to_store:
             job_id = self.copies.submit_store(
                 transfer.device_block_ids, transfer.host_block_ids, delay_s=self.faults.on_store()
             )
             self._pending[job_id] = PendingCopy(transfer, Direction.STORE, float("inf"))
-        self._to_flush |= metadata.reqs_to_flush
 
     def wait_for_stores(self, req_ids: set[str]) -> None:
         """Before vLLM reuses preempted requests' blocks, the stores reading them must end.
@@ -191,6 +207,46 @@ class OffloadWorker:
                 f"scheduler planned {metadata.num_host_blocks} host blocks, the worker has "
                 f"{self.buffer.num_blocks}: both must derive them from cpu_bytes_to_use "
                 f"({self.pool_bytes} bytes a rank)"
+            )
+
+    def stored_device_blocks(self) -> set[int]:
+        """Device block ids that stores not yet reported finished may still read."""
+        return {
+            block_id
+            for pending in self._pending.values()
+            if pending.direction is Direction.STORE
+            for block_id in pending.transfer.device_block_ids
+        }
+
+    def sleep(self, timeout_s: float) -> None:
+        """vLLM's sleep mode is about to unmap the KV cache: every copy ends first.
+
+        Waits for each copy (a load past timeout_s is cancelled; its request is reported
+        failed, so vLLM recomputes it), then refuses copies until wake_up. The results are
+        reported by the next poll. The KV views and the host buffer stay: vLLM maps the KV
+        cache back at the same addresses and does not register it again, and the host pool
+        keeps what the scheduler half's index says it holds.
+        """
+        self.asleep = True
+        if self.copies is None:
+            return
+        deadline = time.monotonic() + timeout_s
+        for job_id in list(self._pending):
+            if not self.copies.wait(job_id, max(0.0, deadline - time.monotonic())):
+                self._pending[job_id].timed_out = True
+                self.copies.cancel(job_id)
+                # A copy a stream cannot withdraw must still end before the pages go.
+                self.copies.wait(job_id)
+
+    def wake_up(self) -> None:
+        self.asleep = False
+
+    def _refuse_while_asleep(self) -> None:
+        if self.asleep:
+            raise RuntimeError(
+                "the offload connector was asked to copy KV while vLLM's sleep mode has the "
+                "KV cache unmapped (unregister_kv_caches came without restore_kv_caches): "
+                "wake the engine (wake_up with the kv_cache tag) before scheduling requests"
             )
 
     def shutdown(self) -> None:

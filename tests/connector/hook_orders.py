@@ -1,0 +1,276 @@
+"""vLLM's real Scheduler and its runners' own KV connector plumbing, stepped by hand in the hook
+order of each model runner, over real KV tensors a fake forward fills with each block's hash.
+
+The orders are vLLM's functions, not copies of them: `KVConnectorModelRunnerMixin.
+_get_kv_connector_output` (model runner V1: wait_for_save, then get_transfer_results; with a
+speculator `defer_finalize=True`, and wait_for_save comes after the drafter, in
+`finalize_kv_connector`), and model runner V2's `ActiveKVConnector` (vllm/v1/worker/gpu/
+kv_connector.py), whose runner zeroes new blocks (`update_requests`) before `pre_forward` calls
+handle_preemptions.
+"""
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import torch
+from vllm import SamplingParams
+from vllm.config import (
+    CacheConfig,
+    DeviceConfig,
+    KVTransferConfig,
+    ModelConfig,
+    SchedulerConfig,
+    VllmConfig,
+)
+from vllm.distributed.kv_transfer import kv_transfer_state
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from vllm.forward_context import set_forward_context
+from vllm.utils.hashing import sha256_cbor
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.request import Request
+from vllm.v1.structured_output import StructuredOutputManager
+from vllm.v1.worker.gpu.kv_connector import ActiveKVConnector
+from vllm.v1.worker.kv_connector_model_runner_mixin import KVConnectorModelRunnerMixin
+
+BLOCK = 32
+NUM_LAYERS = 2
+HEADS, HEAD_DIM = 2, 32
+OFFLOAD = "kvscope.connector.cpu_offload.connector"
+init_none_hash(sha256_cbor)
+HASHER = get_request_block_hasher(BLOCK, sha256_cbor)
+
+
+class HookOrder(StrEnum):
+    V1 = "v1"  # model runner V1 without a speculator
+    DEFERRED = "deferred"  # with a speculator: get_transfer_results before wait_for_save
+    V2 = "v2"  # model runner V2: new blocks zeroed before handle_preemptions
+
+
+def offload_extra(**extra: Any) -> dict[str, Any]:
+    return {"cpu_bytes_to_use": 2 << 20, **extra}
+
+
+def offload_transfer(**extra: Any) -> KVTransferConfig:
+    return KVTransferConfig(
+        kv_connector="CpuOffloadConnector",
+        kv_connector_module_path=OFFLOAD,
+        kv_role="kv_both",
+        kv_connector_extra_config=offload_extra(**extra),
+    )
+
+
+def multi_transfer(**extra: Any) -> KVTransferConfig:
+    """kvscope's Multi over two offload children."""
+    children = [
+        {
+            "name": name,
+            "kv_connector": "CpuOffloadConnector",
+            "kv_connector_module_path": OFFLOAD,
+            "kv_connector_extra_config": offload_extra(**extra),
+        }
+        for name in ("left", "right")
+    ]
+    return KVTransferConfig(
+        kv_connector="KvscopeMultiConnector",
+        kv_connector_module_path="kvscope.connector.multi.connector",
+        kv_role="kv_both",
+        kv_connector_extra_config={"connectors": children},
+    )
+
+
+def traced_transfer(**extra: Any) -> KVTransferConfig:
+    """TracedConnector over the offload connector, named by its module path."""
+    return KVTransferConfig(
+        kv_connector="TracedConnector",
+        kv_connector_module_path="kvscope.connector.traced",
+        kv_role="kv_both",
+        kv_connector_extra_config={
+            "connector": "CpuOffloadConnector",
+            "connector_module_path": OFFLOAD,
+            **offload_extra(**extra),
+        },
+    )
+
+
+class ZeroingKVCacheConfig(KVCacheConfig):
+    """A KV cache config whose new blocks vLLM zeroes, as it does for mixed-precision KV or
+    Mamba layers: vLLM's scheduler then lists them in new_block_ids_to_zero."""
+
+    @property
+    def needs_kv_cache_zeroing(self) -> bool:
+        return True
+
+
+def kv_cache_config(num_blocks: int, zeroing: bool = False) -> KVCacheConfig:
+    spec = FullAttentionSpec(BLOCK, num_kv_heads=HEADS, head_size=HEAD_DIM, dtype=torch.bfloat16)
+    cls = ZeroingKVCacheConfig if zeroing else KVCacheConfig
+    layers = [f"layer.{i}" for i in range(NUM_LAYERS)]
+    return cls(
+        num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(layers, spec)]
+    )
+
+
+def vllm_config(model: Path, transfer: KVTransferConfig, num_blocks: int) -> VllmConfig:
+    config = VllmConfig(
+        model_config=ModelConfig(model=str(model), skip_tokenizer_init=True, max_model_len=1024),
+        scheduler_config=SchedulerConfig(
+            max_num_seqs=8,
+            max_num_batched_tokens=1024,
+            max_model_len=1024,
+            is_encoder_decoder=False,
+        ),
+        cache_config=CacheConfig(
+            block_size=BLOCK, enable_prefix_caching=True, num_gpu_blocks_override=num_blocks
+        ),
+        kv_transfer_config=transfer,
+        device_config=DeviceConfig("cpu"),
+    )
+    config.cache_config.num_gpu_blocks = num_blocks
+    return config
+
+
+def request(req_id: str, prompt: list[int], max_tokens: int) -> Request:
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    return Request(req_id, prompt, params, None, block_hasher=HASHER)
+
+
+def block_pattern(block_hash: bytes, layer: int) -> torch.Tensor:
+    """What the fake forward writes into a block: its content hash's bytes (bf16 holds 0-255
+    exactly), so a block copied from or to the wrong place does not look right by chance."""
+    values = torch.tensor(list(bytes(block_hash)), dtype=torch.float32) + layer
+    cells = HEADS * BLOCK * 2 * HEAD_DIM
+    return values.repeat(cells // len(values) + 1)[:cells].view(HEADS, BLOCK, 2 * HEAD_DIM)
+
+
+class Rig:
+    """A scheduler and one worker of a connector, stepped in a runner's hook order."""
+
+    def __init__(
+        self, model: Path, transfer: KVTransferConfig, num_blocks: int = 96, zeroing: bool = False
+    ) -> None:
+        self.config = vllm_config(model, transfer, num_blocks)
+        self.kv_config = kv_cache_config(num_blocks, zeroing)
+        self.scheduler = Scheduler(
+            self.config,
+            self.kv_config,
+            StructuredOutputManager(self.config),
+            block_size=BLOCK,
+            log_stats=True,
+        )
+        cls = KVConnectorFactory.get_connector_class(transfer)
+        self.worker = cls(self.config, KVConnectorRole.WORKER, self.kv_config)
+        memory = [
+            torch.zeros(num_blocks, HEADS, BLOCK, 2 * HEAD_DIM, dtype=torch.bfloat16)
+            for _ in range(NUM_LAYERS)
+        ]
+        self.kv_caches = {f"layer.{i}": m for i, m in enumerate(memory)}
+        self.outputs: list[KVConnectorOutput] = []
+        self.steps = 0
+        with self.as_transfer_group():
+            # V2's wrapper registers the KV caches itself, as its runner builds it.
+            self.v2 = ActiveKVConnector(self.config, self.kv_caches)
+
+    @contextlib.contextmanager
+    def as_transfer_group(self) -> Iterator[None]:
+        """The worker as vLLM's process-wide KV transfer group, which the runners' code reads."""
+        kv_transfer_state._KV_CONNECTOR_AGENT = self.worker
+        try:
+            yield
+        finally:
+            kv_transfer_state._KV_CONNECTOR_AGENT = None
+
+    def add(self, req: Request) -> None:
+        self.scheduler.add_request(req)
+
+    def step(
+        self,
+        order: HookOrder,
+        before_worker: Callable[[SchedulerOutput], None] | None = None,
+    ) -> SchedulerOutput:
+        """One engine step. before_worker runs where the runner first touches KV after
+        scheduling (V2's update_requests). Copies end before the next step."""
+        output = self.scheduler.schedule()
+        self.steps += 1
+        if before_worker is not None:
+            before_worker(output)
+        with self.as_transfer_group(), set_forward_context(None, self.config):
+            kv_output = self._run_worker(order, output)
+        self.outputs.append(kv_output)
+        req_ids = list(output.num_scheduled_tokens)
+        runner = ModelRunnerOutput(
+            req_ids,
+            {r: i for i, r in enumerate(req_ids)},
+            sampled_token_ids=[[7] for _ in req_ids],
+            kv_connector_output=kv_output,
+        )
+        self.scheduler.update_from_output(output, runner)
+        return output
+
+    def _run_worker(self, order: HookOrder, output: SchedulerOutput) -> KVConnectorOutput:
+        if order is HookOrder.V2:
+            if output.total_num_scheduled_tokens == 0:
+                return self.v2.no_forward(output).kv_connector_output or KVConnectorOutput()
+            self.v2.pre_forward(output)
+            self._forward(output)
+            self.v2.finish_forward()
+            return self.v2.post_forward(output.finished_req_ids) or KVConnectorOutput()
+        deferred = order is HookOrder.DEFERRED
+        with KVConnectorModelRunnerMixin._get_kv_connector_output(
+            output, defer_finalize=deferred
+        ) as kv_output:
+            self._forward(output)
+        if deferred:
+            KVConnectorModelRunnerMixin.finalize_kv_connector()  # after the drafter proposed
+        return kv_output
+
+    def _forward(self, output: SchedulerOutput) -> None:
+        """Writes each block this step fills its content's pattern (full blocks only)."""
+        manager = self.scheduler.kv_cache_manager
+        for req_id, num_tokens in output.num_scheduled_tokens.items():
+            req = self.scheduler.requests[req_id]
+            done = req.num_computed_tokens  # schedule() already counted this step's tokens
+            first, last = (done - num_tokens) // BLOCK, done // BLOCK
+            block_ids = manager.get_block_ids(req_id)[0]
+            for index in range(first, min(last, len(block_ids), len(req.block_hashes))):
+                for layer in range(NUM_LAYERS):
+                    pattern = block_pattern(req.block_hashes[index], layer)
+                    self.kv_caches[f"layer.{layer}"][block_ids[index]] = pattern
+
+    def holds_right_kv(self, req_id: str, num_blocks: int) -> bool:
+        """Whether the request's first blocks hold what the forward wrote for their content."""
+        req = self.scheduler.requests[req_id]
+        block_ids = self.scheduler.kv_cache_manager.get_block_ids(req_id)[0]
+        return all(
+            torch.equal(
+                self.kv_caches[f"layer.{layer}"][block_ids[index]].float(),
+                block_pattern(req.block_hashes[index], layer),
+            )
+            for index in range(num_blocks)
+            for layer in range(NUM_LAYERS)
+        )
+
+
+def offload_workers(connector: Any) -> list[Any]:
+    """The OffloadWorker halves inside a traced offload connector, TracedConnector or Multi."""
+    inner = connector.inner
+    if hasattr(inner, "children"):
+        return [child.connector.worker for child in inner.children]
+    return [getattr(inner, "worker", None) or inner.inner.worker]
+
+
+def wait_for_copies(connector: Any) -> None:
+    """Lets every submitted copy end (their results wait for the next poll)."""
+    deadline = time.monotonic() + 10
+    for worker in offload_workers(connector):
+        while worker.copies.num_pending and time.monotonic() < deadline:
+            time.sleep(0.001)
+    time.sleep(0.005)  # the CPU engine's thread posts a result right after its copy
