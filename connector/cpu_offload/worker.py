@@ -209,14 +209,14 @@ class OffloadWorker:
                 f"({self.pool_bytes} bytes a rank)"
             )
 
-    def stored_device_blocks(self) -> set[int]:
-        """Device block ids that stores not yet reported finished may still read."""
-        return {
-            block_id
-            for pending in self._pending.values()
-            if pending.direction is Direction.STORE
-            for block_id in pending.transfer.device_block_ids
-        }
+    def stores_in_flight(self) -> dict[str, set[int]]:
+        """Per request, the device block ids its stores not yet reported may still read."""
+        reading: dict[str, set[int]] = {}
+        for pending in self._pending.values():
+            if pending.direction is Direction.STORE:
+                blocks = reading.setdefault(pending.transfer.req_id, set())
+                blocks.update(pending.transfer.device_block_ids)
+        return reading
 
     def sleep(self, timeout_s: float) -> None:
         """vLLM's sleep mode is about to unmap the KV cache: every copy ends first.
