@@ -134,8 +134,8 @@ class CpuCopyEngine(CopyEngine):
             if job.fail_reason is not None:
                 raise InjectedFault(job.fail_reason)
             copy = store_runs if job.direction is Direction.STORE else load_runs
-            copy(self.kv_layers, self.host_buffer.layers, self.layout.block_dim, job.runs)
+            num_copies = copy(self.device_tables, self.host_tables, self.table_block_dim, job.runs)
             error = None
         except Exception as exc:  # reported to the caller through poll(), never raised here
-            error = describe_error(exc)
-        return job.result(time.perf_counter() - started, error)
+            error, num_copies = describe_error(exc), 0
+        return job.result(time.perf_counter() - started, error, num_copies)

@@ -1,4 +1,4 @@
-"""CUDA copy backend: a high-priority load stream, a low-priority store stream, polled events.
+"""CUDA copy backend: a load stream and a store stream at the lowest priority, polled events.
 
 Nothing here waits on the GPU from the host except wait() and shutdown(), which callers use
 only when they must (a preemption, the end). The stream and event calls go through
@@ -36,7 +36,8 @@ class StreamOps(Protocol):
     synchronize and elapsed_time (ms), as torch.cuda's do.
     """
 
-    def new_stream(self, high_priority: bool) -> Any: ...
+    def new_stream(self) -> Any:
+        """A stream at the lowest priority the device has."""
 
     def current_stream(self) -> Any: ...
 
@@ -51,10 +52,13 @@ class CudaStreamOps:
     def __init__(self, device: torch.device):
         self.device = device
 
-    def new_stream(self, high_priority: bool) -> torch.cuda.Stream:
-        # (least, greatest); a lower number is a higher priority.
-        lowest, highest = torch.cuda.Stream.priority_range()
-        return torch.cuda.Stream(self.device, priority=highest if high_priority else lowest)
+    def new_stream(self) -> torch.cuda.Stream:
+        # (least, greatest): a larger number is a lower priority. KV copies yield to the
+        # forward, as vLLM's own offloader's do: a load's scatter kernels must not run ahead
+        # of decode kernels (time per output token), and a step that needs the load waits
+        # for it on its own event anyway.
+        lowest, _ = torch.cuda.Stream.priority_range()
+        return torch.cuda.Stream(self.device, priority=lowest)
 
     def current_stream(self) -> torch.cuda.Stream:
         return torch.cuda.current_stream(self.device)
@@ -72,6 +76,7 @@ class _InFlight:
     started: Any
     finished: Any
     error: str | None
+    num_copies: int = 0
     cancelled: bool = False
 
 
@@ -85,7 +90,7 @@ class _Lane:
 
 
 class CudaCopyEngine(CopyEngine):
-    """Loads on a high-priority stream, stores on a low-priority one, each in order.
+    """Loads on one stream, stores on another, each in order, both at the lowest priority.
 
     Both start after the work already queued on the compute stream: a store must see the KV
     the forward wrote, a load must not race a write (or zeroing) of its destination blocks.
@@ -108,8 +113,10 @@ class CudaCopyEngine(CopyEngine):
         self.ops: StreamOps = ops or CudaStreamOps(self.device)
         self.lanes: dict[Direction, _Lane] = {
             direction: _Lane(
-                self.ops.new_stream(high_priority=direction is Direction.LOAD),
-                Staging.allocate(self.layout, self.device, staging_bytes),
+                self.ops.new_stream(),
+                Staging.allocate(
+                    self.host_tables[0], self.layout.num_device_blocks, self.device, staging_bytes
+                ),
                 deque(),
             )
             for direction in (Direction.LOAD, Direction.STORE)
@@ -167,19 +174,19 @@ class CudaCopyEngine(CopyEngine):
             lane.stream.wait_event(loads[-1].finished)  # the load stream runs in order
         with self.ops.use_stream(lane.stream):
             started.record(lane.stream)
-            error = self._enqueue_copies(job, lane.staging)
+            error, num_copies = self._enqueue_copies(job, lane.staging)
             finished.record(lane.stream)
-        lane.in_flight.append(_InFlight(job, started, finished, error))
+        lane.in_flight.append(_InFlight(job, started, finished, error, num_copies))
 
-    def _enqueue_copies(self, job: CopyJob, staging: Staging) -> str | None:
+    def _enqueue_copies(self, job: CopyJob, staging: Staging) -> tuple[str | None, int]:
         copy = staged_store if job.direction is Direction.STORE else staged_load
         try:
             if job.fail_reason is not None:
                 raise InjectedFault(job.fail_reason)
-            copy(self.kv_layers, self.host_buffer.layers, self.layout.block_dim, job.runs, staging)
-            return None
+            tables = (self.device_tables, self.host_tables, self.table_block_dim)
+            return None, copy(*tables, job.runs, staging)
         except Exception as exc:  # reported through poll(), like an asynchronous failure
-            return describe_error(exc)
+            return describe_error(exc), 0
 
     def _take_done(self, lane: _Lane, now: float) -> list[CopyResult]:
         done: list[CopyResult] = []
@@ -212,4 +219,5 @@ class CudaCopyEngine(CopyEngine):
     def _result(self, entry: _InFlight) -> CopyResult:
         duration_s = entry.started.elapsed_time(entry.finished) / 1000.0
         self._spare_events += [entry.started, entry.finished]
-        return entry.job.result(duration_s, "cancelled" if entry.cancelled else entry.error)
+        error = "cancelled" if entry.cancelled else entry.error
+        return entry.job.result(duration_s, error, entry.num_copies)

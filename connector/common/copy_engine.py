@@ -9,7 +9,7 @@ from enum import StrEnum
 
 import torch
 
-from kvscope.connector.common.block_copy import CopyRun, plan_runs
+from kvscope.connector.common.copy_plan import CopyRun, plan_runs, split_scattered
 from kvscope.connector.common.host_buffer import BlockLayout, HostBuffer
 
 
@@ -34,6 +34,7 @@ class CopyResult:
     finished_at: float
     duration_s: float
     error: str | None = None
+    num_copies: int = 0  # copy operations the job took (memcpys, gathers): fewer is better
 
     @property
     def ok(self) -> bool:
@@ -57,7 +58,7 @@ class CopyJob:
     not_before: float  # injected delay: the job may not finish earlier than this
     fail_reason: str | None = None
 
-    def result(self, duration_s: float, error: str | None) -> CopyResult:
+    def result(self, duration_s: float, error: str | None, num_copies: int = 0) -> CopyResult:
         return CopyResult(
             job_id=self.job_id,
             direction=self.direction,
@@ -67,6 +68,7 @@ class CopyJob:
             finished_at=time.monotonic(),
             duration_s=duration_s,
             error=error,
+            num_copies=num_copies,
         )
 
 
@@ -89,6 +91,19 @@ class CopyEngine(ABC):
         self.layout: BlockLayout = layout
         self.kv_layers: list[torch.Tensor] = list(kv_layers)
         self.host_buffer: HostBuffer = host_buffer
+        # With raw rows a block moves as its bytes, in runs as long as both sides allow;
+        # otherwise (blocks not dense on the device) view by view, reordered by torch.
+        self.raw_rows: bool = layout.raw_rows and (layout.block_order, layout.block_major) == (
+            host_buffer.layout.block_order,
+            host_buffer.layout.block_major,
+        )
+        self.device_tables: list[torch.Tensor] = (
+            layout.device_rows(self.kv_layers) if self.raw_rows else self.kv_layers
+        )
+        self.host_tables: list[torch.Tensor] = (
+            host_buffer.rows() if self.raw_rows else host_buffer.layers
+        )
+        self.table_block_dim: int = 0 if self.raw_rows else layout.block_dim
         self._job_ids: itertools.count = itertools.count(1)
         self._closed: bool = False
 
@@ -177,6 +192,8 @@ class CopyEngine(ABC):
             self.layout.num_device_blocks,
             self.host_buffer.num_blocks,
         )
+        if self.raw_rows:
+            runs = split_scattered(runs)
         now = time.monotonic()
         job = CopyJob(
             job_id=next(self._job_ids),

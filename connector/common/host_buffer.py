@@ -1,12 +1,17 @@
-"""Preallocated host memory for offloaded KV blocks, layer-major: a host block run is one range."""
+"""Preallocated host memory for offloaded KV blocks, laid out as the device holds its blocks."""
 
 import math
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from kvscope.connector.common.host_pinning import PinnedRange, pin_range, unpin_ranges
 from kvscope.connector.common.host_pool import num_host_blocks
+
+PAGE_BYTES = 4096
+"""Host page size the allocation is aligned to, so registration chunks never share a page."""
 
 
 def find_block_dim(shape: Sequence[int], num_blocks: int) -> int:
@@ -20,15 +25,45 @@ def find_block_dim(shape: Sequence[int], num_blocks: int) -> int:
     return matches[0]
 
 
+def dense_order(shape: Sequence[int], strides: Sequence[int]) -> tuple[int, ...] | None:
+    """The dims outermost-first in memory when they fill one dense range, else None."""
+    order = sorted(range(len(shape)), key=lambda dim: (-strides[dim], dim))
+    expected = 1
+    for dim in reversed(order):
+        if shape[dim] != 1 and strides[dim] != expected:
+            return None
+        expected *= shape[dim]
+    return tuple(order)
+
+
+def strides_in_order(shape: Sequence[int], order: Sequence[int]) -> tuple[int, ...]:
+    """Dense strides for shape, with dims laid out in memory in the given outermost-first order."""
+    strides = [0] * len(shape)
+    step = 1
+    for dim in reversed(order):
+        strides[dim] = step
+        step *= shape[dim]
+    return tuple(strides)
+
+
 @dataclass(frozen=True)
 class BlockLayout:
-    """How the engine's per-layer KV tensors hold blocks, as far as copying is concerned."""
+    """How the engine's per-layer KV tensors hold blocks, as far as copying is concerned.
+
+    block_order is set when each layer's block is one dense range of memory (vLLM's LB*C and
+    BL*C layouts, not LHBNC or BHLNC): the host mirrors that order, so a block moves as raw
+    bytes. block_major is set when one block across all layers is one dense range (BLHNC,
+    BLNHC, as NIXL asks for): the host keeps blocks outermost too, so a run is one copy.
+    """
 
     num_layers: int
     block_dim: int
     layer_block_shape: tuple[int, ...]  # one layer's block: the layer shape without block_dim
     dtype: torch.dtype
     num_device_blocks: int
+    block_order: tuple[int, ...] | None = None  # layer_block_shape dims, outermost first
+    block_stride: int = 0  # elements between two blocks of a layer on the device
+    block_major: bool = False
 
     @classmethod
     def of(cls, kv_layers: Sequence[torch.Tensor], block_dim: int) -> "BlockLayout":
@@ -46,26 +81,89 @@ class BlockLayout:
         if not 0 <= block_dim < first.dim():
             raise ValueError(f"block_dim {block_dim} out of range for shape {tuple(first.shape)}")
         shape = tuple(first.shape)
+        layer_block_shape = shape[:block_dim] + shape[block_dim + 1 :]
+        inner_strides = first.stride()[:block_dim] + first.stride()[block_dim + 1 :]
+        same_strides = all(layer.stride() == first.stride() for layer in kv_layers)
+        order = dense_order(layer_block_shape, inner_strides) if same_strides else None
+        block_stride = first.stride(block_dim)
+        if order is not None and block_stride < math.prod(layer_block_shape):
+            order = None  # blocks overlap: not a layout vLLM makes; copy view by view
         return cls(
             num_layers=len(kv_layers),
             block_dim=block_dim,
-            layer_block_shape=shape[:block_dim] + shape[block_dim + 1 :],
+            layer_block_shape=layer_block_shape,
             dtype=first.dtype,
             num_device_blocks=shape[block_dim],
+            block_order=order,
+            block_stride=block_stride,
+            block_major=order is not None
+            and _blocks_span_layers(kv_layers, block_stride, math.prod(layer_block_shape)),
         )
 
     @property
+    def layer_block_numel(self) -> int:
+        return math.prod(self.layer_block_shape)
+
+    @property
     def bytes_per_layer_block(self) -> int:
-        return math.prod(self.layer_block_shape) * self.dtype.itemsize
+        return self.layer_block_numel * self.dtype.itemsize
 
     @property
     def bytes_per_block(self) -> int:
         """One block across all layers: the unit the host byte budget is divided into."""
         return self.num_layers * self.bytes_per_layer_block
 
+    @property
+    def raw_rows(self) -> bool:
+        """Blocks move as rows of raw elements, no reordering (block_order is known)."""
+        return self.block_order is not None
+
+    def device_rows(self, kv_layers: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The KV layers as 2-D tables of raw rows a block each, matching HostBuffer.rows()."""
+        numel = self.layer_block_numel
+        if self.block_major:
+            first = kv_layers[0]
+            shape = (self.num_device_blocks, self.num_layers * numel)
+            return [first.as_strided(shape, (self.block_stride, 1), first.storage_offset())]
+        shape = (self.num_device_blocks, numel)
+        return [
+            layer.as_strided(shape, (self.block_stride, 1), layer.storage_offset())
+            for layer in kv_layers
+        ]
+
+    def host_strides(self, num_blocks: int) -> tuple[int, ...]:
+        """Strides of the host's [num_layers, num_blocks, *layer_block_shape] storage."""
+        inner = strides_in_order(
+            self.layer_block_shape, self.block_order or range(len(self.layer_block_shape))
+        )
+        numel = self.layer_block_numel
+        if self.block_major:
+            return (numel, self.num_layers * numel, *inner)
+        return (num_blocks * numel, numel, *inner)
+
+
+def _blocks_span_layers(kv_layers: Sequence[torch.Tensor], block_stride: int, page: int) -> bool:
+    """One block of every layer is one dense range: layers a page apart, blocks L pages."""
+    first = kv_layers[0]
+    if len(kv_layers) < 2 or page == 0 or block_stride != len(kv_layers) * page:
+        return False
+    storage = first.untyped_storage().data_ptr()
+    return all(
+        layer.untyped_storage().data_ptr() == storage
+        and layer.storage_offset() - first.storage_offset() == index * page
+        for index, layer in enumerate(kv_layers)
+    )
+
 
 class HostBuffer:
-    """Host tensors, one per layer, each [num_blocks, *layer_block_shape], over one allocation."""
+    """Host tensors, one per layer, each [num_blocks, *layer_block_shape], over one allocation.
+
+    The memory is allocated pageable and, for CUDA, page-locked with cudaHostRegister in
+    chunks, as vLLM's offloaders do: torch's pinned allocator rounds each allocation up to a
+    power of two (a 40 GiB pool takes 64 GiB; 65 GiB fails on a 128 GiB host). It is never
+    zeroed here: registering faults every page in already, and unregistered (CPU) pages
+    come in on the first store, on the copy thread rather than at engine start.
+    """
 
     def __init__(self, layout: BlockLayout, num_blocks: int, pin_memory: bool = False):
         if num_blocks <= 0:
@@ -75,11 +173,15 @@ class HostBuffer:
             )
         self.layout: BlockLayout = layout
         self.num_blocks: int = num_blocks
-        self.pinned: bool = bool(pin_memory and torch.cuda.is_available())
+        numel = layout.num_layers * num_blocks * layout.layer_block_numel
+        self._memory: torch.Tensor = _page_aligned(numel, layout.dtype)
+        self.pinned_ranges: list[PinnedRange] = []
+        if pin_memory and torch.cuda.is_available():
+            self.pinned_ranges = pin_range(self._memory.data_ptr(), self.nbytes)
+        self._unpin = weakref.finalize(self, unpin_ranges, self.pinned_ranges, self._memory)
+        self.pinned: bool = bool(self.pinned_ranges)
         shape = (layout.num_layers, num_blocks, *layout.layer_block_shape)
-        self.storage: torch.Tensor = torch.empty(shape, dtype=layout.dtype, pin_memory=self.pinned)
-        # Touch every page now, so the first stores do not pay page faults on the engine's time.
-        self.storage.zero_()
+        self.storage: torch.Tensor = self._memory.as_strided(shape, layout.host_strides(num_blocks))
         self.layers: list[torch.Tensor] = list(self.storage.unbind(0))
 
     @classmethod
@@ -90,8 +192,36 @@ class HostBuffer:
 
     @property
     def nbytes(self) -> int:
-        return self.storage.numel() * self.storage.element_size()
+        return self._memory.numel() * self._memory.element_size()
+
+    @property
+    def registered_bytes(self) -> int:
+        """Bytes page-locked with the CUDA driver (0 on the CPU or after close)."""
+        return sum(pinned.num_bytes for pinned in self.pinned_ranges)
+
+    def rows(self) -> list[torch.Tensor]:
+        """The buffer as 2-D tables of raw rows a block each, [num_blocks, row] (raw_rows only).
+
+        One table per layer, or one for all layers when the layout is block-major.
+        """
+        numel = self.layout.layer_block_numel
+        if self.layout.block_major:
+            return [self._memory.view(self.num_blocks, self.layout.num_layers * numel)]
+        return list(self._memory.view(self.layout.num_layers, self.num_blocks, numel).unbind(0))
 
     def block(self, host_block_id: int) -> torch.Tensor:
         """All layers of one host block, [num_layers, *layer_block_shape] (a view)."""
         return self.storage[:, host_block_id]
+
+    def close(self) -> None:
+        """Unregisters the memory from the CUDA driver; call once no copy uses the buffer."""
+        self._unpin()
+        self.pinned = False
+
+
+def _page_aligned(numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """numel elements of pageable memory starting on a page boundary (torch.empty: untouched)."""
+    spare = PAGE_BYTES // dtype.itemsize
+    raw = torch.empty(numel + spare, dtype=dtype)
+    skip = (-raw.data_ptr() % PAGE_BYTES) // dtype.itemsize
+    return raw.narrow(0, skip, numel)

@@ -1,8 +1,9 @@
 """Block copies between KV layers on a device and host layers through reused device buffers.
 
-On CUDA a copy that needs reordering (scattered block ids, or a layout whose blocks are not
-contiguous) gathers on the device first, then crosses the bus as one dense transfer. Torch
-would allocate that temporary on every call, on the copy stream, out of memory vLLM did not
+A run that is one dense range on both sides crosses the bus as one copy, with no kernel. A
+run that needs reordering (scattered block ids, or blocks that are not dense on the device)
+is gathered on the device first, then crosses the bus as one dense transfer. Torch would
+allocate that temporary on every call, on the copy stream, out of memory vLLM did not
 profile. Here it is a buffer allocated once per copy stream and used in chunks. The
 functions are device-agnostic, so CPU tests check the same code byte for byte.
 """
@@ -12,8 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvscope.connector.common.block_copy import CopyRun
-from kvscope.connector.common.host_buffer import BlockLayout
+from kvscope.connector.common.copy_plan import CopyRun
 
 STAGING_BYTES = 16 * 2**20
 """Device memory per copy stream for gathers; a longer run is copied in chunks."""
@@ -23,25 +23,28 @@ STAGING_BYTES = 16 * 2**20
 class Staging:
     """Device memory one copy stream reuses for every job; only that stream may touch it."""
 
-    blocks: torch.Tensor = field(
-        repr=False
-    )  # [capacity, *layer_block_shape]: one layer's blocks of a chunk
-    block_ids: torch.Tensor = field(
-        repr=False
-    )  # int64 [num_device_blocks]: a job's device ids, uploaded once
+    # [capacity, *block_shape]: one table's blocks of a chunk, as the host holds them
+    blocks: torch.Tensor = field(repr=False)
+    # int64 [num_device_blocks]: a job's device ids, uploaded once
+    block_ids: torch.Tensor = field(repr=False)
 
     @classmethod
     def allocate(
-        cls, layout: BlockLayout, device: torch.device, staging_bytes: int = STAGING_BYTES
+        cls,
+        host_table: torch.Tensor,
+        num_device_blocks: int,
+        device: torch.device,
+        staging_bytes: int = STAGING_BYTES,
     ) -> "Staging":
-        capacity = max(
-            1, min(layout.num_device_blocks, staging_bytes // layout.bytes_per_layer_block)
+        """Staging shaped and strided like one block of host_table (a host layer or row table)."""
+        block = host_table[0]
+        block_bytes = max(1, block.numel() * block.element_size())
+        capacity = max(1, min(num_device_blocks, staging_bytes // block_bytes))
+        blocks = torch.empty((capacity, *block.shape), dtype=block.dtype, device=device).as_strided(
+            (capacity, *block.shape), (block.numel(), *block.stride())
         )
-        return cls(
-            blocks=torch.empty((capacity, *layout.layer_block_shape), dtype=layout.dtype,
-                               device=device),
-            block_ids=torch.empty(layout.num_device_blocks, dtype=torch.int64, device=device),
-        )  # fmt: skip
+        block_ids = torch.empty(num_device_blocks, dtype=torch.int64, device=device)
+        return cls(blocks=blocks, block_ids=block_ids)
 
     @property
     def capacity(self) -> int:
@@ -81,25 +84,31 @@ def staged_store(
     block_dim: int,
     runs: Sequence[CopyRun],
     staging: Staging,
-) -> None:
-    """Device -> host for every layer of every run; no allocation on the device."""
+) -> int:
+    """Device -> host for every layer of every run; returns the copies (and gathers) queued."""
     device_ids = staging.upload_ids(runs)
+    copies = int(any(ids is not None for ids in device_ids))
     for device_layer, host_layer in zip(device_layers, host_layers, strict=True):
         blocks_first = device_layer.movedim(block_dim, 0)
         for run, ids in zip(runs, device_ids, strict=True):
+            if run.device_start is not None:
+                source = blocks_first.narrow(0, run.device_start, run.num_blocks)
+                host_range = host_layer.narrow(0, run.host_start, run.num_blocks)
+                if _same_dense_range(source, host_range):  # straight over the bus
+                    host_range.copy_(source, non_blocking=True)
+                    copies += 1
+                    continue
             for offset, count in _chunks(run, staging.capacity):
-                host_range = host_layer.narrow(0, run.host_start + offset, count)
-                if run.device_start is not None:
-                    source = blocks_first.narrow(0, run.device_start + offset, count)
-                    if source.is_contiguous():  # straight over the bus
-                        host_range.copy_(source, non_blocking=True)
-                        continue
-                    gathered = staging.blocks[:count]
-                    gathered.copy_(source)
+                gathered = staging.blocks[:count]
+                if ids is None:
+                    gathered.copy_(blocks_first.narrow(0, run.device_start + offset, count))
                 else:
-                    gathered = staging.blocks[:count]
                     torch.index_select(blocks_first, 0, ids[offset : offset + count], out=gathered)
-                host_range.copy_(gathered, non_blocking=True)
+                host_layer.narrow(0, run.host_start + offset, count).copy_(
+                    gathered, non_blocking=True
+                )
+                copies += 2
+    return copies
 
 
 def staged_load(
@@ -108,26 +117,36 @@ def staged_load(
     block_dim: int,
     runs: Sequence[CopyRun],
     staging: Staging,
-) -> None:
-    """Host -> device for every layer of every run; no allocation on the device."""
+) -> int:
+    """Host -> device for every layer of every run; returns the copies (and scatters) queued."""
     device_ids = staging.upload_ids(runs)
+    copies = int(any(ids is not None for ids in device_ids))
     for device_layer, host_layer in zip(device_layers, host_layers, strict=True):
         blocks_first = device_layer.movedim(block_dim, 0)  # a view: writes land in the layer
         for run, ids in zip(runs, device_ids, strict=True):
+            if run.device_start is not None:
+                target = blocks_first.narrow(0, run.device_start, run.num_blocks)
+                host_range = host_layer.narrow(0, run.host_start, run.num_blocks)
+                if _same_dense_range(target, host_range):
+                    target.copy_(host_range, non_blocking=True)
+                    copies += 1
+                    continue
             for offset, count in _chunks(run, staging.capacity):
-                host_range = host_layer.narrow(0, run.host_start + offset, count)
-                if run.device_start is not None:
-                    target = blocks_first.narrow(0, run.device_start + offset, count)
-                    if target.is_contiguous():
-                        target.copy_(host_range, non_blocking=True)
-                        continue
-                    staging.blocks[:count].copy_(host_range, non_blocking=True)
-                    target.copy_(staging.blocks[:count])
+                landed = staging.blocks[:count]
+                landed.copy_(
+                    host_layer.narrow(0, run.host_start + offset, count), non_blocking=True
+                )
+                if ids is None:
+                    blocks_first.narrow(0, run.device_start + offset, count).copy_(landed)
                 else:
-                    staging.blocks[:count].copy_(host_range, non_blocking=True)
-                    blocks_first.index_copy_(
-                        0, ids[offset : offset + count], staging.blocks[:count]
-                    )
+                    blocks_first.index_copy_(0, ids[offset : offset + count], landed)
+                copies += 2
+    return copies
+
+
+def _same_dense_range(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Both are one dense range with the same element order: one memcpy moves a run."""
+    return a.is_contiguous() and b.is_contiguous()
 
 
 def _chunks(run: CopyRun, capacity: int) -> list[tuple[int, int]]:

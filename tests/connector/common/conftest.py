@@ -1,4 +1,4 @@
-"""Fixtures: the KV cache layouts the copy engine must handle, filled with random bf16."""
+"""Fixtures: the KV cache views vLLM 0.32 hands a connector (all six layouts, kernel blocks)."""
 
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from kvscope.bench.kv_views import LAYOUT_ORDERS, KVShape, vllm_kv_layers
 from kvscope.connector.common.host_buffer import BlockLayout, HostBuffer
 
 
@@ -36,9 +37,16 @@ def random_bf16(shape: tuple[int, ...], generator: torch.Generator, device: str)
 
 
 def build_kv_cache(name: str, num_blocks: int = 24, device: str = "cpu", seed: int = 0) -> KVCache:
-    """vLLM CPU layout (layers share one storage) or the flash-attn layout (block dim 1)."""
+    """vLLM's views of a layout by name ("LBNHC"; "LBHNC/k16": 16-token kernel blocks, so
+    num_blocks rows from half as many blocks), or one of the older hand-made shapes."""
     generator = torch.Generator().manual_seed(seed)
     num_layers, heads, block_size, head_dim = 3, 2, 32, 16
+    layout, _, kernel = name.partition("/k")
+    if layout in LAYOUT_ORDERS:
+        ratio = block_size // int(kernel) if kernel else 1
+        kv = KVShape(num_layers, num_blocks // ratio, heads, block_size, head_dim)
+        layers = vllm_kv_layers(layout, kv, device, seed, int(kernel) if kernel else None)
+        return KVCache(name, layers, block_dim=0)
     if name == "cpu_layer_major":  # storage [L, nb, h, bs, 2d]: each layer contiguous
         shape = (num_layers, num_blocks, heads, block_size, 2 * head_dim)
         layers = list(random_bf16(shape, generator, device).unbind(0))
@@ -47,14 +55,15 @@ def build_kv_cache(name: str, num_blocks: int = 24, device: str = "cpu", seed: i
         shape = (num_blocks, num_layers, heads, block_size, 2 * head_dim)
         layers = list(random_bf16(shape, generator, device).unbind(1))
         return KVCache(name, layers, block_dim=0)
-    if name == "flash":  # [2, nb, bs, h, d] per layer
+    if name == "flash":  # [2, nb, bs, h, d] per layer: no vLLM 0.32 connector gets this one
         shape = (2, num_blocks, block_size, heads, head_dim)
         layers = [random_bf16(shape, generator, device) for _ in range(num_layers)]
         return KVCache(name, layers, block_dim=1)
     raise ValueError(name)
 
 
-LAYOUTS = ["cpu_layer_major", "cpu_block_major", "flash"]
+LAYOUTS = [*LAYOUT_ORDERS, "LBHNC/k16", "LBNHC/k16"]
+"""What vLLM 0.32 can hand register_kv_caches: six layouts, and kernel blocks (LB* only)."""
 
 # (device_block_ids, host_block_ids): contiguous on both sides, scattered device ids into a
 # host run, scattered on both sides, and reversed order.

@@ -54,15 +54,17 @@ class FakeStream:
 
 
 class FakeGpu:
-    """StreamOps for CudaCopyEngine; priorities as CUDA's: lower is higher."""
+    """StreamOps for CudaCopyEngine; priorities as CUDA's: a larger number is lower."""
+
+    PRIORITY_RANGE = (0, -5)  # (lowest, highest), as torch.cuda.Stream.priority_range() on H100
 
     def __init__(self) -> None:
         self.compute = FakeStream("compute", 0)
         self.streams: list[FakeStream] = []
         self.host_syncs = 0
 
-    def new_stream(self, high_priority: bool) -> FakeStream:
-        stream = FakeStream(f"copy{len(self.streams)}", -1 if high_priority else 0)
+    def new_stream(self) -> FakeStream:
+        stream = FakeStream(f"copy{len(self.streams)}", self.PRIORITY_RANGE[0])
         self.streams.append(stream)
         return stream
 

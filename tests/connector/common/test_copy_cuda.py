@@ -1,11 +1,13 @@
-"""CUDA copy engine: pinned host buffer, side stream, event polling; skipped without a GPU."""
+"""CUDA copy engine: registered host buffer, lowest-priority side streams, event polling;
+skipped without a GPU."""
 
 import time
 
 import pytest
 import torch
 
-from kvscope.connector.common.copy_engine import make_copy_engine
+from kvscope.connector.common.copy_engine import Direction, make_copy_engine
+from kvscope.connector.common.host_buffer import BlockLayout, HostBuffer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -37,12 +39,12 @@ def test_cuda_round_trip_is_byte_exact(layout, block_plan, make_kv_cache, make_h
 
 
 def test_store_sees_kv_written_on_the_compute_stream_just_before(make_kv_cache, make_host_buffer):
-    kv = make_kv_cache("flash", device="cuda")
+    kv = make_kv_cache("LBNHC", device="cuda")
     host_buffer = make_host_buffer(kv, num_host_blocks=4, pin_memory=True)
     with make_copy_engine(kv.layers, host_buffer, kv.block_dim) as engine:
         torch.cuda._sleep(GPU_BUSY_CYCLES)  # the "forward pass" is still running...
         for layer in kv.layers:
-            layer[:, 3].fill_(7.0)  # ...and writes this block when it ends
+            layer[3].fill_(7.0)  # ...and writes this block when it ends
         started = time.monotonic()
         engine.submit_store([3], [1])
         submit_s = time.monotonic() - started
@@ -55,19 +57,19 @@ def test_store_sees_kv_written_on_the_compute_stream_just_before(make_kv_cache, 
 def test_compute_stream_can_wait_for_a_load_without_blocking_the_host(
     make_kv_cache, make_host_buffer
 ):
-    kv = make_kv_cache("flash", device="cuda", seed=3)
+    kv = make_kv_cache("LBHNC", device="cuda", seed=3)
     host_buffer = make_host_buffer(kv, num_host_blocks=4, pin_memory=True)
     host_buffer.block(2).fill_(5.0)
     with make_copy_engine(kv.layers, host_buffer, kv.block_dim) as engine:
         job_id = engine.submit_load([9], [2])
         engine.make_compute_stream_wait(job_id)
-        total = sum(layer[:, 9].float().sum() for layer in kv.layers)  # runs after the load
+        total = sum(layer[9].float().sum() for layer in kv.layers)  # runs after the load
         assert total.item() == 5.0 * host_buffer.block(2).numel()
         engine.drain(timeout_s=30)
 
 
 def test_cuda_failures_and_delays_are_reported_through_poll(make_kv_cache, make_host_buffer):
-    kv = make_kv_cache("cpu_layer_major", device="cuda")
+    kv = make_kv_cache("LBHNC", device="cuda")
     host_buffer = make_host_buffer(kv, num_host_blocks=4, pin_memory=True)
     with make_copy_engine(kv.layers, host_buffer, kv.block_dim) as engine:
         engine.submit_store([2], [2], delay_s=0.05)
@@ -81,17 +83,17 @@ def test_cuda_failures_and_delays_are_reported_through_poll(make_kv_cache, make_
     assert "out of bounds for storage" in failed.error
 
 
-def test_loads_run_on_a_higher_priority_stream_and_never_wait_for_stores(
+def test_copies_run_at_the_lowest_priority_and_loads_never_wait_for_stores(
     make_kv_cache, make_host_buffer
 ):
-    from kvscope.connector.common.copy_engine import Direction
-
-    kv = make_kv_cache("flash", device="cuda")
+    kv = make_kv_cache("LBNHC", device="cuda")
     host_buffer = make_host_buffer(kv, num_host_blocks=8, pin_memory=True)
     with make_copy_engine(kv.layers, host_buffer, kv.block_dim) as engine:
         load_stream = engine.lanes[Direction.LOAD].stream
         store_stream = engine.lanes[Direction.STORE].stream
-        assert load_stream.priority < store_stream.priority  # lower is higher in CUDA
+        lowest, highest = torch.cuda.Stream.priority_range()
+        assert lowest != highest, "this GPU has stream priorities"
+        assert load_stream.priority == store_stream.priority == lowest, "KV I/O yields"
         with torch.cuda.stream(store_stream):
             torch.cuda._sleep(GPU_BUSY_CYCLES)  # offloading is busy...
         store = engine.submit_store([1], [1])
@@ -104,7 +106,7 @@ def test_loads_run_on_a_higher_priority_stream_and_never_wait_for_stores(
 def test_cancel_fails_a_queued_load_and_holds_it_until_the_copy_ended(
     make_kv_cache, make_host_buffer
 ):
-    kv = make_kv_cache("flash", device="cuda")
+    kv = make_kv_cache("BLNHC", device="cuda")
     host_buffer = make_host_buffer(kv, num_host_blocks=8, pin_memory=True)
     with make_copy_engine(kv.layers, host_buffer, kv.block_dim) as engine:
         torch.cuda._sleep(GPU_BUSY_CYCLES)  # the load waits behind the compute stream
@@ -116,7 +118,7 @@ def test_cancel_fails_a_queued_load_and_holds_it_until_the_copy_ended(
 
 
 def test_submitting_and_polling_make_no_synchronising_call(make_kv_cache, make_host_buffer):
-    kv = make_kv_cache("flash", device="cuda")
+    kv = make_kv_cache("BLNHC", device="cuda")
     host_buffer = make_host_buffer(kv, num_host_blocks=8, pin_memory=True)
     with make_copy_engine(kv.layers, host_buffer, kv.block_dim) as engine:
         engine.submit_load([3, 9], [0, 1])  # warm-up: first pinned and device allocations
@@ -130,3 +132,41 @@ def test_submitting_and_polling_make_no_synchronising_call(make_kv_cache, make_h
         finally:
             torch.cuda.set_sync_debug_mode(0)
         assert all(r.ok for r in engine.drain(timeout_s=30))
+
+
+def host_allocator_bytes() -> int:
+    """Bytes torch's caching pinned allocator holds (its key changed name across versions)."""
+    stats = torch.cuda.host_memory_stats()
+    for key in ("allocated_bytes.current", "reserved_bytes.current"):
+        if key in stats:
+            return int(stats[key])
+    raise AssertionError(f"no byte count in torch.cuda.host_memory_stats(): {sorted(stats)}")
+
+
+def test_a_pinned_pool_of_odd_size_is_registered_exactly_not_rounded_up(make_kv_cache):
+    kv = make_kv_cache("LBHNC", device="cuda")
+    layout = BlockLayout.of(kv.layers, 0)
+    num_blocks = int(1.5 * 2**30) // layout.bytes_per_block + 1  # 1.5 GiB and one block
+    torch.cuda.synchronize()
+    allocator_before = host_allocator_bytes()
+    started = time.perf_counter()
+    host_buffer = HostBuffer(layout, num_blocks, pin_memory=True)
+    register_s = time.perf_counter() - started
+    try:
+        expected = num_blocks * layout.bytes_per_block
+        assert host_buffer.pinned and host_buffer.nbytes == expected
+        assert host_buffer.registered_bytes == expected, "registered exactly, not 2 GiB"
+        assert host_buffer.storage.is_pinned(), "page-locked (cudaPointerGetAttributes)"
+        assert host_buffer.layers[-1][-1].is_pinned(), "to its last block"
+        assert host_allocator_bytes() == allocator_before, "torch's pinned allocator not used"
+        with make_copy_engine(kv.layers, host_buffer, 0) as engine:
+            engine.submit_store([1, 2], [num_blocks - 2, num_blocks - 1])
+            [stored] = engine.drain(timeout_s=30)
+        assert stored.ok, stored.error
+        for host_id, device_id in ((num_blocks - 2, 1), (num_blocks - 1, 2)):
+            stored_bits = host_buffer.block(host_id).contiguous().view(torch.int16)
+            assert torch.equal(stored_bits, kv.block_bits(device_id).cpu())
+        print(f"registered {expected / 2**30:.2f} GiB in {register_s:.2f} s")
+    finally:
+        host_buffer.close()
+    assert host_buffer.registered_bytes == 0 and not host_buffer.storage.is_pinned()

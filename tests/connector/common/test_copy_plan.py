@@ -5,7 +5,7 @@ import random
 import numpy as np
 import pytest
 
-from kvscope.connector.common.block_copy import SMALL_JOB, plan_runs
+from kvscope.connector.common.copy_plan import SMALL_JOB, plan_runs
 
 
 def as_tuples(runs):

@@ -1,0 +1,88 @@
+"""How many copies a job takes over vLLM's views: a dense run is one memcpy per layer (LB*C),
+one for all layers (BL*C, as under a Multi with P2P), a gather only where blocks are not
+dense (LHBNC, BHLNC). Counted as the tensor operations torch really runs."""
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from kvscope.connector.common.copy_cpu import CpuCopyEngine
+from kvscope.connector.common.copy_cuda import CudaCopyEngine
+from tests.connector.common.fake_streams import FakeGpu
+
+COPY_OPS = {"copy_", "index_select", "index_copy_", "index_copy"}
+NUM_LAYERS = 3
+
+
+class CopyCounter(TorchDispatchMode):
+    """Counts the copy kernels (copy_, gathers, scatters) torch dispatches while active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__ in COPY_OPS:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def copies_of(engine, direction: str, device_ids: list[int], host_ids: list[int]) -> int:
+    """The copies a job reports; on the fake GPU (which copies at submit, on this thread)
+    checked against the kernels torch dispatched."""
+    submit = engine.submit_store if direction == "store" else engine.submit_load
+    with CopyCounter() as counter:
+        submit(device_ids, host_ids)
+    if isinstance(engine, CudaCopyEngine):
+        engine.ops.run_all()
+    [result] = engine.drain(timeout_s=10)
+    assert result.ok, result.error
+    if isinstance(engine, CudaCopyEngine):
+        assert result.num_copies == counter.count, "a job reports the copies it made"
+    return result.num_copies
+
+
+# (layout, device ids, host ids, copies): one run of 4 blocks; two device ranges into one host
+# run (no gather); blocks not dense on the device: a gather and a copy per layer.
+CASES = [
+    ("LBHNC", [3, 4, 5, 6], [0, 1, 2, 3], NUM_LAYERS),
+    ("LBNHC", [3, 4, 5, 6], [0, 1, 2, 3], NUM_LAYERS),
+    ("LBHNC/k16", [3, 4, 5, 6], [0, 1, 2, 3], NUM_LAYERS),
+    ("LBHNC", [3, 4, 10, 11], [0, 1, 2, 3], 2 * NUM_LAYERS),
+    ("BLNHC", [3, 4, 5, 6], [0, 1, 2, 3], 1),
+    ("BLHNC", [3, 4, 5, 6], [0, 1, 2, 3], 1),
+    ("BLNHC", [3, 4, 10, 11], [0, 1, 2, 3], 2),
+    ("BLNHC", [3, 4, 5, 6], [0, 1, 5, 6], 2),
+    ("LHBNC", [3, 4, 5, 6], [0, 1, 2, 3], 2 * NUM_LAYERS),
+]
+
+
+@pytest.mark.parametrize("direction", ["store", "load"])
+@pytest.mark.parametrize(("layout", "device_ids", "host_ids", "expected"), CASES)
+def test_dense_runs_are_merged_into_one_copy_each(
+    layout, device_ids, host_ids, expected, direction, make_kv_cache, make_host_buffer
+):
+    kv = make_kv_cache(layout)
+    host_buffer = make_host_buffer(kv, num_host_blocks=8)
+    engine = CudaCopyEngine(kv.layers, host_buffer, kv.block_dim, ops=FakeGpu())
+    assert copies_of(engine, direction, device_ids, host_ids) == expected
+
+
+@pytest.mark.parametrize("layout", ["LBHNC", "BLNHC"])
+def test_the_cpu_engine_copies_dense_runs_the_same_way(layout, make_kv_cache, make_host_buffer):
+    kv = make_kv_cache(layout)
+    with CpuCopyEngine(kv.layers, make_host_buffer(kv, num_host_blocks=8), 0) as engine:
+        expected = NUM_LAYERS if layout == "LBHNC" else 1
+        assert copies_of(engine, "store", [7, 8, 9], [2, 3, 4]) == expected
+        assert copies_of(engine, "load", [1, 2, 3], [2, 3, 4]) == expected
+
+
+def test_many_device_ranges_are_gathered_not_copied_one_by_one(make_kv_cache, make_host_buffer):
+    kv = make_kv_cache("BLNHC")
+    host_buffer = make_host_buffer(kv, num_host_blocks=8)
+    engine = CudaCopyEngine(kv.layers, host_buffer, kv.block_dim, ops=FakeGpu())
+    scattered = [1, 5, 9, 13, 17, 21]  # six ranges of one block: the ids, a gather, a copy
+    assert copies_of(engine, "store", scattered, list(range(6))) == 3
+    for position, device_block_id in enumerate(scattered):
+        stored = host_buffer.block(position).contiguous().view(torch.int16)
+        assert torch.equal(stored, kv.block_bits(device_block_id)), "byte-exact"
