@@ -220,11 +220,11 @@ def identify_layout(views: list[torch.Tensor]) -> str:
 
 def distinct_kv_memories(kv_caches: dict[str, Any], kv_cache_config: Any) -> dict[str, Any]:
     """One KV view per memory: with several KV cache groups vLLM overlays one layer of each
-    group on a tensor, so copying, registering or reading every view would move the same bytes
-    twice (the first group's layer names each memory). One group: every layer as it is."""
-    if len(getattr(kv_cache_config, "kv_cache_groups", None) or ()) <= 1:
-        return kv_caches
-    ordered = [name for g in kv_cache_config.kv_cache_groups for name in g.layer_names]
+    group on a tensor, and it aliases KV-sharing layers (YOCO, Gemma-3n) to the view of the
+    layer whose KV they reuse, so copying, registering or reading every view would move the
+    same bytes twice. The first name in the groups' order names each memory."""
+    groups = getattr(kv_cache_config, "kv_cache_groups", None) or ()
+    ordered = [name for g in groups for name in g.layer_names]
     ordered += [name for name in kv_caches if name not in set(ordered)]
     layers: dict[str, Any] = {}
     seen: set[int] = set()

@@ -50,7 +50,10 @@ class KVGroups:
 
     @property
     def multi(self) -> bool:
-        return self.num_groups > 1
+        """Whether hits follow each group's own rule and keys name their group: with several
+        groups, and with one sliding-window group (a model of only sliding-window layers),
+        whose hit needs only the window and whose skipped blocks are vLLM's null block."""
+        return self.num_groups > 1 or any(g.window_blocks is not None for g in self.groups)
 
     @classmethod
     def of(cls, kv_cache_config: Any) -> "KVGroups":
@@ -93,7 +96,21 @@ def _group(group_id: int, spec: Any) -> KVGroup:
 
 
 def layers_per_block(kv_cache_config: Any) -> int:
-    """KV layers a host block holds. vLLM overlays its groups' layers on shared KV memory (one
-    layer of each group per tensor; a block id belongs to one group at a time), so one block of
-    any group spans as many layers as the largest group has."""
+    """KV layer pages a host block holds: one per distinct memory the worker registers.
+
+    With layers outermost (LB* layouts) vLLM overlays its groups on shared KV memory (layer i
+    of every group at one address; a block id belongs to one group at a time), so a block of
+    any group spans as many layers as the largest group has. With blocks outermost (BL*, as
+    NIXL asks) it packs the groups' pages side by side in each block instead, and every
+    group's layers are memories of their own. The KVCacheTensors say which: the layers'
+    distinct start addresses. KV-sharing layers are in neither (vLLM adds them later).
+    """
+    tensors = getattr(kv_cache_config, "kv_cache_tensors", None) or ()
+    starts = {
+        tensor.offset + index * tensor.layer_stride
+        for tensor in tensors
+        for index in range(len(tensor.layers))
+    }
+    if starts:
+        return len(starts)
     return max(len(group.layer_names) for group in kv_cache_config.kv_cache_groups)

@@ -78,12 +78,12 @@ class HandOff:
         return self.block_size // self.kernel_block_size
 
     def block_bytes(self, layer_name: str, block_id: int) -> torch.Tensor:
-        """The bytes of one KV block of one layer as vLLM's view shows them (kernel blocks of
-        that block included), as uint8: compare these, not values (fp8 NaN patterns)."""
+        """The bytes of one KV block of one layer as vLLM's view shows them (its kernel blocks
+        included), flat uint8 in logical order: compare these, not values (fp8 NaNs)."""
         view = self.kv_caches[layer_name]
         ratio = view.shape[0] // self.num_blocks
         rows = view[block_id * ratio : (block_id + 1) * ratio]
-        return rows.contiguous().view(torch.uint8).clone()
+        return rows.contiguous().view(torch.uint8).reshape(-1).clone()
 
 
 def build_worker_kv_caches(
@@ -131,8 +131,8 @@ def build_worker_kv_caches(
     cache_config.block_size = block_size
     cache_config.cache_dtype = kv_cache_dtype
     cache_config.num_gpu_blocks_override = num_blocks
-    # A handful of blocks must pass vLLM's "one request of max_model_len fits" check.
-    vllm_config.model_config.max_model_len = block_size
+    # vLLM checks that one request of max_model_len fits (a hybrid model's in two groups).
+    vllm_config.model_config.max_model_len = max(1, num_blocks // 2 - 2) * block_size
     cache_config.kv_cache_layout = layout and KVCacheLayout[layout].name
     specs = _layer_specs(vllm_config, kind, block_size, kv_cache_dtype, num_layers)
     vllm_backend = decl.vllm_class()
@@ -140,6 +140,7 @@ def build_worker_kv_caches(
     resolved = resolve_kv_cache_layout(vllm_config, [supported], specs.values())
     [engine_config] = get_kv_cache_configs(vllm_config, [specs], [1 << 40])
     engine_config.kv_cache_layout = resolved.name
+    cache_config.num_gpu_blocks = engine_config.num_blocks  # as the engine core records it
     scheduler_config = generate_scheduler_kv_cache_config([engine_config])
     worker_config = copy.deepcopy(engine_config)
     runner_config = copy.deepcopy(engine_config)

@@ -1,0 +1,169 @@
+"""vLLM's real Scheduler and a connector's worker half over a GPU hand-off, stepped by hand.
+
+The scheduler builds the connector's scheduler half from the KVCacheConfig the engine core gives
+it; the worker half is built from the worker's config and registers the hand-off's views, as a
+GPU worker does. The "forward" writes into each block it computes a byte pattern that names the
+request, group, block index and layer, so a loaded block says whose KV landed in it and in what
+order its bytes came back.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Final
+
+import torch
+from vllm import SamplingParams
+from vllm.config import KVTransferConfig
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from vllm.utils.hashing import sha256_cbor
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.request import Request
+from vllm.v1.structured_output import StructuredOutputManager
+
+if TYPE_CHECKING:
+    from tests.gpu_handoff.builder import HandOff
+
+SENTINEL: Final = 0xA5
+"""The byte every KV block holds after clobber(): a load must change only the blocks it names."""
+OFFLOAD_MODULE: Final = "kvscope.connector.cpu_offload.connector"
+"""Where the traced offload connector lives."""
+CONNECTORS: Final = ("core", "traced", "multi")
+"""The connector set-ups over the offload connector: untraced, traced, and inside a Multi."""
+
+init_none_hash(sha256_cbor)
+
+
+def offload_transfer_config(setup: str, extra: dict[str, Any] | None = None) -> KVTransferConfig:
+    """The offload connector untraced ("core"), traced, or as the one child of a Multi."""
+    extra = {"cpu_bytes_to_use": 4 << 20, **(extra or {})}
+    if setup == "multi":
+        child = {
+            "name": "offload",
+            "kv_connector": "CpuOffloadConnector",
+            "kv_connector_module_path": OFFLOAD_MODULE,
+            "kv_connector_extra_config": extra,
+        }
+        return KVTransferConfig(
+            kv_connector="KvscopeMultiConnector",
+            kv_role="kv_both",
+            kv_connector_module_path="kvscope.connector.multi.connector",
+            kv_connector_extra_config={"connectors": [child]},
+        )
+    core = setup == "core"
+    return KVTransferConfig(
+        kv_connector="CpuOffloadCore" if core else "CpuOffloadConnector",
+        kv_connector_module_path="kvscope.connector.cpu_offload.core" if core else OFFLOAD_MODULE,
+        kv_role="kv_both",
+        kv_connector_extra_config=extra,
+    )
+
+
+def pattern(numel: int, req_id: str, group: int, index: int, layer: int) -> torch.Tensor:
+    """Bytes that differ from element to element and between any two blocks' fills."""
+    seed = sum(req_id.encode()) * 131 + group * 61 + index * 17 + layer * 7
+    return ((torch.arange(numel, dtype=torch.int64) * 7 + seed) % 251).to(torch.uint8)
+
+
+class HandOffEngine:
+    """A scheduler with the connector's scheduler half and one worker half, stepped by hand."""
+
+    def __init__(self, handoff: HandOff):
+        self.handoff = handoff
+        config = handoff.vllm_config
+        self.block_size = handoff.block_size
+        self.hasher = get_request_block_hasher(self.block_size, sha256_cbor)
+        self.scheduler = Scheduler(
+            config,
+            handoff.scheduler_kv_cache_config,
+            StructuredOutputManager(config),
+            block_size=self.block_size,
+            log_stats=True,
+        )
+        self.worker = KVConnectorFactory.create_connector(
+            config, KVConnectorRole.WORKER, handoff.kv_cache_config
+        )
+        self.worker.register_kv_caches(handoff.kv_caches)
+        # Layers that own KV, per group: KV-sharing layers write nowhere of their own.
+        self.group_layers = [g.layer_names for g in handoff.kv_cache_config.kv_cache_groups]
+        self.outputs: list[KVConnectorOutput] = []
+        # Each request's block ids when it last ran (vLLM forgets them when it finishes).
+        self.request_blocks: dict[str, tuple[list[int], ...]] = {}
+
+    def add(self, req_id: str, prompt: list[int], max_tokens: int = 1) -> None:
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+        self.scheduler.add_request(Request(req_id, prompt, params, None, block_hasher=self.hasher))
+
+    def step(self) -> Any:
+        output = self.scheduler.schedule()
+        self.worker.bind_connector_metadata(output.kv_connector_metadata)
+        self.worker.start_load_kv(None)
+        self._forward(output)
+        self.worker.wait_for_save()
+        time.sleep(0.01)  # the CPU copy thread posts results right after each copy
+        results = self.worker.get_transfer_results(output.finished_req_ids)
+        kv_output = KVConnectorOutput(
+            finished_sending=results.finished_sending,
+            finished_recving=results.finished_recving,
+            failed_recving=results.failed_recving,
+            invalid_block_ids=self.worker.get_block_ids_with_load_errors(),
+            kv_connector_worker_meta=self.worker.build_connector_worker_meta(),
+        )
+        self.worker.clear_connector_metadata()
+        self.outputs.append(kv_output)
+        req_ids = list(output.num_scheduled_tokens)
+        runner = ModelRunnerOutput(
+            req_ids,
+            {r: i for i, r in enumerate(req_ids)},
+            sampled_token_ids=[[7] for _ in req_ids],
+            kv_connector_output=kv_output,
+        )
+        self.scheduler.update_from_output(output, runner)
+        return output
+
+    def run_until_idle(self, max_steps: int = 60) -> None:
+        """Steps until every request finished and vLLM's prefix cache could be emptied (which
+        needs the connector to have let go of every block it was storing)."""
+        for _ in range(max_steps):
+            self.step()
+            if not self.scheduler.has_unfinished_requests() and self.scheduler.reset_prefix_cache():
+                return
+        raise AssertionError("requests or stores still unfinished")
+
+    def block_ids(self, req_id: str) -> tuple[list[int], ...]:
+        """A request's block ids per group, now or when it last ran."""
+        if req_id in self.scheduler.requests:
+            return self.scheduler.kv_cache_manager.get_block_ids(req_id)
+        return self.request_blocks[req_id]
+
+    def clobber(self) -> None:
+        """Every block of every layer set to SENTINEL: what is not loaded stays so."""
+        for view in self.handoff.kv_caches.values():
+            view.view(torch.uint8).fill_(SENTINEL)
+
+    def written(self, req_id: str, group: int, index: int, layer_name: str) -> torch.Tensor:
+        """The bytes the forward of req_id wrote into its block `index` of this layer."""
+        layer = self.group_layers[group].index(layer_name)
+        numel = self.handoff.block_bytes(layer_name, 0).numel()
+        return pattern(numel, req_id, group, index, layer)
+
+    def _forward(self, output: Any) -> None:
+        for req_id, num_tokens in output.num_scheduled_tokens.items():
+            done = self.scheduler.requests[req_id].num_computed_tokens  # already counts this step
+            first, last = (done - num_tokens) // self.block_size, done // self.block_size
+            self.request_blocks[req_id] = self.block_ids(req_id)
+            for group, ids in enumerate(self.request_blocks[req_id]):
+                for index in range(first, min(last, len(ids))):
+                    for layer_name in self.group_layers[group]:
+                        self._write(
+                            layer_name, ids[index], self.written(req_id, group, index, layer_name)
+                        )
+
+    def _write(self, layer_name: str, block_id: int, data: torch.Tensor) -> None:
+        view = self.handoff.kv_caches[layer_name]
+        ratio = view.shape[0] // self.handoff.num_blocks
+        rows = view[block_id * ratio : (block_id + 1) * ratio]
+        rows.view(torch.uint8).copy_(data.view(rows.view(torch.uint8).shape))

@@ -1,0 +1,117 @@
+"""The offload connector (untraced, traced, inside a Multi) over every CUDA backend's hand-off.
+
+For each backend x model kind x block size x KV dtype vLLM 0.32 would start on CUDA, the
+connector registers the views a GPU worker hands it (kernel-block views included), stores a
+request's blocks, and after every KV byte is clobbered loads them back for a second request with
+the same prompt: each loaded block holds the first request's bytes exactly, blocks the second
+request computed hold its own, and every other block is untouched.
+"""
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from tests.gpu_handoff.builder import build_worker_kv_caches, handoff_cases  # noqa: E402
+from tests.gpu_handoff.stepper import (  # noqa: E402
+    CONNECTORS,
+    SENTINEL,
+    HandOffEngine,
+    offload_transfer_config,
+)
+
+CASES = handoff_cases()
+PROMPT_BLOCKS = 4  # full blocks of the prompt; a few more tokens follow
+
+
+def case_id(case: tuple[str, str, int, str]) -> str:
+    return "-".join(str(part) for part in case)
+
+
+def stored_then_clobbered(tiny_model, case, setup: str, **build) -> HandOffEngine:
+    """r1's prompt computed and stored, vLLM's prefix cache emptied, every KV byte clobbered."""
+    backend, kind, block_size, dtype = case
+    handoff = build_worker_kv_caches(
+        backend,
+        kind,
+        block_size,
+        dtype,
+        num_blocks=16,
+        model=tiny_model,
+        kv_transfer_config=offload_transfer_config(setup),
+        **build,
+    )
+    engine = HandOffEngine(handoff)
+    engine.add("r1", prompt(block_size))
+    engine.run_until_idle()
+    engine.clobber()
+    return engine
+
+
+def prompt(block_size: int) -> list[int]:
+    return [100 + i % 1000 for i in range(PROMPT_BLOCKS * block_size + 3)]
+
+
+def assert_loaded_exactly(engine: HandOffEngine, req_id: str = "r2") -> None:
+    """r2's hit blocks hold r1's bytes; every other block (r2's partial last block, which the
+    forward leaves alone, included) still holds SENTINEL."""
+    handoff = engine.handoff
+    seen: set[tuple[str, int]] = set()
+    loaded = 0
+    for group, ids in enumerate(engine.block_ids(req_id)):
+        for index, block_id in enumerate(ids):
+            if block_id == 0 or index >= PROMPT_BLOCKS:  # 0: a sliding window skipped it
+                continue
+            for layer_name in engine.group_layers[group]:
+                got = handoff.block_bytes(layer_name, block_id)
+                expected = engine.written("r1", group, index, layer_name)
+                assert got.equal(expected), (layer_name, group, index, block_id)
+                seen.add((layer_name, block_id))
+                loaded += 1
+    assert loaded, "r2 loaded no block from the host pool"
+    for layer_name in handoff.kv_caches:
+        target = handoff.shared_layers.get(layer_name, layer_name)
+        for block_id in range(handoff.num_blocks):
+            if (target, block_id) in seen or _overlaid(engine, target, block_id, seen):
+                continue
+            untouched = handoff.block_bytes(layer_name, block_id)
+            assert bool((untouched == SENTINEL).all()), (layer_name, block_id, "was written")
+
+
+def _overlaid(engine: HandOffEngine, layer_name: str, block_id: int, seen) -> bool:
+    """Whether another group's layer that views the same memory holds this block."""
+    address = engine.handoff.kv_caches[layer_name].data_ptr()
+    return any(
+        engine.handoff.kv_caches[other].data_ptr() == address and b == block_id for other, b in seen
+    )
+
+
+@pytest.mark.parametrize("setup", CONNECTORS)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_blocks_load_back_byte_exactly_through_the_gpu_views(tiny_model, case, setup):
+    engine = stored_then_clobbered(tiny_model, case, setup)
+    engine.add("r2", prompt(case[2]))
+    engine.run_until_idle()
+    assert_loaded_exactly(engine)
+
+
+SHARING_CASES = [
+    ("FLASH_ATTN", "full", 16, "auto"),
+    ("FLASHINFER", "hybrid", 128, "auto"),
+    ("FLASHMLA", "mla", 64, "fp8"),
+]
+
+
+@pytest.mark.parametrize("setup", CONNECTORS)
+@pytest.mark.parametrize("case", SHARING_CASES, ids=case_id)
+def test_kv_sharing_layers_are_copied_once_and_both_halves_agree_on_the_pool(
+    tiny_model, case, setup
+):
+    """vLLM aliases KV-sharing layers into the dict after the connector is built: the worker
+    must size host blocks as the scheduler half does (which never sees those layers)."""
+    engine = stored_then_clobbered(tiny_model, case, setup, num_shared_layers=2)
+    assert len(engine.handoff.kv_caches) == len(engine.handoff.shared_layers) + sum(
+        len(layers) for layers in engine.group_layers
+    )
+    engine.add("r2", prompt(case[2]))
+    engine.run_until_idle()
+    assert_loaded_exactly(engine)
