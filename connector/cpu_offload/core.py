@@ -215,9 +215,13 @@ def preferred_layout(vllm_config: Any) -> str | None:
     asked = extra.get(EXTRA_LAYOUT)
     if asked is not None:
         return None if str(asked).lower() == "none" else layout_name(asked)
+    return None if _platform_is_cpu() else PREFERRED_LAYOUT
+
+
+def _platform_is_cpu() -> bool:
     from vllm.platforms import current_platform
 
-    return None if current_platform.is_cpu() else PREFERRED_LAYOUT
+    return current_platform.is_cpu()
 
 
 def kv_events_enabled(vllm_config: Any) -> bool:
