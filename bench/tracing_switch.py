@@ -48,8 +48,6 @@ def set_traced(connectors: list[InstrumentedConnector], traced: bool) -> None:
                 setattr(connector, name, getattr(connector.inner, name))
             elif name == "request_finished_all_groups":  # a wrapped connector without HMA
                 setattr(connector, name, _one_group(connector.inner))
-        if traced:  # as loaded: some hooks are the wrapped connector's own
-            connector.__dict__.update(connector.untraced_hooks())
 
 
 def _one_group(inner: KVConnectorBase_V1):

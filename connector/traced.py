@@ -12,8 +12,7 @@ kv_transfer_config = {
 }
 """
 
-import copy
-from typing import Any
+from typing import TYPE_CHECKING, Any, Final
 
 from vllm.config.kv_transfer import KVTransferConfig
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
@@ -24,12 +23,21 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from kvscope.connector.child_config import child_transfer_config
+from kvscope.connector.traced_stats import (
+    TracedPromMetrics,
+    TracedStats,
+    rebuild_stats,
+    traced_stats,
+)
 from kvscope.traces.instrumented import InstrumentedConnector
 
-EXTRA_CONNECTOR = "connector"
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+EXTRA_CONNECTOR: Final = "connector"
 """kv_connector_extra_config key naming the connector to wrap."""
 
-EXTRA_MODULE_PATH = "connector_module_path"
+EXTRA_MODULE_PATH: Final = "connector_module_path"
 """kv_connector_extra_config key with the wrapped connector's module, for non-built-ins."""
 
 
@@ -65,18 +73,35 @@ class TracedConnector(InstrumentedConnector, SupportsHMA):
         )
 
     @classmethod
-    def inner_vllm_config(cls, vllm_config: Any) -> Any:
-        outer = vllm_config.kv_transfer_config
-        inner = copy.copy(vllm_config)
-        inner.kv_transfer_config = cls._inner_transfer_config(
-            outer.kv_connector_extra_config or {}, outer
-        )
-        return inner
+    def inner_transfer_config(cls, kv_transfer_config: KVTransferConfig) -> KVTransferConfig:
+        extra = kv_transfer_config.kv_connector_extra_config or {}
+        return cls._inner_transfer_config(extra, kv_transfer_config)
 
-    def build_inner(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any):
+    def build_inner(self, vllm_config: "VllmConfig", role: KVConnectorRole, kv_cache_config):
         inner_config = self.inner_vllm_config(vllm_config)
         inner_class = KVConnectorFactory.get_connector_class(inner_config.kv_transfer_config)
         return inner_class(inner_config, role, kv_cache_config)
+
+    # --- stats: the logger process knows only this class, not the one it wraps ---------------
+
+    def get_kv_connector_stats(self) -> TracedStats | None:
+        return traced_stats(super().get_kv_connector_stats(), type(self._inner))
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None):
+        """The wrapped class's own stats object, rebuilt from TracedStats.to_dict() by that
+        class: vLLM's logger then aggregates, reduces and logs exactly what it would bare."""
+        return rebuild_stats(data)
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        inner = super().build_prom_metrics(
+            vllm_config, metric_types, labelnames, per_engine_labelvalues
+        )
+        if inner is None:
+            return None
+        labels = (labelnames, per_engine_labelvalues)
+        return TracedPromMetrics(vllm_config, metric_types, *labels, inner)
 
 
 TracedHMAConnector = TracedConnector

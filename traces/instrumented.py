@@ -1,7 +1,8 @@
 """InstrumentedConnector: a KV connector that traces every hook of the connector it wraps."""
 
+import copy
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any, Final
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
@@ -9,35 +10,24 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     supports_hma,
 )
 
+from kvscope.traces.forwarding import install_forwarders
 from kvscope.traces.scheduler_hooks import SchedulerHooks
 from kvscope.traces.scheduler_spans import SchedulerTracing
 from kvscope.traces.spans import HookSpans
-from kvscope.traces.worker_hooks import STEP_HOOKS, WorkerHooks
+from kvscope.traces.worker_hooks import WorkerHooks
 from kvscope.traces.worker_spans import WorkerTracing
 
-EXTRA_LAYER_MODE = "trace_layer_mode"
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.config.kv_transfer import KVTransferConfig
+
+EXTRA_LAYER_MODE: Final = "trace_layer_mode"
 """kv_connector_extra_config key: 'aggregated' (default) or 'per_layer' spans for layer hooks."""
 
-EXTRA_QUIET_HOOKS = "trace_quiet_hooks"
+EXTRA_QUIET_HOOKS: Final = "trace_quiet_hooks"
 """kv_connector_extra_config key: True gives per-step queries a span even when idle."""
 
-PASS_THROUGH = (
-    "bind_gpu_block_pool",
-    "get_loaded_kv_cache_group_ids",
-    "register_finished_partial_tail",
-    "has_pending_block_frees",
-    "has_pending_push_work",
-    "get_handshake_metadata",
-    "set_host_xfer_buffer_ops",
-    "get_mem_pool_context",
-    "finish_forward",
-    "reset_capture_state",
-    "get_finished_count",
-)
-"""Bookkeeping queries and plumbing, not lifecycle events: the wrapped connector's own methods
-answer them (bound on the instance, see untraced_hooks)."""
-
-NO_OP_BY_DEFAULT = (
+NO_OP_BY_DEFAULT: Final = (
     "handle_preemptions",
     "get_block_ids_with_load_errors",
     "get_kv_connector_stats",
@@ -45,8 +35,8 @@ NO_OP_BY_DEFAULT = (
     "build_connector_worker_meta",
     "take_events",
 )
-"""Hooks whose KVConnectorBase_V1 versions do nothing: a wrapped connector that keeps those
-answers them itself, since their span could only say that vLLM called them."""
+"""Traced hooks whose KVConnectorBase_V1 versions do nothing: a wrapped connector that keeps
+those runs them without a span, since a span could only say that vLLM called them."""
 
 
 def layer_span_mode(extra_config: dict[str, Any]) -> str:
@@ -93,27 +83,30 @@ class InstrumentedConnector(SchedulerHooks, WorkerHooks, KVConnectorBase_V1):
         self._failure_policy = ktc.kv_load_failure_policy
         inner_type = type(self._inner)
         self._spans = HookSpans(
-            inner_type.__name__, role_name, str(ktc.engine_id), str(ktc.kv_role),
+            inner_type.__name__,
+            role_name,
+            str(ktc.engine_id),
+            str(ktc.kv_role),
             reports=reports_facts(inner_type),
-        )  # fmt: skip
+        )
         self._sched = SchedulerTracing(self._spans)
         self._work = WorkerTracing(self._spans, per_layer=layer_mode == "per_layer")
-        self.__dict__.update(self.untraced_hooks())
-        # What a quiet step sets aside: the per-step hooks not already untraced.
-        self._aside_hooks = tuple(name for name in STEP_HOOKS if name not in self.__dict__)
+        self._untraced = self.untraced_hooks()
+        # A quiet step (no KV work: most decode steps) runs the per-step hooks bare, each
+        # checking this flag first (WorkerHooks.bind_connector_metadata sets it).
+        self._quiet_step = False
 
-    def untraced_hooks(self) -> dict[str, Any]:
-        """The hooks vLLM may call on the wrapped connector directly: bound on this instance,
-        they come before this class's methods. Most run every step, where a call through a
-        wrapper costs about 2 us in a 2 ms decode step of the demo model."""
+    def untraced_hooks(self) -> frozenset[str]:
+        """The NO_OP_BY_DEFAULT hooks the wrapped connector leaves to vLLM's base class: they
+        run without a span (unless quiet hooks are traced)."""
+        if self._trace_quiet_hooks:
+            return frozenset()
         inner_type = type(self._inner)
-        untraced = [
+        return frozenset(
             name
             for name in NO_OP_BY_DEFAULT
             if getattr(inner_type, name) is getattr(KVConnectorBase_V1, name)
-            and not self._trace_quiet_hooks
-        ]
-        return {name: getattr(self._inner, name) for name in PASS_THROUGH + tuple(untraced)}
+        )
 
     # --- what subclasses provide --------------------------------------------------------------
 
@@ -126,8 +119,19 @@ class InstrumentedConnector(SchedulerHooks, WorkerHooks, KVConnectorBase_V1):
         raise NotImplementedError
 
     @classmethod
-    def inner_vllm_config(cls, vllm_config: Any) -> Any:
-        return vllm_config
+    def inner_transfer_config(cls, kv_transfer_config: "KVTransferConfig") -> "KVTransferConfig":
+        """The wrapped connector's KVTransferConfig: the same, unless a subclass says otherwise."""
+        return kv_transfer_config
+
+    @classmethod
+    def inner_vllm_config(cls, vllm_config: "VllmConfig") -> "VllmConfig":
+        outer = vllm_config.kv_transfer_config
+        inner = cls.inner_transfer_config(outer)
+        if inner is outer:
+            return vllm_config
+        inner_config = copy.copy(vllm_config)
+        inner_config.kv_transfer_config = inner
+        return inner_config
 
     # --- class-level questions vLLM asks before building connectors --------------------------
 
@@ -167,15 +171,25 @@ class InstrumentedConnector(SchedulerHooks, WorkerHooks, KVConnectorBase_V1):
             cls.inner_vllm_config(vllm_config), metric_types, labelnames, per_engine_labelvalues
         )
 
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None):
+        """The wrapped class rebuilds its own stats (vLLM's logger asks the configured class):
+        for a wrapper whose inner class needs no config to be known (kvscope's own)."""
+        return cls.inner_class({}).build_kv_connector_stats(data)
+
+    @classmethod
+    def supports_sleep_mode(cls, kv_transfer_config: "KVTransferConfig") -> bool:
+        """vLLM 0.33's question (sleep mode on): the wrapped class's answer; a class written for
+        0.32 has none, and 0.33's default is True."""
+        inner = cls.inner_class(kv_transfer_config.kv_connector_extra_config or {})
+        ask = getattr(inner, "supports_sleep_mode", None)
+        return True if ask is None else ask(cls.inner_transfer_config(kv_transfer_config))
+
     # --- lifecycle shared by both roles -------------------------------------------------------
 
     @property
     def inner(self) -> KVConnectorBase_V1:
         return self._inner
-
-    @property
-    def requires_kv_delivery(self) -> bool:
-        return self._inner.requires_kv_delivery
 
     def set_xfer_handshake_metadata(self, metadata) -> None:
         with self._spans.hook("set_xfer_handshake_metadata"):
@@ -194,3 +208,9 @@ class InstrumentedConnector(SchedulerHooks, WorkerHooks, KVConnectorBase_V1):
 
         flush(timeout_s=5)
         return result
+
+
+# Every instance member of vLLM's connector API that the hooks above leave to the base class
+# (bookkeeping queries and plumbing, not lifecycle events) goes to the wrapped connector as is.
+FORWARDED: Final = install_forwarders(InstrumentedConnector)
+"""What InstrumentedConnector forwards untraced, derived from vLLM's KVConnectorBase_V1."""

@@ -116,8 +116,9 @@ class SchedulerHooks:
         call = self._inner.request_finished
         return self._finished(request, block_ids[0], call, block_ids[0])
 
-    def _finished(self, request: Any, first_group: list[int], call: Any, block_ids: Any,
-                  group_count: int = 1):  # fmt: skip
+    def _finished(
+        self, request: Any, first_group: list[int], call: Any, block_ids: Any, group_count: int = 1
+    ):
         """One request_finished span, whichever of the two vLLM called (one event: the request
         ended; KV_CACHE_GROUP_COUNT tells them apart); call gets block_ids."""
         ids = block_ids_attributes(names.BLOCK_IDS, first_group)
@@ -139,6 +140,8 @@ class SchedulerHooks:
         return delay_free, params
 
     def take_events(self):
+        if "take_events" in self._untraced:
+            return self._inner.take_events()
         events = list(self._inner.take_events())
         if events or self._trace_quiet_hooks:
             with self._spans.hook("take_events", None, **{names.EVENTS_COUNT: len(events)}):

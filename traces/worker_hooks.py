@@ -1,7 +1,7 @@
 """Traced worker-side hooks: a step span per bound metadata, a span per hook, per-layer timings."""
 
 import time
-from typing import Any
+from typing import Any, Final
 
 from kvscope.traces import names
 from kvscope.traces.attributes import (
@@ -14,7 +14,7 @@ from kvscope.traces.buffer import add_events
 from kvscope.traces.metadata import TracedMetadata
 from kvscope.traces.outcomes import outcome_of_policy
 
-STEP_HOOKS = (
+STEP_HOOKS: Final = (
     "start_load_kv",
     "wait_for_layer_load",
     "save_kv_layer",
@@ -26,9 +26,9 @@ STEP_HOOKS = (
     "build_connector_worker_meta",
 )
 """Hooks vLLM calls in every step between bind_connector_metadata and clear_connector_metadata,
-which in a quiet step go straight to the wrapped connector: what they return reaches the
-scheduler's update_connector_output, traced when it holds anything. Load errors are not among
-them: their load_failed event must not wait for a step with work."""
+which in a quiet step call the wrapped connector bare (each checks `_quiet_step` first): what
+they return reaches the scheduler's update_connector_output, traced when it holds anything.
+Load errors are not among them: their load_failed event must not wait for a step with work."""
 
 
 class WorkerHooks:
@@ -41,23 +41,29 @@ class WorkerHooks:
     def bind_connector_metadata(self, connector_metadata: Any) -> None:
         super().bind_connector_metadata(connector_metadata)
         if isinstance(connector_metadata, TracedMetadata):
-            self._step_aside(connector_metadata.quiet and not self._trace_quiet_hooks)
+            # From a quiet step (no KV work: most decode steps) to the next step with work, the
+            # STEP_HOOKS call the wrapped connector bare: a decode step then costs about what
+            # it costs untraced; what the connector reports in it is kept for a step span
+            # (WorkerTracing.begin_step).
+            self._quiet_step = connector_metadata.quiet and not self._trace_quiet_hooks
             self._work.begin_step(connector_metadata)
             connector_metadata = connector_metadata.inner
         self._inner.bind_connector_metadata(connector_metadata)
 
-    def _step_aside(self, aside: bool) -> None:
-        """From a quiet step (no KV work: most decode steps) to the next step with work, vLLM
-        calls the wrapped connector's STEP_HOOKS itself: they are bound on this instance, ahead
-        of the traced ones. A decode step then costs about what it costs untraced; what the
-        connector reports in it is kept for a step span (WorkerTracing.begin_step)."""
-        if aside == ("start_load_kv" in self.__dict__):
+    def unregister_kv_caches(self) -> None:
+        """vLLM 0.33's sleep: drop KV cache registrations (a 0.32 connector has none to drop)."""
+        self._sleep_hook("unregister_kv_caches")
+
+    def restore_kv_caches(self) -> None:
+        """vLLM 0.33's wake-up: register the KV caches again."""
+        self._sleep_hook("restore_kv_caches")
+
+    def _sleep_hook(self, hook: str) -> None:
+        call = getattr(self._inner, hook, None)
+        if call is None:  # written for vLLM 0.32: nothing to forward
             return
-        for name in self._aside_hooks:
-            if aside:
-                self.__dict__[name] = getattr(self._inner, name)
-            else:
-                self.__dict__.pop(name, None)
+        with self._spans.hook(hook):
+            call()
 
     def clear_connector_metadata(self) -> None:
         super().clear_connector_metadata()
@@ -66,6 +72,8 @@ class WorkerHooks:
 
     def handle_preemptions(self, kv_connector_metadata: Any) -> None:
         inner = getattr(kv_connector_metadata, "inner", kv_connector_metadata)
+        if "handle_preemptions" in self._untraced:
+            return self._inner.handle_preemptions(inner)
         preempted = getattr(kv_connector_metadata, "reqs_preempted", None)
         if preempted is not None and not preempted and not self._trace_quiet_hooks:
             self._work.note_quiet("handle_preemptions")
@@ -76,6 +84,8 @@ class WorkerHooks:
             return self._inner.handle_preemptions(inner)
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        if self._quiet_step:
+            return self._inner.start_load_kv(forward_context, **kwargs)
         if self._work.step_span is None and not self._trace_quiet_hooks:
             load = self._inner.start_load_kv  # an idle step
             return self._spans.quiet_call("start_load_kv", None, load, forward_context, **kwargs)
@@ -87,7 +97,7 @@ class WorkerHooks:
             return self._inner.start_load_kv(forward_context, **kwargs)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        if self._work.step_span is None and not self._trace_quiet_hooks:
+        if self._quiet_step or (self._work.step_span is None and not self._trace_quiet_hooks):
             return self._inner.wait_for_layer_load(layer_name)  # a step without KV work
         if self._work.per_layer:
             with self._spans.hook(
@@ -101,7 +111,7 @@ class WorkerHooks:
         self._work.timeline("layer_ready", self._work.loading, **{names.LAYER_NAME: layer_name})
 
     def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs) -> None:
-        if self._work.step_span is None and not self._trace_quiet_hooks:
+        if self._quiet_step or (self._work.step_span is None and not self._trace_quiet_hooks):
             return self._inner.save_kv_layer(layer_name, kv_layer, attn_metadata, **kwargs)
         if self._work.per_layer:
             with self._spans.hook(
@@ -113,6 +123,8 @@ class WorkerHooks:
         self._work.layer_call("save_kv_layer", layer_name, start, time.time_ns())
 
     def wait_for_save(self) -> None:
+        if self._quiet_step:
+            return self._inner.wait_for_save()
         if self._work.step_span is None and not self._trace_quiet_hooks:
             return self._spans.quiet_call("wait_for_save", None, self._inner.wait_for_save)
         self._work.flush_layer_calls()
@@ -120,12 +132,16 @@ class WorkerHooks:
             return self._inner.wait_for_save()
 
     def get_finished(self, finished_req_ids: set[str]):
+        if self._quiet_step:
+            return self._inner.get_finished(finished_req_ids)
         with self._spans.hook("get_finished", self._work.step_context) as span:
             sending, recving = self._inner.get_finished(finished_req_ids)
             span.set_attributes(finished_attributes(sending, recving))
         return sending, recving
 
     def get_transfer_results(self, finished_req_ids: set[str]):
+        if self._quiet_step:
+            return self._inner.get_transfer_results(finished_req_ids)
         start = time.time_ns()
         try:
             # Facts the connector reports land on the step span, or wait for a span of their own.
@@ -151,7 +167,8 @@ class WorkerHooks:
         return results
 
     def get_block_ids_with_load_errors(self) -> set[int]:
-        return self._quiet("get_block_ids_with_load_errors", names.LOAD_ERROR_BLOCK_IDS)
+        # Not a STEP_HOOK: a load failure is traced in a quiet step too.
+        return self._quiet("get_block_ids_with_load_errors", names.LOAD_ERROR_BLOCK_IDS, False)
 
     def get_kv_connector_stats(self):
         return self._quiet("get_kv_connector_stats", names.HOOK_RESULT)
@@ -162,8 +179,10 @@ class WorkerHooks:
     def build_connector_worker_meta(self):
         return self._quiet("build_connector_worker_meta", names.HOOK_RESULT)
 
-    def _quiet(self, hook: str, result_key: str):
+    def _quiet(self, hook: str, result_key: str, step_hook: bool = True):
         """A per-step query: a span only when it returns something (or quiet hooks are traced)."""
+        if (step_hook and self._quiet_step) or hook in self._untraced:
+            return getattr(self._inner, hook)()
         start = time.time_ns()
         try:
             result, events = self._work.call_in_step(getattr(self._inner, hook))

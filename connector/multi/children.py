@@ -21,8 +21,9 @@ _PASSED_APART = ("kv_connector", "kv_connector_module_path", "kv_connector_extra
 
 @dataclass
 class Child:
-    """One child connector, the name its spans, timelines and stats carry, and how it was
-    named in the config (which the logger process needs to rebuild its stats)."""
+    """One child connector, the name its spans, timelines and stats carry, and the class built
+    (the logger process rebuilds the child's stats with it: for a traced child the class it
+    wraps, which a config naming TracedConnector alone would not tell)."""
 
     name: str
     connector: KVConnectorBase_V1
@@ -73,10 +74,15 @@ def check_child(index: int, config: Any, outer_role: str | None) -> None:
         )
 
 
+def configured_class(config: dict[str, Any], outer: KVTransferConfig | None = None) -> type:
+    """The class the child's config names."""
+    return KVConnectorFactory.get_connector_class(transfer_config(config, outer))
+
+
 def child_class(config: dict[str, Any], outer: KVTransferConfig | None = None) -> type:
     """The class to build; kvscope's traced connectors give their untraced core, because the
     MultiConnector traces its children itself (as children of its own hook spans)."""
-    cls = KVConnectorFactory.get_connector_class(transfer_config(config, outer))
+    cls = configured_class(config, outer)
     if issubclass(cls, InstrumentedConnector):
         cls = cls.inner_class(config.get("kv_connector_extra_config") or {})
     return cls
@@ -96,8 +102,11 @@ def child_supports_hma(config: dict[str, Any], outer: KVTransferConfig | None = 
 def transfer_config(config: dict[str, Any], outer: KVTransferConfig | None) -> KVTransferConfig:
     """The child's own KVTransferConfig: its fields over what it inherits from the Multi."""
     # A field given as None is left out, so the child inherits it (vLLM would refuse a None role).
-    fields = {k: v for k, v in config.items()
-              if k in TRANSFER_FIELDS and k not in _PASSED_APART and v is not None}  # fmt: skip
+    fields = {
+        k: v
+        for k, v in config.items()
+        if k in TRANSFER_FIELDS and k not in _PASSED_APART and v is not None
+    }
     try:
         return child_transfer_config(
             config["kv_connector"],
@@ -127,6 +136,6 @@ def build_children(vllm_config: Any, role: Any, kv_cache_config: Any) -> list[Ch
         # The Multi reports what a child's failed load became: a fallback, or the policy.
         if hasattr(connector, "leave_failure_outcome_to_parent"):
             connector.leave_failure_outcome_to_parent()
-        module_path = config.get("kv_connector_module_path")
-        children.append(Child(config["name"], connector, config["kv_connector"], module_path))
+        built = type(connector)
+        children.append(Child(config["name"], connector, built.__name__, built.__module__))
     return children

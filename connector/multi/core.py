@@ -1,6 +1,6 @@
 """MultiCore: the untraced MultiConnector; the halves do the work, each hook is one line here."""
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
@@ -8,15 +8,13 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     SupportsHMA,
 )
 
-from kvscope.connector.multi import stats
-from kvscope.connector.multi.children import (
-    build_children,
-    child_class,
-    child_configs,
-    child_supports_hma,
-    child_vllm_config,
-)
-from kvscope.connector.multi.groups import num_groups, refuse_children_without_hma
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.config.kv_transfer import KVTransferConfig
+
+from kvscope.connector.multi import class_level, stats
+from kvscope.connector.multi.children import build_children
+from kvscope.connector.multi.groups import num_groups
 from kvscope.connector.multi.metadata import MultiMetadata
 from kvscope.connector.multi.scheduler import MultiScheduler
 from kvscope.connector.multi.worker import MultiWorker
@@ -37,7 +35,7 @@ class MultiCore(KVConnectorBase_V1, SupportsHMA):
         fallback = bool(extra.get("fallback", True))
         groups = num_groups(kv_cache_config)
         if groups > 1:  # asked of the classes, before any child starts (a NIXL agent, a pool)
-            _refuse_children_without_hma(outer, groups)
+            class_level.refuse_children_without_hma(outer, groups)
         self.children = build_children(vllm_config, role, kv_cache_config)
         # vLLM gathers every rank's worker output (TP x PP): loads end when all of them did.
         world_size = vllm_config.parallel_config.world_size
@@ -95,8 +93,9 @@ class MultiCore(KVConnectorBase_V1, SupportsHMA):
         return child.get_loaded_kv_cache_group_ids(request)
 
     def register_finished_partial_tail(self, request: Any, block_ids, partial_tail_offloads):
-        accepted = self._each("register_finished_partial_tail", request, block_ids,
-                              partial_tail_offloads)  # fmt: skip
+        accepted = self._each(
+            "register_finished_partial_tail", request, block_ids, partial_tail_offloads
+        )
         return any(accepted)
 
     def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
@@ -117,6 +116,14 @@ class MultiCore(KVConnectorBase_V1, SupportsHMA):
     @property
     def requires_kv_delivery(self) -> bool:
         return any(child.connector.requires_kv_delivery for child in self.children)
+
+    @property
+    def supports_divergent_local_hybrid_hits(self) -> bool:
+        """Only when every child can complete a divergent local hybrid hit: the scheduler asks
+        before it knows which child will serve the request (as vLLM's MultiConnector)."""
+        return bool(self.children) and all(
+            child.connector.supports_divergent_local_hybrid_hits for child in self.children
+        )
 
     def take_events(self):
         return [event for events in self._each("take_events") for event in events]
@@ -231,33 +238,33 @@ class MultiCore(KVConnectorBase_V1, SupportsHMA):
     def shutdown(self) -> None:
         self._each("shutdown")
 
-    # --- class-level questions ----------------------------------------------------------------
+    def unregister_kv_caches(self) -> None:
+        """vLLM 0.33's sleep: every child drops its registrations (one written for 0.32 has
+        no such hook and nothing to drop)."""
+        self._each_that_has("unregister_kv_caches")
+
+    def restore_kv_caches(self) -> None:
+        """vLLM 0.33's wake-up: every child registers its KV caches again."""
+        self._each_that_has("restore_kv_caches")
+
+    def _each_that_has(self, method: str) -> None:
+        for child in self.children:
+            if (call := getattr(child.connector, method, None)) is not None:
+                call()
+
+    # --- class-level questions (vLLM asks them before any connector exists) ----------------
 
     @classmethod
-    def get_required_kvcache_layout(cls, vllm_config: Any) -> str | None:
-        outer = vllm_config.kv_transfer_config
-        layouts = set()
-        for config in child_configs(outer.kv_connector_extra_config or {}, outer.kv_role):
-            child = child_class(config, outer)
-            layout = child.get_required_kvcache_layout(child_vllm_config(config, vllm_config))
-            if layout is not None:
-                layouts.add(layout)
-        if len(layouts) > 1:
-            raise ValueError(f"children need different KV cache layouts {sorted(layouts)}")
-        return next(iter(layouts), None)
+    def get_required_kvcache_layout(cls, vllm_config: "VllmConfig") -> str | None:
+        return class_level.required_kvcache_layout(vllm_config)
 
     @classmethod
     def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
-        """True when any child needs PIECEWISE CUDA graphs: the Multi's own per-layer hooks
-        only forward. Each child is asked as it is built here (kvscope's traced children as
-        their untraced core, with their own extra config), so a child's trace_layer_mode
-        asks nothing: the Multi gives its children no per-layer spans."""
-        return any(
-            child_class(config).requires_piecewise_for_cudagraph(
-                config.get("kv_connector_extra_config") or {}
-            )
-            for config in child_configs(extra_config)
-        )
+        return class_level.requires_piecewise_for_cudagraph(extra_config)
+
+    @classmethod
+    def supports_sleep_mode(cls, kv_transfer_config: "KVTransferConfig") -> bool:
+        return class_level.supports_sleep_mode(kv_transfer_config)
 
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> stats.MultiStats:
@@ -265,12 +272,6 @@ class MultiCore(KVConnectorBase_V1, SupportsHMA):
 
     @classmethod
     def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
-        return stats.build_prom_metrics(vllm_config, metric_types, labelnames,
-                                        per_engine_labelvalues)  # fmt: skip
-
-
-def _refuse_children_without_hma(outer: Any, groups: int) -> None:
-    configs = child_configs(outer.kv_connector_extra_config or {}, outer.kv_role)
-    children = [(c["name"], child_class(c, outer).__name__, child_supports_hma(c, outer))
-                for c in configs]  # fmt: skip
-    refuse_children_without_hma(children, groups)
+        return stats.build_prom_metrics(
+            vllm_config, metric_types, labelnames, per_engine_labelvalues
+        )

@@ -21,8 +21,12 @@ FAKE = "tests.connector.multi.fake_children"
 
 
 def child(name: str, **extra) -> dict:
-    return {"name": name, "kv_connector": "RecordingConnector", "kv_connector_module_path": FAKE,
-            "kv_connector_extra_config": {"owner": name, **extra}}  # fmt: skip
+    return {
+        "name": name,
+        "kv_connector": "RecordingConnector",
+        "kv_connector_module_path": FAKE,
+        "kv_connector_extra_config": {"owner": name, **extra},
+    }
 
 
 def multi(*children: dict, role=KVConnectorRole.WORKER) -> KvscopeMultiConnector:
@@ -74,8 +78,11 @@ def test_model_runner_plumbing_reaches_every_child():
 
 
 def test_stats_are_each_childs_by_name_and_survive_the_trip_to_the_logger():
-    connector = multi(child("hot", stats={"loaded_blocks": 3}), child("idle"),
-                      child("cold", stats={"loaded_blocks": 1, "stored_blocks": 2}))  # fmt: skip
+    connector = multi(
+        child("hot", stats={"loaded_blocks": 3}),
+        child("idle"),
+        child("cold", stats={"loaded_blocks": 1, "stored_blocks": 2}),
+    )
     stats = connector.get_kv_connector_stats()
     assert isinstance(stats, MultiStats) and set(stats.data) == {"hot", "cold"}
     assert stats["hot"].data == {"loaded_blocks": 3}
@@ -92,8 +99,10 @@ def test_stats_are_each_childs_by_name_and_survive_the_trip_to_the_logger():
     logging.observe(wire)
     lines = []
     logging.log(lambda fmt, *args: lines.append(fmt % args))
-    assert lines == ["KV Transfer metrics: hot={'loaded_blocks': 6}, "
-                     "cold={'loaded_blocks': 2, 'stored_blocks': 4}"]  # fmt: skip
+    assert lines == [
+        "KV Transfer metrics: hot={'loaded_blocks': 6}, "
+        "cold={'loaded_blocks': 2, 'stored_blocks': 4}"
+    ]
 
 
 def test_stats_from_another_version_are_refused():
@@ -106,9 +115,14 @@ def test_stats_from_another_version_are_refused():
 
 def test_each_childs_prometheus_metrics_observe_its_part_of_the_stats():
     registry = prometheus_client.CollectorRegistry()
-    types = {kind: functools.partial(kind, registry=registry)
-             for kind in (prometheus_client.Gauge, prometheus_client.Counter,
-                          prometheus_client.Histogram)}  # fmt: skip
+    types = {
+        kind: functools.partial(kind, registry=registry)
+        for kind in (
+            prometheus_client.Gauge,
+            prometheus_client.Counter,
+            prometheus_client.Histogram,
+        )
+    }
     config = outer(NIXL, child("offload"), role="kv_both")
     vllm_config = SimpleNamespace(kv_transfer_config=config)
     metrics = KvscopeMultiConnector.build_prom_metrics(vllm_config, types, ["engine"], {0: ["0"]})
@@ -120,3 +134,24 @@ def test_each_childs_prometheus_metrics_observe_its_part_of_the_stats():
     metrics.observe(MsgpackDecoder().decode(MsgpackEncoder().encode(stats.to_dict())))
     sample = registry.get_sample_value("vllm:nixl_bytes_transferred_sum", {"engine": "0"})
     assert sample == 4096
+
+
+def test_a_traced_childs_stats_are_rebuilt_by_the_class_it_wraps():
+    """A TracedConnector child is built as the class it wraps; the logger process, which builds
+    no connector, must rebuild that class's stats (the config names only TracedConnector)."""
+    traced = {
+        "name": "traced",
+        "kv_connector": "TracedConnector",
+        "kv_connector_module_path": "kvscope.connector.traced",
+        "kv_connector_extra_config": {
+            "connector": "RecordingConnector",
+            "connector_module_path": FAKE,
+            "owner": "traced",
+            "stats": {"loaded_blocks": 2},
+        },
+    }
+    stats = multi(traced).get_kv_connector_stats()
+    wire = MsgpackDecoder().decode(MsgpackEncoder().encode(stats.to_dict()))
+    rebuilt = KvscopeMultiConnector.build_kv_connector_stats(wire)
+    assert isinstance(rebuilt["traced"], SummedStats)
+    assert rebuilt["traced"].data == {"loaded_blocks": 2}

@@ -1,0 +1,74 @@
+"""What vLLM asks the Multi's class before any connector exists, answered from its children's
+classes: KV cache layout, CUDA graph mode, sleep mode, hybrid KV cache manager support."""
+
+from typing import TYPE_CHECKING, Any
+
+from kvscope.connector.multi.children import (
+    child_class,
+    child_configs,
+    child_supports_hma,
+    child_vllm_config,
+    configured_class,
+    transfer_config,
+)
+from kvscope.connector.multi.groups import refuse_children_without_hma as refuse
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.config.kv_transfer import KVTransferConfig
+
+
+def required_kvcache_layout(vllm_config: "VllmConfig") -> str | None:
+    """The one layout the children need, if any; children needing two cannot share a cache."""
+    outer = vllm_config.kv_transfer_config
+    layouts = set()
+    for config in child_configs(outer.kv_connector_extra_config or {}, outer.kv_role):
+        child = child_class(config, outer)
+        layout = child.get_required_kvcache_layout(child_vllm_config(config, vllm_config))
+        if layout is not None:
+            layouts.add(layout)
+    if len(layouts) > 1:
+        raise ValueError(f"children need different KV cache layouts {sorted(layouts)}")
+    return next(iter(layouts), None)
+
+
+def requires_piecewise_for_cudagraph(extra_config: dict[str, Any]) -> bool:
+    """True when any child needs PIECEWISE CUDA graphs: the Multi's own per-layer hooks
+    only forward. Each child is asked as it is built here (kvscope's traced children as
+    their untraced core, with their own extra config), so a child's trace_layer_mode
+    asks nothing: the Multi gives its children no per-layer spans."""
+    return any(
+        child_class(config).requires_piecewise_for_cudagraph(
+            config.get("kv_connector_extra_config") or {}
+        )
+        for config in child_configs(extra_config)
+    )
+
+
+def supports_sleep_mode(kv_transfer_config: "KVTransferConfig") -> bool:
+    """vLLM 0.33's question: only when every child follows sleep mode (as vLLM's
+    MultiConnector); each child's class is asked with its own config, kvscope's traced
+    ones through their wrapper (which asks what it wraps)."""
+    extra = kv_transfer_config.kv_connector_extra_config or {}
+    configs = child_configs(extra, kv_transfer_config.kv_role)
+    return bool(configs) and all(
+        _class_supports_sleep_mode(
+            configured_class(config, kv_transfer_config),
+            transfer_config(config, kv_transfer_config),
+        )
+        for config in configs
+    )
+
+
+def _class_supports_sleep_mode(cls: type, kv_transfer_config: "KVTransferConfig") -> bool:
+    ask = getattr(cls, "supports_sleep_mode", None)  # vLLM 0.33; 0.32's classes have none
+    return True if ask is None else ask(kv_transfer_config)
+
+
+def refuse_children_without_hma(outer: "KVTransferConfig", groups: int) -> None:
+    """Refuses, naming them, children that cannot take several KV cache groups."""
+    configs = child_configs(outer.kv_connector_extra_config or {}, outer.kv_role)
+    children = [
+        (c["name"], child_class(c, outer).__name__, child_supports_hma(c, outer)) for c in configs
+    ]
+    refuse(children, groups)
