@@ -115,3 +115,78 @@ def test_kv_sharing_layers_are_copied_once_and_both_halves_agree_on_the_pool(
     engine.add("r2", prompt(case[2]))
     engine.run_until_idle()
     assert_loaded_exactly(engine)
+
+
+LAYOUTS = ("LBHNC", "LBNHC", "LHBNC", "BLHNC", "BLNHC", "BHLNC")
+"""Every layout vLLM 0.32 can resolve: the connector's own LBHNC, CUDA's default LBNHC, P2P's
+BLNHC (beside it in a Multi), and any VLLM_KV_CACHE_LAYOUT a user sets."""
+LAYOUT_CASES = [
+    ("FLASH_ATTN", "full", 16, "auto"),
+    ("FLASHINFER", "full", 128, "auto"),
+    ("TRITON_ATTN", "hybrid", 64, "fp8"),
+    ("FLASH_ATTN", "sliding_window", 32, "auto"),
+    ("FLASHMLA", "mla", 128, "auto"),
+]
+
+
+@pytest.mark.parametrize("setup", CONNECTORS)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("case", LAYOUT_CASES, ids=case_id)
+def test_every_layout_vllm_resolves_loads_back_byte_exactly(tiny_model, case, layout, setup):
+    if case[:3] == ("FLASHINFER", "full", 128) and layout == "LHBNC":
+        # vLLM itself refuses to split LHBNC's interleaved blocks into kernel blocks.
+        with pytest.raises(ValueError, match="Reduce --block-size to 64"):
+            stored_then_clobbered(tiny_model, case, setup, layout=layout)
+        return
+    engine = stored_then_clobbered(tiny_model, case, setup, layout=layout)
+    assert engine.handoff.layout == layout
+    engine.add("r2", prompt(case[2]))
+    engine.run_until_idle()
+    assert_loaded_exactly(engine)
+
+
+def refused_config(tiny_model, setup: str, other_spec: str):
+    """A hand-off's configs with a second group the offload connector cannot keep."""
+    import torch
+    from vllm.v1.core.kv_cache_utils import get_kv_cache_configs
+    from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec, FullAttentionSpec
+
+    handoff = build_worker_kv_caches(
+        "FLASH_ATTN",
+        "full",
+        16,
+        model=tiny_model,
+        kv_transfer_config=offload_transfer_config(setup),
+    )
+    full = handoff.kv_cache_config.kv_cache_groups[0].kv_cache_spec
+    if other_spec == "chunked_local":
+        other = ChunkedLocalAttentionSpec(
+            block_size=16,
+            num_kv_heads=2,
+            head_size=64,
+            dtype=torch.bfloat16,
+            attention_chunk_size=64,
+        )
+    else:  # the same page in blocks of 32 tokens: half the heads
+        other = FullAttentionSpec(block_size=32, num_kv_heads=1, head_size=64, dtype=full.dtype)
+    specs = {"model.layers.0.self_attn.attn": full, "model.layers.1.self_attn.attn": other}
+    [config] = get_kv_cache_configs(handoff.vllm_config, [specs], [1 << 40])
+    assert len(config.kv_cache_groups) == 2
+    return handoff.vllm_config, config
+
+
+@pytest.mark.parametrize("setup", CONNECTORS)
+@pytest.mark.parametrize(
+    ("other_spec", "what_to_change"),
+    [("chunked_local", "--disable-hybrid-kv-cache-manager"), ("block_size", "--block-size")],
+)
+def test_a_group_the_connector_cannot_keep_is_refused_at_start_saying_what_to_change(
+    tiny_model, setup, other_spec, what_to_change
+):
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+    vllm_config, config = refused_config(tiny_model, setup, other_spec)
+    for role in (KVConnectorRole.SCHEDULER, KVConnectorRole.WORKER):
+        with pytest.raises(ValueError, match=what_to_change):
+            KVConnectorFactory.create_connector(vllm_config, role, config)
