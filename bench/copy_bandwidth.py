@@ -90,7 +90,8 @@ class Setup:
 def build(config: BenchConfig) -> Setup:
     num_device_blocks = 2 * config.num_blocks
     shape = (config.num_layers, num_device_blocks, config.num_kv_heads, config.block_size)
-    storage = torch.randn(*shape, 2 * config.head_dim).to(config.device, torch.bfloat16)
+    # Made on the device: a GiB of randn on one CPU thread takes longer than the whole bench.
+    storage = torch.randn(*shape, 2 * config.head_dim, device=config.device, dtype=torch.bfloat16)
     kv_layers = list(storage.unbind(0))
     layout = BlockLayout.of(kv_layers, block_dim=0)
     host_buffer = HostBuffer(layout, config.num_blocks, pin_memory=config.device == "cuda")
@@ -148,6 +149,7 @@ def measure(config: BenchConfig) -> list[Measurement]:
             samples[name].append(timed(action, sync))
     num_bytes = config.num_blocks * config.bytes_per_block
     engine.shutdown()
+    engine.host_buffer.close()
     # The engine's own copy time, without submit and hand-off: where any gap comes from.
     samples |= {f"copy only {direction}": s for direction, s in copy_only.items()}
     return [Measurement(n, s[1:], num_bytes) for n, s in samples.items()]

@@ -1,83 +1,161 @@
-"""The offload copy engine on a GPU: byte-exact round trips, no host syncs, no device memory
-growth, and loads overlapping a matmul on the compute stream; one JSON file of results.
+"""The offload copy engine on a GPU over the views vLLM 0.32 hands a connector: byte-exact
+round trips through a registered host pool of an odd size, no host syncs, no device memory
+growth; then the overlap and decode checks of bench/gpu_overlap.py. One JSON file of results.
 
 Needs torch only (no vLLM). `--device cpu` runs the same checks on the CPU engine, where the
-sync and memory checks do not apply, so tests can run this module anywhere.
+pinning, sync and memory checks do not apply, so tests can run this module anywhere.
 """
 
 import argparse
 import json
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from kvscope.bench.results import record
+from kvscope.bench.gpu_overlap import check_decode_slowdown, check_overlap
+from kvscope.bench.kv_views import KVShape, vllm_kv_layers
 from kvscope.connector.common.copy_engine import CopyEngine, make_copy_engine
 from kvscope.connector.common.host_buffer import BlockLayout, HostBuffer
 
-MIN_OVERLAP = 0.5  # of the shorter of load and matmul, hidden behind the other (CUDA only)
+ROUND_TRIP_LAYOUTS = ("LBNHC", "LBHNC", "BLNHC", "LBHNC/k16", "LBNHC/k16")
+"""What vLLM 0.32 hands over on CUDA: its default (LBNHC), what the offload connector asks
+for (LBHNC), what NIXL asks for under a Multi (BLNHC), and FlashInfer-style kernel blocks."""
 
 
-def kv_layers(layout: str, num_blocks: int, device: str, block_mib: float) -> tuple[list, int]:
-    """vLLM's flash layout [2, nb, bs, h, d] (block dim 1) or a layer-major [nb, ...] one."""
-    heads, head_dim = 8, 128
-    block_size = max(1, int(block_mib * 2**20 / (2 * heads * head_dim * 2)))
-    generator = torch.Generator().manual_seed(0)
-    if layout == "flash":
-        shape, block_dim = (2, num_blocks, block_size, heads, head_dim), 1
+def kv_shape(device: str) -> KVShape:
+    if device == "cuda":  # 128 KiB pages, 512 KiB a block across layers
+        return KVShape(num_layers=4, num_blocks=64, num_kv_heads=8, block_size=32, head_size=128)
+    return KVShape(num_layers=3, num_blocks=64, num_kv_heads=2, block_size=32, head_size=16)
+
+
+def kv_cache(name: str, device: str, seed: int) -> list[torch.Tensor]:
+    """vLLM's views of a layout by name ("LBHNC/k16": 16-token kernel blocks, twice the rows)."""
+    layout, _, kernel = name.partition("/k")
+    return vllm_kv_layers(layout, kv_shape(device), device, seed, int(kernel) if kernel else None)
+
+
+def odd_pool_blocks(layout: BlockLayout, device: str) -> int:
+    """Host blocks for 1.5 GiB and one block on CUDA (not a power of two), 2 MiB and one here."""
+    pool_bytes = int(1.5 * 2**30) if device == "cuda" else 2 * 2**20
+    return pool_bytes // layout.bytes_per_block + 1
+
+
+def block_bits(layers: list[torch.Tensor], block_id: int) -> torch.Tensor:
+    return torch.stack([layer[block_id].cpu() for layer in layers]).view(torch.int16)
+
+
+def check_pinned_pool(device: str) -> tuple[dict, HostBuffer]:
+    """The host pool the round trips use: exactly its bytes registered, page-locked, and
+    torch's caching pinned allocator (which rounds up to powers of two) untouched."""
+    layers = kv_cache("LBNHC", device, seed=0)
+    layout = BlockLayout.of(layers, 0)
+    num_blocks = odd_pool_blocks(layout, device)
+    pinned = device == "cuda"
+    allocator_before = _host_allocator_bytes() if pinned else None
+    host_buffer = HostBuffer(layout, num_blocks, pin_memory=pinned)
+    expected = num_blocks * layout.bytes_per_block
+    report = {
+        "applies": pinned,
+        "nbytes": host_buffer.nbytes,
+        "expected_bytes": expected,
+        "registered_bytes": host_buffer.registered_bytes,
+        "num_blocks": num_blocks,
+    }
+    if pinned:
+        report["page_locked"] = bool(host_buffer.storage.is_pinned())
+        allocator_after = _host_allocator_bytes()
+        report["allocator_growth_bytes"] = (
+            None if allocator_before is None else allocator_after - allocator_before
+        )
+        report["ok"] = (
+            host_buffer.registered_bytes == expected == host_buffer.nbytes
+            and report["page_locked"]
+            and report["allocator_growth_bytes"] in (0, None)
+        )
     else:
-        shape, block_dim = (num_blocks, heads, block_size, 2 * head_dim), 0
-    layers = [torch.randn(shape, generator=generator).to(device, torch.bfloat16) for _ in range(2)]
-    return layers, block_dim
+        report["ok"] = host_buffer.nbytes == expected
+    return report, host_buffer
 
 
-def engine_for(layers: list, block_dim: int, num_host_blocks: int) -> CopyEngine:
-    layout = BlockLayout.of(layers, block_dim)
-    pinned = layers[0].device.type == "cuda"
-    return make_copy_engine(
-        layers, HostBuffer(layout, num_host_blocks, pin_memory=pinned), block_dim
-    )
+def _host_allocator_bytes() -> int | None:
+    """Bytes torch's caching pinned allocator holds; None where this torch cannot say."""
+    stats_of = getattr(torch.cuda, "host_memory_stats", None)
+    stats = stats_of() if stats_of is not None else {}
+    for key in ("allocated_bytes.current", "reserved_bytes.current"):
+        if key in stats:
+            return int(stats[key])
+    return None
 
 
-def block_bytes(layers: list, block_dim: int, block_id: int) -> torch.Tensor:
-    return torch.stack([layer.select(block_dim, block_id).cpu() for layer in layers]).view(
-        torch.int16
-    )
+SMALL_POOL_BLOCKS = 33
+"""Host blocks of the other layouts' pools: also not a power of two, and quick to register."""
 
 
-def check_round_trip(device: str, layout: str, scattered: bool) -> dict:
-    """Store blocks, load them into other blocks: equal bytes there, nothing else touched."""
-    layers, block_dim = kv_layers(layout, 64, device, block_mib=0.25)
-    engine = engine_for(layers, block_dim, num_host_blocks=32)
+def pool_for(layout: BlockLayout, device: str, pools: dict[tuple, HostBuffer]) -> HostBuffer:
+    """One registered host pool per host layout, reused by that layout's round trips."""
+    key = (layout.layer_block_shape, layout.block_order, layout.block_major, layout.num_layers)
+    if key not in pools:
+        pools[key] = HostBuffer(layout, SMALL_POOL_BLOCKS, pin_memory=device == "cuda")
+    return pools[key]
+
+
+def pool_key(host_buffer: HostBuffer) -> tuple:
+    layout = host_buffer.layout
+    return (layout.layer_block_shape, layout.block_order, layout.block_major, layout.num_layers)
+
+
+def check_round_trip(
+    device: str, name: str, scattered: bool, pools: dict[tuple, HostBuffer]
+) -> dict:
+    """Store blocks, load them into other blocks: equal bytes there, nothing else touched.
+
+    The host ids include the pool's last block, so the end of the registration is used.
+    """
+    layers = kv_cache(name, device, seed=1)
+    num_blocks = layers[0].shape[0]
+    host_buffer = pool_for(BlockLayout.of(layers, 0), device, pools)
+    last = host_buffer.num_blocks - 1
     sources = [5, 61, 2, 30, 17, 8] if scattered else [10, 11, 12, 13, 14, 15]
     targets = [40, 3, 50, 22, 9, 33] if scattered else [40, 41, 42, 43, 44, 45]
-    hosts = [7, 1, 20, 2, 3, 31] if scattered else [0, 1, 2, 3, 4, 5]
-    expected = [block_bytes(layers, block_dim, b) for b in sources]
-    others = [b for b in range(64) if b not in targets]
-    before = {b: block_bytes(layers, block_dim, b) for b in others}
+    hosts = [last, 1, 20, 2, 3, last - 7] if scattered else [last - 5 + n for n in range(6)]
+    expected = [block_bits(layers, b) for b in sources]
+    others = [b for b in range(num_blocks) if b not in targets]
+    before = {b: block_bits(layers, b) for b in others}
+    engine = make_copy_engine(layers, host_buffer, 0)
     engine.wait(engine.submit_store(sources, hosts))
     engine.wait(engine.submit_load(targets, hosts))
     results = engine.poll()
     engine.shutdown()
     exact = all(
-        torch.equal(block_bytes(layers, block_dim, t), e)
-        for t, e in zip(targets, expected, strict=True)
+        torch.equal(block_bits(layers, t), e) for t, e in zip(targets, expected, strict=True)
     )
-    untouched = all(torch.equal(block_bytes(layers, block_dim, b), before[b]) for b in others)
+    untouched = all(torch.equal(block_bits(layers, b), before[b]) for b in others)
     errors = [r.error for r in results if not r.ok]
-    return {"layout": layout, "scattered": scattered, "ok": exact and untouched and not errors,
-            "byte_exact": exact, "others_untouched": untouched, "errors": errors}  # fmt: skip
+    return {
+        "layout": name,
+        "scattered": scattered,
+        "ok": exact and untouched and not errors,
+        "byte_exact": exact,
+        "others_untouched": untouched,
+        "errors": errors,
+        "copies": [r.num_copies for r in results],
+        "host_blocks": host_buffer.num_blocks,
+        "pinned": host_buffer.pinned,
+    }
+
+
+def engine_for(name: str, device: str, num_host_blocks: int) -> CopyEngine:
+    layers = kv_cache(name, device, seed=2)
+    host_buffer = HostBuffer(BlockLayout.of(layers, 0), num_host_blocks, device == "cuda")
+    return make_copy_engine(layers, host_buffer, 0)
 
 
 def check_no_host_sync(device: str) -> dict:
     """Submitting and polling never wait for the GPU: torch raises on any synchronising call."""
     if device != "cuda":
         return {"ok": True, "applies": False}
-    layers, block_dim = kv_layers("flash", 64, device, block_mib=0.25)
-    engine = engine_for(layers, block_dim, num_host_blocks=32)
+    engine = engine_for("LBNHC", device, num_host_blocks=32)
     engine.wait(engine.submit_store([1, 9, 4], [0, 1, 2]))  # warm-up: first allocations
     engine.poll()
     error = None
@@ -101,100 +179,57 @@ def check_no_memory_growth(device: str) -> dict:
     """After the engine is built, its jobs allocate no device memory (staging is reused)."""
     if device != "cuda":
         return {"ok": True, "applies": False}
-    layers, block_dim = kv_layers("flash", 256, device, block_mib=0.25)
-    engine = engine_for(layers, block_dim, num_host_blocks=128)
-    ids = torch.randperm(256, generator=torch.Generator().manual_seed(1))[:96].tolist()
-    engine.wait(engine.submit_store(ids, list(range(96))))  # warm-up: both streams, once
-    engine.wait(engine.submit_load(ids, list(range(96))))
+    engine = engine_for("LBNHC", device, num_host_blocks=48)
+    ids = torch.randperm(64, generator=torch.Generator().manual_seed(1))[:48].tolist()
+    engine.wait(engine.submit_store(ids, list(range(48))))  # warm-up: both streams, once
+    engine.wait(engine.submit_load(ids, list(range(48))))
     engine.poll()
     torch.cuda.synchronize()
     baseline = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     for _ in range(5):
-        engine.submit_store(ids, list(range(96)))
-        engine.submit_load(ids[::-1], list(range(96)))
+        engine.submit_store(ids, list(range(48)))
+        engine.submit_load(ids[::-1], list(range(48)))
     engine.drain()
     growth = torch.cuda.max_memory_allocated() - baseline
     engine.shutdown()
     return {"ok": growth == 0, "applies": True, "peak_growth_bytes": int(growth)}
 
 
-def timed(action: Callable[[], None], sync: Callable[[], None]) -> float:
-    sync()
-    started = time.perf_counter()
-    action()
-    sync()
-    return time.perf_counter() - started
-
-
-def check_overlap(device: str, load_mib: int) -> dict:
-    """A load submitted before a matmul runs beside it: overlap 1 hides the shorter fully."""
-    num_blocks = 2 * load_mib
-    layers, block_dim = kv_layers("flash", num_blocks, device, block_mib=0.5)  # 2 layers: 1 MiB
-    engine = engine_for(layers, block_dim, num_host_blocks=load_mib)
-    ids = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(2))[:load_mib]
-    sync = torch.cuda.synchronize if device == "cuda" else lambda: None
-    size = 4096 if device == "cuda" else 384
-    a = torch.randn(size, size, device=device, dtype=torch.bfloat16)
-
-    def load() -> None:
-        engine.wait(engine.submit_load(ids.tolist(), list(range(load_mib))))
-
-    def matmuls(count: int) -> Callable[[], None]:
-        def compute() -> None:
-            for _ in range(count):
-                torch.mm(a, a)
-
-        return compute
-
-    load_s = min(timed(load, sync) for _ in range(3))
-    one_s = min(timed(matmuls(4), sync) for _ in range(3)) / 4
-    count = max(1, round(load_s / one_s))  # a compute phase about as long as the load
-    compute_s = min(timed(matmuls(count), sync) for _ in range(3))
-
-    def both() -> None:
-        job = engine.submit_load(ids.tolist(), list(range(load_mib)))
-        matmuls(count)()
-        engine.wait(job)
-
-    both_s = min(timed(both, sync) for _ in range(3))
-    engine.poll()
-    engine.shutdown()
-    overlap = (load_s + compute_s - both_s) / min(load_s, compute_s)
-    ok = device != "cuda" or overlap >= MIN_OVERLAP
-    return {"ok": ok, "load_s": load_s, "compute_s": compute_s, "both_s": both_s,
-            "overlap": overlap, "matmuls": count, "load_mib": load_mib,
-            "compute_slowdown": both_s / compute_s}  # fmt: skip
-
-
 def run(device: str, load_mib: int) -> dict:
-    cases = [(layout, scattered) for layout in ("flash", "layer_major") for scattered in (0, 1)]
-    round_trips = [check_round_trip(device, layout, bool(scattered)) for layout, scattered in cases]
-    checks = {"round_trips": round_trips, "no_host_sync": check_no_host_sync(device),
-              "no_memory_growth": check_no_memory_growth(device),
-              "overlap": check_overlap(device, load_mib)}  # fmt: skip
-    ok = all(r["ok"] for r in round_trips) and all(
-        checks[name]["ok"] for name in ("no_host_sync", "no_memory_growth", "overlap")
-    )
+    pinned_pool, odd_pool = check_pinned_pool(device)
+    pools = {pool_key(odd_pool): odd_pool}  # the LBNHC round trips use the 1.5 GiB pool
+    cases = [(name, scattered) for name in ROUND_TRIP_LAYOUTS for scattered in (False, True)]
+    round_trips = [check_round_trip(device, name, scattered, pools) for name, scattered in cases]
+    for host_buffer in pools.values():
+        host_buffer.close()
+    checks = {
+        "pinned_pool": pinned_pool,
+        "round_trips": round_trips,
+        "no_host_sync": check_no_host_sync(device),
+        "no_memory_growth": check_no_memory_growth(device),
+        "overlap": check_overlap(device, load_mib),
+        "decode": check_decode_slowdown(device),
+    }
+    gated = ("pinned_pool", "no_host_sync", "no_memory_growth", "overlap", "decode")
+    ok = all(r["ok"] for r in round_trips) and all(checks[name]["ok"] for name in gated)
     return {"device": device, "torch": torch.__version__, "ok": ok, **checks}
 
 
 def print_summary(report: dict) -> None:
     for trip in report["round_trips"]:
         kind = "scattered" if trip["scattered"] else "contiguous"
-        print(f"round trip {trip['layout']:<12} {kind:<10} {'ok' if trip['ok'] else 'FAIL'}")
+        state = "ok" if trip["ok"] else f"FAIL {trip['errors']}"
+        print(f"round trip {trip['layout']:<10} {kind:<10} copies {trip['copies']} {state}")
+    pool = report["pinned_pool"]
+    print(
+        f"pinned pool {pool['nbytes']} bytes ({pool['num_blocks']} blocks), registered "
+        f"{pool['registered_bytes']}: {'ok' if pool['ok'] else 'FAIL'}"
+    )
     for name in ("no_host_sync", "no_memory_growth"):
         check = report[name]
         state = ("ok" if check["ok"] else "FAIL") if check["applies"] else "n/a on the CPU"
-        print(f"{name:<34} {state} {check.get('error') or check.get('peak_growth_bytes', '')}")
-    o = report["overlap"]
-    print(f"load {o['load_s'] * 1e3:.1f} ms, {o['matmuls']} matmuls "
-          f"{o['compute_s'] * 1e3:.1f} ms, both {o['both_s'] * 1e3:.1f} ms: overlap "
-          f"{o['overlap']:.2f} (>= {MIN_OVERLAP} on CUDA), compute slowed "
-          f"{o['compute_slowdown']:.2f}x")  # fmt: skip
-    note = f"{o['load_mib']} MiB load beside {o['matmuls']} matmuls"
-    record("gpu_copy_check", f"load_matmul_overlap_{report['device']}", o["overlap"], "ratio",
-           f">= {MIN_OVERLAP}", note)  # fmt: skip
+        print(f"{name:<18} {state} {check.get('error') or check.get('peak_growth_bytes', '')}")
     print(f"verdict {'PASS' if report['ok'] else 'FAIL'}")
 
 

@@ -89,9 +89,10 @@ def kv_views(
 
 def allocate_kv(kv: KVShape, device: str | torch.device, seed: int = 0) -> torch.Tensor:
     """The raw int8 allocation of one KV cache tensor, filled with random bytes."""
-    generator = torch.Generator().manual_seed(seed)
-    raw = torch.randint(-128, 128, (kv.nbytes,), dtype=torch.int8, generator=generator)
-    return raw.to(device)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    return torch.randint(
+        -128, 128, (kv.nbytes,), dtype=torch.int8, generator=generator, device=device
+    )
 
 
 def vllm_kv_layers(

@@ -136,6 +136,8 @@ def test_submitting_and_polling_make_no_synchronising_call(make_kv_cache, make_h
 
 def host_allocator_bytes() -> int:
     """Bytes torch's caching pinned allocator holds (its key changed name across versions)."""
+    if not hasattr(torch.cuda, "host_memory_stats"):
+        pytest.skip("this torch has no torch.cuda.host_memory_stats")
     stats = torch.cuda.host_memory_stats()
     for key in ("allocated_bytes.current", "reserved_bytes.current"):
         if key in stats:
