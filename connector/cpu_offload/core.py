@@ -171,6 +171,9 @@ class CpuOffloadCore(KVConnectorBase_V1, SupportsHMA):
     def build_connector_worker_meta(self):
         return self.worker.take_worker_meta()
 
+    def reset_cache(self) -> bool | None:
+        return self.scheduler.reset_cache() if self.scheduler is not None else None
+
     def take_events(self):
         """The host tier's BlockStored / BlockRemoved events, for vLLM's KV event publisher."""
         return self.scheduler.kv_events.take() if self.scheduler is not None else []

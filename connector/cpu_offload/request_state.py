@@ -24,10 +24,11 @@ class PlannedStore:
     host_block_ids: list[int]
     keys: list[bytes]
     group_ids: list[int]
-    # Sliding-window device blocks held (vLLM block pool references) while the copy reads them:
-    # vLLM frees a window's old blocks while the request still runs.
+    # The device blocks the copy reads, held (vLLM block pool references) until it ends: a
+    # preemption or a moving sliding window would otherwise hand them to another request.
     held_blocks: list[Any]
     block_pool: Any = None  # vLLM's, which held_blocks go back to
+    dropped: bool = False  # the cache was reset while it copied: its blocks are not committed
 
 
 @dataclass

@@ -6,10 +6,11 @@ and tells the workers, through OffloadMetadata, which blocks to copy where.
 
 import itertools
 import time
+from dataclasses import replace
 from typing import Any
 
 from kvscope.connector.common.faults import FaultInjector
-from kvscope.connector.common.host_pool import HostBlockPool, KVNamespace
+from kvscope.connector.common.host_pool import BlockState, HostBlockPool, KVNamespace
 from kvscope.connector.common.leases import Lease, LeaseTable
 from kvscope.connector.common.rank_tally import RankTally
 from kvscope.connector.common.tier_health import TierHealth, failure_reason
@@ -59,10 +60,16 @@ class OffloadScheduler(StorePlanning):
         self._to_flush: set[str] = set()
         self._stores: dict[int, PlannedStore] = {}
         self._store_ids = itertools.count(1)
-        self.stats: dict[str, int] = {"lookups": 0, "hit_tokens": 0, "stored_blocks": 0,
-                                      "loaded_blocks": 0, "failed_loads": 0,
-                                      "failed_load_blocks": 0, "miss_tokens": 0,
-                                      "lease_expiries": 0}  # fmt: skip
+        self.stats: dict[str, int] = {
+            "lookups": 0,
+            "hit_tokens": 0,
+            "stored_blocks": 0,
+            "loaded_blocks": 0,
+            "failed_loads": 0,
+            "failed_load_blocks": 0,
+            "miss_tokens": 0,
+            "lease_expiries": 0,
+        }
         self.samples = Samples()  # histogram samples and failures for the next stats report
         self.failure_outcome = RECOMPUTED  # what a failed load becomes; the core says
         self.kv_events = HostTierEvents(kv_events, block_size)
@@ -142,8 +149,10 @@ class OffloadScheduler(StorePlanning):
     def _attack_lease(self, lease: Lease) -> None:
         """Fault injection: try to evict the blocks just leased; the pool must refuse."""
         refused = sum(not self.pool.evict(key) for key in lease.block_keys)
-        add_event(names.EVENT_EVICTION_REFUSED, **{names.LEASE_ID: lease.lease_id,
-                                                   names.BLOCK_COUNT: refused})  # fmt: skip
+        add_event(
+            names.EVENT_EVICTION_REFUSED,
+            **{names.LEASE_ID: lease.lease_id, names.BLOCK_COUNT: refused},
+        )
 
     def bind(self, request: Any, block_ids: Any, num_external_tokens: int) -> None:
         """update_state_after_alloc: the destination blocks of a hit; releases a declined hit.
@@ -170,9 +179,15 @@ class OffloadScheduler(StorePlanning):
         state.phase, state.load_started_at = LoadPhase.LOADING, time.monotonic()
         state.next_block_to_store = max(state.next_block_to_store, state.hit_end)
         group_ids = tuple(b.group_id for b in state.hit) if self.groups.multi else ()
-        self._loads_to_send.append(BlockTransfer(
-            str(request.request_id), destination, lease.host_block_ids, lease.lease_id, group_ids
-        ))  # fmt: skip
+        self._loads_to_send.append(
+            BlockTransfer(
+                str(request.request_id),
+                destination,
+                lease.host_block_ids,
+                lease.lease_id,
+                group_ids,
+            )
+        )
 
     # --- per step -------------------------------------------------------------------------
 
@@ -184,9 +199,12 @@ class OffloadScheduler(StorePlanning):
             if (store := self._plan_store(req_id, num_tokens, kv_cache_manager)) is not None
         ]
         metadata = OffloadMetadata(
-            self._loads_to_send, stores, self._to_flush,
-            set(scheduler_output.preempted_req_ids or ()), self.pool.num_blocks,
-        )  # fmt: skip
+            self._loads_to_send,
+            stores,
+            self._to_flush,
+            set(scheduler_output.preempted_req_ids or ()),
+            self.pool.num_blocks,
+        )
         self._loads_to_send, self._to_flush = [], set()
         return metadata
 
@@ -194,13 +212,21 @@ class OffloadScheduler(StorePlanning):
         for lease in self.leases.expire():
             state = self.requests.get(lease.req_id)
             loading = state is not None and state.loading
-            add_event(names.EVENT_LEASE_EXPIRED, **self._lease_attributes(lease, state), **{
-                names.LEASE_OUTCOME: "expired", names.REQUEST_ID: lease.req_id,
-                names.FAILURE_CAUSE: "lease_expired" + (" during its load" if loading else ""),
-                names.FAILURE_OUTCOME: KEPT_PINNED if loading else RELEASED})  # fmt: skip
+            add_event(
+                names.EVENT_LEASE_EXPIRED,
+                **self._lease_attributes(lease, state),
+                **{
+                    names.LEASE_OUTCOME: "expired",
+                    names.REQUEST_ID: lease.req_id,
+                    names.FAILURE_CAUSE: "lease_expired" + (" during its load" if loading else ""),
+                    names.FAILURE_OUTCOME: KEPT_PINNED if loading else RELEASED,
+                },
+            )
             self.stats["lease_expiries"] += 1
-            self.samples.fail("lease_expired_during_load" if loading else "lease_expired",
-                              KEPT_PINNED if loading else RELEASED)  # fmt: skip
+            self.samples.fail(
+                "lease_expired_during_load" if loading else "lease_expired",
+                KEPT_PINNED if loading else RELEASED,
+            )
             if loading:
                 # The workers still copy from these blocks: keep them pinned until they finish.
                 self.pool.pin(list(lease.host_block_ids))
@@ -215,8 +241,9 @@ class OffloadScheduler(StorePlanning):
         """One step's copy reports, summed over ranks; a copy ends once every rank reported."""
         if not isinstance(worker_meta, OffloadWorkerMeta):
             return
-        for store_id, ok in self.store_reports.add(worker_meta.stores_done,
-                                                   worker_meta.stores_failed):  # fmt: skip
+        for store_id, ok in self.store_reports.add(
+            worker_meta.stores_done, worker_meta.stores_failed
+        ):
             self._end_store(store_id, committed=ok)
         for req_id, ok in self.load_reports.add(worker_meta.loads_done, worker_meta.loads_failed):
             self._end_load(req_id, failed=not ok)
@@ -248,8 +275,8 @@ class OffloadScheduler(StorePlanning):
         finished_sending because stores still read its blocks.
 
         A request that ends while its load runs is freed by vLLM itself on finished_recving;
-        saying True then too would have vLLM free it twice. Its stores in flight read blocks
-        from before a preemption, which vLLM flushed (handle_preemptions) before reusing them.
+        saying True then too would have vLLM free it twice. Its stores in flight from before a
+        preemption hold their blocks (a vLLM block reference each) until they end.
         """
         req_id = str(request.request_id)
         state = self.requests.get(req_id)
@@ -268,17 +295,42 @@ class OffloadScheduler(StorePlanning):
         if state.ended and not state.stores_in_flight and not state.loading:
             self.requests.pop(req_id, None)
 
+    def reset_cache(self) -> bool:
+        """vLLM's connector cache reset (a weight update, sleep mode's pause): forgets every
+        block, so no KV computed before it is loaded after it. Stores still copying are not
+        committed. False, as vLLM's own prefix cache answers, while loads still read blocks."""
+        for state in self.requests.values():
+            if not state.loading:
+                self._release_lease(state, outcome="reset")
+        self._stores = {i: replace(s, dropped=True) for i, s in self._stores.items()}
+        keys = [
+            key for i in range(self.pool.num_blocks) if (key := self.pool.key_of(i)) is not None
+        ]
+        dropped = [
+            key
+            for key in keys
+            if self.pool.state_of(key) is BlockState.COMMITTED and self.pool.evict(key)
+        ]
+        self.kv_events.removed(dropped)
+        return not any(state.loading for state in self.requests.values())
+
     def report_values(self) -> tuple[dict[str, int], dict[str, int]]:
         """Cumulative counters and gauges for the connector's stats. The pool's part walks
         every host block, so it is refreshed at most once a second, not every step."""
         if time.monotonic() - self._pool_read_at >= 1.0:
             self._pool_read_at, pool = time.monotonic(), self.pool.stats()
-            self._pool_gauges = {"host_blocks": pool.num_blocks,
-                                 "host_blocks_used": pool.reserved + pool.committed,
-                                 "host_blocks_pinned": pool.pinned}  # fmt: skip
+            self._pool_gauges = {
+                "host_blocks": pool.num_blocks,
+                "host_blocks_used": pool.reserved + pool.committed,
+                "host_blocks_pinned": pool.pinned,
+            }
             self._evicted = pool.evicted_blocks
-        gauges = {**self._pool_gauges, "pending_stores": len(self._stores),
-                  "active_leases": len(self.leases.active()), **self.health.gauges()}  # fmt: skip
+        gauges = {
+            **self._pool_gauges,
+            "pending_stores": len(self._stores),
+            "active_leases": len(self.leases.active()),
+            **self.health.gauges(),
+        }
         return {**self.stats, "evicted_blocks": self._evicted, **self.health.counters()}, gauges
 
     def expired_leases_in_flight(self) -> list[str]:

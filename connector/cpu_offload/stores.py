@@ -83,11 +83,12 @@ class StorePlanning:
         store = self._stores.pop(store_id, None)
         if store is None:
             return
+        committed = committed and not store.dropped
         (self.pool.commit if committed else self.pool.abort)(store.host_block_ids)
         (self.kv_events.committed if committed else self.kv_events.aborted)(store.keys)
         if store.held_blocks:
             store.block_pool.free_blocks(store.held_blocks)
-        if not committed:
+        if not committed and not store.dropped:
             self.samples.fail("store_failed", "dropped")  # a later lookup misses them
         if committed:
             self.stats["stored_blocks"] += len(store.host_block_ids)

@@ -17,8 +17,11 @@ from tests.connector.hook_orders import (
     HEAD_DIM,
     HEADS,
     NUM_LAYERS,
+    HookOrder,
+    Rig,
     kv_cache_config,
     offload_transfer,
+    request,
     vllm_config,
 )
 
@@ -123,3 +126,28 @@ def test_a_copy_past_the_drain_timeout_is_cancelled_and_its_load_fails(tiny_mode
 def test_offload_says_it_supports_sleep_mode(tiny_model):
     transfer = offload_transfer()
     assert CpuOffloadCore.supports_sleep_mode(transfer) is True
+
+
+def test_a_cache_reset_forgets_the_pool_and_drops_stores_in_flight(tiny_model):
+    """What vLLM 0.33's pause before sleep asks (reset_prefix_cache(reset_connector=True)):
+    after it no KV computed before it is loaded, even from a store still copying then."""
+    rig = Rig(tiny_model, offload_transfer(faults={"store_delay_ms": 300.0}))
+    offload = rig.scheduler.connector.inner.scheduler
+    prompts = {f"r{i}": [1000 * (i + 1) + t for t in range(3 * BLOCK + 1)] for i in range(2)}
+    rig.add(request("r0", prompts["r0"], 2))
+    while rig.scheduler.requests or offload._stores:
+        rig.step(HookOrder.V1)
+        time.sleep(0.01)
+    assert offload.pool.stats().committed == 3
+    rig.add(request("r1", prompts["r1"], 8))
+    rig.step(HookOrder.V1)  # r1's prompt blocks are being stored
+    assert offload._stores
+    rig.scheduler.reset_prefix_cache(reset_connector=True)
+    assert offload.pool.stats().committed == 0
+    while rig.scheduler.requests or offload._stores:
+        rig.step(HookOrder.V1)
+        time.sleep(0.01)
+    assert offload.pool.stats().committed == 0, "a store from before the reset was committed"
+    for req_id, prompt in prompts.items():
+        hit, _ = offload.lookup(request(f"again-{req_id}", prompt, 1), 0)
+        assert hit == 0
