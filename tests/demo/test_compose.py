@@ -231,7 +231,10 @@ def test_engine_environment_matches_the_demos(services, env_file, role, monkeypa
 
 def test_vllm_accepts_the_engine_arguments(services):
     pytest.importorskip("vllm")
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    try:
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    except ImportError:  # vLLM 0.33 moved it
+        from vllm.entrypoints.common.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     parser = make_arg_parser(FlexibleArgumentParser())
