@@ -9,7 +9,7 @@
 #      no device memory growth per job; a load queued after a step overlapping the next step;
 #      decode-like kernels beside loads,
 #   3. bench/copy_bandwidth.py: engine store/load over a raw pinned copy_ of the same bytes,
-#   4. the summary: one line per check; on CUDA it also writes docs/bench/gpu.md.
+#   4. the summary: one line per check, and $OUT/gpu.md; on CUDA also docs/bench/gpu.md.
 # kvscope need not be installed: the repository is mapped onto the kvscope namespace.
 # pytest is taken from build/gpu_deps when the interpreter has none: prepare that folder here
 # with `bash bench/gpu_check.sh --prepare-deps` and carry it (about 15 MiB).
@@ -23,10 +23,6 @@ PYTHON="${PYTHON:-python3}"
 DEPS="$REPO/build/gpu_deps"
 DEVICE=cuda
 MIB=""
-# Modules that need torch alone; the others of tests/connector/common want vLLM or OpenTelemetry.
-TEST_MODULES=(tests/connector/common/test_copy_*.py tests/connector/common/test_host_pool.py
-    tests/connector/common/test_leases.py tests/connector/common/test_faults.py
-    tests/connector/common/test_offload_flow.py)
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --device) DEVICE="$2"; shift 2 ;;
@@ -47,6 +43,8 @@ done
 if [[ -z "$MIB" ]]; then MIB=$([[ "$DEVICE" == cuda ]] && echo 1024 || echo 4); fi
 OUT="${OUT:-$REPO/build/gpu_check}"
 mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"  # absolute: every step runs from the repository root
+cd "$REPO" || exit 2
 
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
@@ -67,15 +65,19 @@ print(f'python {sys.version.split()[0]}, torch {torch.__version__}, CUDA {torch.
     > "$OUT/environment.txt"
 echo "== environment: $(cat "$OUT/environment.txt")"
 
+# Modules that need torch alone; the others of tests/connector/common want vLLM or OpenTelemetry.
+TEST_MODULES=(tests/connector/common/test_copy_*.py tests/connector/common/test_host_pool.py
+    tests/connector/common/test_leases.py tests/connector/common/test_faults.py
+    tests/connector/common/test_offload_flow.py)
 echo "== tests (${#TEST_MODULES[@]} torch-only modules of tests/connector/common)"
 if "$PYTHON" -c "import pytest" 2>/dev/null; then
     # confcutdir keeps the repository-wide conftest (it wants the demo engine) out of this run;
     # a module that cannot be collected is reported and the others still run.
     # shellcheck disable=SC2086
-    (cd "$REPO" && timeout 180 "$PYTHON" -m pytest "${TEST_MODULES[@]}" -q -p no:cacheprovider \
+    timeout 180 "$PYTHON" -m pytest "${TEST_MODULES[@]}" -q -p no:cacheprovider \
         -o addopts="" --import-mode=importlib --confcutdir=tests/connector/common \
         --continue-on-collection-errors --junitxml="$OUT/tests.xml" ${GPU_CHECK_PYTEST_ARGS:-} \
-        > "$OUT/tests.log" 2>&1)
+        > "$OUT/tests.log" 2>&1
     TESTS_RC=$?
     tail -n 5 "$OUT/tests.log"
 else
@@ -99,8 +101,10 @@ BENCH_RC=$?
 tail -n 5 "$OUT/bandwidth.txt"
 
 echo "== summary"
-DOC="$OUT/gpu.md"
-[[ "$DEVICE" == cuda ]] && DOC="$REPO/docs/bench/gpu.md"
 timeout 30 "$PYTHON" -m kvscope.bench.gpu_check_summary "$OUT" "$DEVICE" "$TESTS_RC" "$CHECK_RC" \
-    "$BENCH_RC" --doc "$DOC" | tee "$OUT/summary.txt"
-exit "${PIPESTATUS[0]}"
+    "$BENCH_RC" --doc "$OUT/gpu.md" | tee "$OUT/summary.txt"
+SUMMARY_RC=${PIPESTATUS[0]}
+# On CUDA the page is also the repository's record (from a machine where only $OUT comes
+# back, copy $OUT/gpu.md there).
+[[ "$DEVICE" == cuda && -f "$OUT/gpu.md" ]] && cp "$OUT/gpu.md" "$REPO/docs/bench/gpu.md"
+exit "$SUMMARY_RC"

@@ -104,6 +104,8 @@ class CopyEngine(ABC):
             host_buffer.rows() if self.raw_rows else host_buffer.layers
         )
         self.table_block_dim: int = 0 if self.raw_rows else layout.block_dim
+        first_row = self.host_tables[0][0]
+        self._row_bytes: int = first_row.numel() * first_row.element_size()
         self._job_ids: itertools.count = itertools.count(1)
         self._closed: bool = False
 
@@ -193,7 +195,7 @@ class CopyEngine(ABC):
             self.host_buffer.num_blocks,
         )
         if self.raw_rows:
-            runs = split_scattered(runs)
+            runs = split_scattered(runs, self._row_bytes)
         now = time.monotonic()
         job = CopyJob(
             job_id=next(self._job_ids),

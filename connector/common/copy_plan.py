@@ -144,13 +144,23 @@ def _checked_ids(side: str, block_ids: Sequence[int], limit: int) -> np.ndarray:
 DIRECT_RANGES_PER_RUN = 4
 """A scattered run that breaks into at most this many device ranges is copied range by range:
 with raw rows each range is one memcpy, cheaper than a gather kernel on the SMs (which
-competes with the forward) plus a memcpy. More ranges than this are gathered."""
+competes with the forward) plus a memcpy."""
+DIRECT_RANGE_BYTES = 256 * 2**10
+"""...and so is one whose ranges average at least this many bytes a table: a memcpy launch
+costs about what moving 256 KiB over PCIe does, so past that direct copies win at any count
+(a request's blocks come in runs: 16 blocks of a 64 KiB page are 1 MiB)."""
 
 
 def split_scattered(
-    runs: Sequence[CopyRun], max_ranges: int = DIRECT_RANGES_PER_RUN
+    runs: Sequence[CopyRun],
+    row_bytes: int,
+    max_ranges: int = DIRECT_RANGES_PER_RUN,
+    range_bytes: int = DIRECT_RANGE_BYTES,
 ) -> list[CopyRun]:
-    """Runs whose device ids form few consecutive ranges, split into those ranges."""
+    """Scattered runs whose device ids form few or long consecutive ranges, split into them.
+
+    row_bytes is what one block moves in one table (a layer's page, or all layers' for BL*).
+    """
     split: list[CopyRun] = []
     for run in runs:
         if run.device_start is not None or run.num_blocks < 2:
@@ -158,8 +168,9 @@ def split_scattered(
             continue
         ids = run.device_block_ids.numpy()
         breaks = (np.flatnonzero(np.diff(ids) != 1) + 1).tolist()
-        if len(breaks) >= max_ranges:
-            split.append(run)
+        num_ranges = len(breaks) + 1
+        if num_ranges > max_ranges and run.num_blocks * row_bytes < num_ranges * range_bytes:
+            split.append(run)  # many short ranges: one gather beats a memcpy each
             continue
         edges = [0, *breaks, run.num_blocks]
         for start, end in zip(edges, edges[1:], strict=False):

@@ -6,8 +6,10 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from kvscope.bench.kv_views import KVShape, vllm_kv_layers
 from kvscope.connector.common.copy_cpu import CpuCopyEngine
 from kvscope.connector.common.copy_cuda import CudaCopyEngine
+from kvscope.connector.common.host_buffer import BlockLayout, HostBuffer
 from tests.connector.common.fake_streams import FakeGpu
 
 COPY_OPS = {"copy_", "index_select", "index_copy_", "index_copy"}
@@ -86,3 +88,16 @@ def test_many_device_ranges_are_gathered_not_copied_one_by_one(make_kv_cache, ma
     for position, device_block_id in enumerate(scattered):
         stored = host_buffer.block(position).contiguous().view(torch.int16)
         assert torch.equal(stored, kv.block_bits(device_block_id)), "byte-exact"
+
+
+@pytest.mark.parametrize(("range_blocks", "expected"), [(2, 6 * 2), (1, 1 + 2 * 2)])
+def test_long_device_ranges_are_copied_directly_short_ones_gathered(range_blocks, expected):
+    """Six device ranges into one host run, 128 KiB pages: ranges of 256 KiB are memcpys
+    (six a layer), ranges of one page are gathered (the ids, then a gather and a copy a layer)."""
+    kv = KVShape(num_layers=2, num_blocks=64, num_kv_heads=8, block_size=32, head_size=128)
+    layers = vllm_kv_layers("LBHNC", kv)
+    host_buffer = HostBuffer(BlockLayout.of(layers, 0), 16)
+    engine = CudaCopyEngine(layers, host_buffer, 0, ops=FakeGpu())
+    device_ids = [start + n for start in (40, 3, 20, 50, 9, 30) for n in range(range_blocks)]
+    host_ids = list(range(len(device_ids)))
+    assert copies_of(engine, "load", device_ids, host_ids) == expected
