@@ -50,8 +50,13 @@ HASHER = get_request_block_hasher(BLOCK, sha256_cbor)
 
 
 class HookOrder(StrEnum):
+    """The worker hook orders of vLLM's model runners."""
+
     V1 = "v1"  # model runner V1 without a speculator
-    DEFERRED = "deferred"  # with a speculator: get_transfer_results before wait_for_save
+    # With a speculator: get_transfer_results before wait_for_save. Model runner V1 in 0.32;
+    # V2 in 0.33 calls the same hooks in the same order (post_forward(defer_finalize=True),
+    # then finalize_step after the drafter), which 0.32's ActiveKVConnector cannot yet.
+    DEFERRED = "deferred"
     V2 = "v2"  # model runner V2: new blocks zeroed before handle_preemptions
 
 
@@ -173,7 +178,6 @@ class Rig:
             for _ in range(NUM_LAYERS)
         ]
         self.kv_caches = {f"layer.{i}": m for i, m in enumerate(memory)}
-        self.outputs: list[KVConnectorOutput] = []
         self.steps = 0
         with self.as_transfer_group():
             # V2's wrapper registers the KV caches itself, as its runner builds it.
@@ -197,14 +201,13 @@ class Rig:
         before_worker: Callable[[SchedulerOutput], None] | None = None,
     ) -> SchedulerOutput:
         """One engine step. before_worker runs where the runner first touches KV after
-        scheduling (V2's update_requests). Copies end before the next step."""
+        scheduling (V2's update_requests); copies run on as they would (see wait_for_copies)."""
         output = self.scheduler.schedule()
         self.steps += 1
         if before_worker is not None:
             before_worker(output)
         with self.as_transfer_group(), set_forward_context(None, self.config):
             kv_output = self._run_worker(order, output)
-        self.outputs.append(kv_output)
         req_ids = list(output.num_scheduled_tokens)
         runner = ModelRunnerOutput(
             req_ids,
