@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Final
 
 import torch
 
@@ -18,7 +19,7 @@ from kvscope.bench.kv_views import KVShape, vllm_kv_layers
 from kvscope.connector.common.copy_engine import CopyEngine, make_copy_engine
 from kvscope.connector.common.host_buffer import BlockLayout, HostBuffer
 
-ROUND_TRIP_LAYOUTS = ("LBNHC", "LBHNC", "BLNHC", "LBHNC/k16", "LBNHC/k16")
+ROUND_TRIP_LAYOUTS: Final = ("LBNHC", "LBHNC", "BLNHC", "LBHNC/k16", "LBNHC/k16")
 """What vLLM 0.32 hands over on CUDA: its default (LBNHC), what the offload connector asks
 for (LBHNC), what NIXL asks for under a Multi (BLNHC), and FlashInfer-style kernel blocks."""
 
@@ -88,7 +89,7 @@ def _host_allocator_bytes() -> int | None:
     return None
 
 
-SMALL_POOL_BLOCKS = 33
+SMALL_POOL_BLOCKS: Final = 33
 """Host blocks of the other layouts' pools: also not a power of two, and quick to register."""
 
 

@@ -3,6 +3,7 @@
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Final
 
 import numpy as np
 import torch
@@ -71,7 +72,7 @@ def plan_runs(
     ]
 
 
-SMALL_JOB = 256
+SMALL_JOB: Final = 256
 """Jobs up to this many blocks are planned without numpy (see plan_runs)."""
 
 
@@ -141,11 +142,11 @@ def _checked_ids(side: str, block_ids: Sequence[int], limit: int) -> np.ndarray:
     return ids
 
 
-DIRECT_RANGES_PER_RUN = 4
+DIRECT_RANGES_PER_RUN: Final = 4
 """A scattered run that breaks into at most this many device ranges is copied range by range:
 with raw rows each range is one memcpy, cheaper than a gather kernel on the SMs (which
 competes with the forward) plus a memcpy."""
-DIRECT_RANGE_BYTES = 256 * 2**10
+DIRECT_RANGE_BYTES: Final = 256 * 2**10
 """...and so is one whose ranges average at least this many bytes a table: a memcpy launch
 costs about what moving 256 KiB over PCIe does, so past that direct copies win at any count
 (a request's blocks come in runs: 16 blocks of a 64 KiB page are 1 MiB)."""

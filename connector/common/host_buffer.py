@@ -4,13 +4,14 @@ import math
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Final
 
 import torch
 
 from kvscope.connector.common.host_pinning import PinnedRange, pin_range, unpin_ranges
 from kvscope.connector.common.host_pool import num_host_blocks
 
-PAGE_BYTES = 4096
+PAGE_BYTES: Final = 4096
 """Host page size the allocation is aligned to, so registration chunks never share a page."""
 
 
@@ -165,7 +166,13 @@ class HostBuffer:
     come in on the first store, on the copy thread rather than at engine start.
     """
 
-    def __init__(self, layout: BlockLayout, num_blocks: int, pin_memory: bool = False):
+    def __init__(
+        self,
+        layout: BlockLayout,
+        num_blocks: int,
+        pin_memory: bool = False,
+        memory: torch.Tensor | None = None,  # numel elements given (e.g. shared), not allocated
+    ):
         if num_blocks <= 0:
             raise ValueError(
                 f"host buffer needs at least one block of {layout.bytes_per_block} bytes: "
@@ -174,7 +181,11 @@ class HostBuffer:
         self.layout: BlockLayout = layout
         self.num_blocks: int = num_blocks
         numel = layout.num_layers * num_blocks * layout.layer_block_numel
-        self._memory: torch.Tensor = _page_aligned(numel, layout.dtype)
+        if memory is not None and (memory.numel(), memory.dtype) != (numel, layout.dtype):
+            raise ValueError(f"host memory of {memory.numel()} {memory.dtype}: {numel} needed")
+        self._memory: torch.Tensor = (
+            _page_aligned(numel, layout.dtype) if memory is None else memory
+        )
         self.pinned_ranges: list[PinnedRange] = []
         if pin_memory and torch.cuda.is_available():
             self.pinned_ranges = pin_range(self._memory.data_ptr(), self.nbytes)

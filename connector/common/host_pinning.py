@@ -2,12 +2,13 @@
 
 import logging
 from dataclasses import dataclass
+from typing import Final
 
 import torch
 
 logger = logging.getLogger(__name__)
 
-REGISTER_CHUNK_BYTES = 2**30
+REGISTER_CHUNK_BYTES: Final = 2**30
 """Bytes per cudaHostRegister call: bounded, as vLLM bounds them, to stay clear of driver
 limits on one registration; a multiple of the page size, so no page is registered twice."""
 

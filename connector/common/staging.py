@@ -10,12 +10,13 @@ functions are device-agnostic, so CPU tests check the same code byte for byte.
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Final
 
 import torch
 
 from kvscope.connector.common.copy_plan import CopyRun
 
-STAGING_BYTES = 16 * 2**20
+STAGING_BYTES: Final = 16 * 2**20
 """Device memory per copy stream for gathers; a longer run is copied in chunks."""
 
 
