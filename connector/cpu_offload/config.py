@@ -40,8 +40,10 @@ class OffloadConfig:
             raise ValueError("lease_timeout_s and load_timeout_s must be positive")
         return config
 
-    def bytes_per_rank(self, world_size: int) -> int:
-        """What one rank's host pool may take: both halves size the pool from this."""
+    def bytes_per_rank(self, world_size: int, sharing_ranks: int = 1) -> int:
+        """What one rank's host pool may take: both halves size the pool from this. Ranks that
+        share one pool (TP ranks holding identical MLA KV, replicas.py) pool their shares."""
+        sharing_ranks = max(1, sharing_ranks)
         if self.cpu_bytes_to_use_per_rank is not None:
-            return self.cpu_bytes_to_use_per_rank
-        return self.cpu_bytes_to_use // max(1, world_size)
+            return self.cpu_bytes_to_use_per_rank * sharing_ranks
+        return self.cpu_bytes_to_use // max(1, world_size // sharing_ranks)

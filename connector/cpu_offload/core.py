@@ -18,6 +18,7 @@ from kvscope.connector.cpu_offload import prom
 from kvscope.connector.cpu_offload.config import OffloadConfig
 from kvscope.connector.cpu_offload.groups import KVGroups, layers_per_block
 from kvscope.connector.cpu_offload.metadata import OffloadMetadata
+from kvscope.connector.cpu_offload.replicas import ReplicaGroup
 from kvscope.connector.cpu_offload.scheduler import OffloadScheduler
 from kvscope.connector.cpu_offload.stats import IntervalReporter, OffloadStats
 from kvscope.connector.cpu_offload.worker import OffloadWorker
@@ -49,11 +50,12 @@ class CpuOffloadCore(KVConnectorBase_V1, SupportsHMA):
         # vLLM gathers every rank's worker output (TP x PP), not only the TP group's.
         world_size = vllm_config.parallel_config.world_size
         self.groups = KVGroups.of(kv_cache_config)
+        replicas = ReplicaGroup.of(vllm_config, kv_cache_config)  # MLA's TP ranks share a pool
         if role == KVConnectorRole.SCHEDULER:
             spec = kv_cache_config.kv_cache_groups[self.groups.groups[0].group_id].kv_cache_spec
             num_layers = layers_per_block(kv_cache_config)
             host_blocks = num_host_blocks(
-                config.bytes_per_rank(world_size), spec.page_size_bytes * num_layers
+                config.bytes_per_rank(world_size, replicas.size), spec.page_size_bytes * num_layers
             )
             self.scheduler = OffloadScheduler(
                 config, kv_namespace(vllm_config, spec, num_layers), spec.block_size, host_blocks,
@@ -67,7 +69,7 @@ class CpuOffloadCore(KVConnectorBase_V1, SupportsHMA):
             faults.rank = world_rank()
             policy = self._kv_transfer_config.kv_load_failure_policy
             self.worker = OffloadWorker(
-                config, faults, kv_cache_config.num_blocks, policy, world_size
+                config, faults, kv_cache_config.num_blocks, policy, world_size, replicas
             )
 
     def leave_failure_outcome_to_parent(self) -> None:

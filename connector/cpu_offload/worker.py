@@ -12,9 +12,11 @@ import torch
 from kvscope.connector.common.copy_engine import CopyResult, Direction, make_copy_engine
 from kvscope.connector.common.faults import FaultInjector
 from kvscope.connector.common.host_buffer import BlockLayout, HostBuffer, find_block_dim
+from kvscope.connector.common.host_pool import num_host_blocks
 from kvscope.connector.cpu_offload.config import OffloadConfig
 from kvscope.connector.cpu_offload.kernel_blocks import group_layers
 from kvscope.connector.cpu_offload.metadata import BlockTransfer, OffloadMetadata, OffloadWorkerMeta
+from kvscope.connector.cpu_offload.replicas import ReplicaGroup
 from kvscope.connector.cpu_offload.stats import Samples
 from kvscope.traces import names
 from kvscope.traces.events import add_event, record_transfer
@@ -39,12 +41,14 @@ class OffloadWorker:
         num_device_blocks: int,
         failure_policy: str | None = None,
         world_size: int = 1,
+        replicas: ReplicaGroup | None = None,
     ):
         self.config = config
         self.faults = faults
         self.num_device_blocks = num_device_blocks
         self.failure_policy = failure_policy
-        self.pool_bytes = config.bytes_per_rank(world_size)
+        self.replicas = replicas or ReplicaGroup()
+        self.pool_bytes = config.bytes_per_rank(world_size, self.replicas.size)
         # What vLLM does with a failed load; None when a parent (the Multi) decides and says so.
         self.failure_outcome: str | None = outcome_of_policy(failure_policy)
         self.buffer: HostBuffer | None = None
@@ -76,8 +80,13 @@ class OffloadWorker:
             block_dim = find_block_dim(layers[0].shape[:2], self.num_device_blocks)
         layout = BlockLayout.of(layers, block_dim)
         pin = layers[0].device.type == "cuda"
-        self.buffer = HostBuffer.with_capacity(layout, self.pool_bytes, pin)
-        self.copies = make_copy_engine(layers, self.buffer, block_dim)
+        num_blocks = num_host_blocks(self.pool_bytes, layout.bytes_per_block)
+        # Replicated TP ranks (MLA) map one shared pool; a follower's stores copy nothing.
+        memory = self.replicas.host_memory(
+            layout.num_layers * num_blocks * layout.layer_block_numel, layout.dtype
+        )
+        self.buffer = HostBuffer(layout, num_blocks, pin, memory)
+        self.copies = self.replicas.copies(make_copy_engine(layers, self.buffer, block_dim))
 
     def start_loads(self, metadata: OffloadMetadata) -> None:
         self._check_pool_size(metadata)
