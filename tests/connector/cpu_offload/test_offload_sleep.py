@@ -8,6 +8,7 @@ import time
 
 import pytest
 import torch
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
 from kvscope.connector.cpu_offload.core import CpuOffloadCore
@@ -123,9 +124,22 @@ def test_a_copy_past_the_drain_timeout_is_cancelled_and_its_load_fails(tiny_mode
     core.shutdown()
 
 
-def test_offload_says_it_supports_sleep_mode(tiny_model):
-    transfer = offload_transfer()
-    assert CpuOffloadCore.supports_sleep_mode(transfer) is True
+def test_the_connector_users_load_drains_on_sleep_and_says_it_can(tiny_model):
+    """CpuOffloadConnector (traced), as vLLM's factory loads it, reaches the core's hooks."""
+    transfer = offload_transfer(faults={"store_delay_ms": 200.0})
+    cls = KVConnectorFactory.get_connector_class(transfer)
+    assert cls.supports_sleep_mode(transfer) is True
+    config = vllm_config(tiny_model, transfer, NUM_BLOCKS)
+    connector = cls(config, KVConnectorRole.WORKER, kv_cache_config(NUM_BLOCKS))
+    memory = torch.randn(NUM_LAYERS, NUM_BLOCKS, HEADS, BLOCK, 2 * HEAD_DIM)
+    connector.register_kv_caches({f"layer.{i}": m for i, m in enumerate(memory.bfloat16())})
+    core = connector.inner
+    step(core, stores=[BlockTransfer("a", (1, 2), (0, 1), 1)])
+    connector.unregister_kv_caches()
+    assert core.worker.copies.num_pending == 0
+    connector.restore_kv_caches()
+    assert step(core).finished_sending == set() and core.worker.asleep is False
+    connector.shutdown()
 
 
 def test_a_cache_reset_forgets_the_pool_and_drops_stores_in_flight(tiny_model):
