@@ -1,5 +1,4 @@
-"""One line per check and a verdict from what bench/gpu_check.sh left in its output folder,
-and the same as docs/bench/gpu.md (on CUDA) or gpu.md in that folder (the CPU dry run)."""
+"""bench/gpu_check.sh's results as one line per check, a verdict, and the gpu.md page."""
 
 import argparse
 import json

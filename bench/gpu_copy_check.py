@@ -1,10 +1,7 @@
-"""The offload copy engine on a GPU over the views vLLM 0.32 hands a connector: byte-exact
-round trips through a registered host pool of an odd size, no host syncs, no device memory
-growth; then the overlap and decode checks of bench/gpu_overlap.py. One JSON file of results.
+"""The offload copy engine on a GPU over vLLM 0.32's views: pinned pool, round trips, syncs."""
 
-Needs torch only (no vLLM). `--device cpu` runs the same checks on the CPU engine, where the
-pinning, sync and memory checks do not apply, so tests can run this module anywhere.
-"""
+# Needs torch only (no vLLM); one JSON file of results. `--device cpu` runs the same checks on
+# the CPU engine, where the pinning, sync and memory checks do not apply, so tests can run it.
 
 import argparse
 import json

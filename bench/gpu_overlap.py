@@ -1,5 +1,4 @@
-"""Loads beside compute, as vLLM orders them: a load submitted after a step's forward is queued
-overlaps the next step, and decode-like kernels keep their speed while loads run."""
+"""Loads beside compute as vLLM orders them: overlap with the next step, decode kernel speed."""
 
 import statistics
 import time

@@ -1,6 +1,4 @@
-"""bench/gpu_check.sh as the GPU machine runs it, here with --device cpu (the CI dry run): every
-step runs within its time, one summary line per check, the page lands in $OUT and not in
-docs/, and everything the script imports works with vLLM, NIXL and OpenTelemetry absent."""
+"""bench/gpu_check.sh's CPU dry run: every check's line, PASS, the page in $OUT, no vLLM needed."""
 
 import json
 import os

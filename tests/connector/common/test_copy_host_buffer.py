@@ -1,5 +1,4 @@
-"""The host buffer: exactly the bytes asked for, page-aligned, never zeroed at start, and laid
-out as the device holds its blocks (so a block moves as raw bytes)."""
+"""The host buffer: exact size, page-aligned, never zeroed at start, in the device's byte order."""
 
 import os
 import time

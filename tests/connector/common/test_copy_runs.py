@@ -1,6 +1,7 @@
-"""How many copies a job takes over vLLM's views: a dense run is one memcpy per layer (LB*C),
-one for all layers (BL*C, as under a Multi with P2P), a gather only where blocks are not
-dense (LHBNC, BHLNC). Counted as the tensor operations torch really runs."""
+"""Copies per job over vLLM's views: one a layer run (LB*C), one a run (BL*C), rare gathers."""
+
+# Counted as the tensor operations torch really dispatches. A gather happens only where blocks
+# are not dense (LHBNC, BHLNC) or a run breaks into many short device ranges.
 
 import pytest
 import torch

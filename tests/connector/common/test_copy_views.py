@@ -1,5 +1,4 @@
-"""bench/kv_views.py, the torch-only builder the GPU machine copies through, makes exactly the
-views vLLM's own create_kv_cache_views makes: every layout, with and without kernel blocks."""
+"""bench/kv_views.py (torch only) builds exactly the views vLLM's create_kv_cache_views builds."""
 
 import pytest
 import torch
