@@ -1,0 +1,66 @@
+"""The README's "Attention backends on CUDA" table, rendered from the hand-off harness's table.
+
+`python -m tests.gpu_handoff.readme_table` prints it; test_readme_backends.py checks that the
+README holds exactly this between its markers.
+"""
+
+from typing import Final
+
+from tests.gpu_handoff.backends import CUDA_BACKENDS, BackendDecl
+from tests.gpu_handoff.builder import KV_DTYPES, handoff_cases
+
+START: Final = "<!-- cuda-backends:start (python -m tests.gpu_handoff.readme_table) -->"
+"""The line before the generated table in README.md."""
+END: Final = "<!-- cuda-backends:end -->"
+"""The line after it."""
+KIND_NAMES: Final = {
+    "full": "full",
+    "sliding_window": "sliding window",
+    "hybrid": "hybrid (full + sliding window)",
+    "mla": "MLA",
+}
+"""How the table names the builder's model kinds."""
+
+
+def render() -> str:
+    """The table, one row per backend, between START and END."""
+    from vllm.v1.worker.utils import select_common_block_size
+
+    cases = handoff_cases()
+    rows = [
+        START,
+        "| Backend | Model kinds | Kernel blocks (Hopper) | KV blocks tested | KV dtypes"
+        " (tested) | Layouts |",
+        "|---|---|---|---|---|---|",
+    ]
+    for decl in CUDA_BACKENDS:
+        sizes = sorted({case[2] for case in cases if case[0] == decl.name})
+        tested = ", ".join(
+            _block(size, select_common_block_size(size, [decl], [None])) for size in sizes
+        )
+        rows.append(
+            f"| {decl.name} | {', '.join(KIND_NAMES[k] for k in decl.kinds)} |"
+            f" {', '.join(str(s) for s in decl.kernel_block_sizes)} | {tested} |"
+            f" {_dtypes(decl)} | {_layouts(decl)} |"
+        )
+    return "\n".join([*rows, END])
+
+
+def _block(size: int, kernel: int) -> str:
+    return str(size) if kernel == size else f"{size} (as {size // kernel}x{kernel})"
+
+
+def _dtypes(decl: BackendDecl) -> str:
+    return ", ".join(f"**{d}**" if d in KV_DTYPES else d for d in decl.kv_cache_dtypes)
+
+
+def _layouts(decl: BackendDecl) -> str:
+    return (
+        "none declared (LBNHC first)"
+        if decl.kv_cache_layouts is None
+        else ", ".join(decl.kv_cache_layouts)
+    )
+
+
+if __name__ == "__main__":
+    print(render())

@@ -1,0 +1,18 @@
+"""The README's "Attention backends on CUDA" table is the harness's table, rendered."""
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from tests.gpu_handoff.readme_table import END, START, render  # noqa: E402
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_the_readme_table_is_rendered_from_the_backend_table():
+    text = README.read_text()
+    assert START in text and END in text, "README lost the table's markers"
+    shown = text[text.index(START) : text.index(END) + len(END)]
+    assert shown == render(), "run python -m tests.gpu_handoff.readme_table and paste its output"
