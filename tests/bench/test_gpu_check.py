@@ -78,3 +78,9 @@ def test_the_copy_path_and_its_tests_import_without_vllm_nixl_or_opentelemetry()
         timeout=120,
     )
     assert run.returncode == 0, run.stderr[-2000:]
+
+
+def test_the_steps_time_limits_fit_one_eight_minute_command():
+    script = (REPO / "bench/gpu_check.sh").read_text()
+    limits = [int(seconds) for seconds in re.findall(r"\btimeout (\d+) ", script)]
+    assert len(limits) >= 6 and sum(limits) <= 8 * 60, limits
