@@ -190,3 +190,31 @@ def test_a_group_the_connector_cannot_keep_is_refused_at_start_saying_what_to_ch
     for role in (KVConnectorRole.SCHEDULER, KVConnectorRole.WORKER):
         with pytest.raises(ValueError, match=what_to_change):
             KVConnectorFactory.create_connector(vllm_config, role, config)
+
+
+CUDA_PREFERENCE_CASES = [
+    (("FLASH_ATTN", "full", 16, "auto"), "LBHNC"),
+    (("FLASHINFER", "hybrid", 128, "auto"), "LBHNC"),
+    (("TRITON_ATTN", "sliding_window", 64, "fp8"), "LBHNC"),
+    (("FLEX_ATTENTION", "full", 64, "auto"), "LBNHC"),  # Flex reads only LBNHC: vLLM says so
+]
+
+
+@pytest.mark.parametrize("setup", CONNECTORS)
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    CUDA_PREFERENCE_CASES,
+    ids=lambda c: case_id(c) if isinstance(c, tuple) else c,
+)
+def test_the_layout_vllm_resolves_for_the_connector_on_cuda(tiny_model, case, expected, setup):
+    """The connector asks for LBHNC on CUDA-alike devices (none on the CPU platform): vLLM's
+    resolution takes it where the backend can read it, through the Multi too."""
+    from vllm.platforms import current_platform
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(current_platform, "is_cpu", lambda: False)
+        engine = stored_then_clobbered(tiny_model, case, setup)
+    assert engine.handoff.layout == expected
+    engine.add("r2", prompt(case[2]))
+    engine.run_until_idle()
+    assert_loaded_exactly(engine)
