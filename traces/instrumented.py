@@ -191,6 +191,12 @@ class InstrumentedConnector(SchedulerHooks, WorkerHooks, KVConnectorBase_V1):
     def inner(self) -> KVConnectorBase_V1:
         return self._inner
 
+    @property
+    def _connectors(self) -> list[KVConnectorBase_V1]:
+        """What vLLM walks to find a stock connector inside another (as in its MultiConnector):
+        _find_simple_cpu_offload_connector, whose answer aligns the CPU pools of all ranks."""
+        return [self._inner]
+
     def set_xfer_handshake_metadata(self, metadata) -> None:
         with self._spans.hook("set_xfer_handshake_metadata"):
             return self._inner.set_xfer_handshake_metadata(metadata)

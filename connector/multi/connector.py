@@ -29,10 +29,11 @@ from kvscope.traces.instrumented import InstrumentedConnector
 class KvscopeMultiConnector(InstrumentedConnector, SupportsHMA):
     """MultiCore inside the hook-span instrumentation.
 
-    Not named MultiConnector: vLLM's connector factory special-cases that name and would read
-    our children's configs as its own. So vLLM asks this class alone, before reading any config,
-    whether it may turn on the hybrid KV cache manager: SupportsHMA, and a child that is not
-    refuses to start when the model has several KV cache groups (see MultiCore).
+    Not named MultiConnector: vLLM special-cases that name and reads the children's configs as
+    its own (MultiConnector below is the way to use that). So vLLM asks this class alone, before
+    reading any config, whether it may turn on the hybrid KV cache manager: SupportsHMA, and a
+    child that is not refuses to start when the model has several KV cache groups (see
+    MultiCore).
     """
 
     def build_inner(self, vllm_config: Any, role: Any, kv_cache_config: Any) -> MultiCore:
@@ -47,3 +48,14 @@ class KvscopeMultiConnector(InstrumentedConnector, SupportsHMA):
         """vLLM's logger process rebuilds the engine's stats with this class (it is the one in
         the config): each child's, under its name."""
         return MultiCore.build_kv_connector_stats(data)
+
+
+MultiConnector = KvscopeMultiConnector
+"""KvscopeMultiConnector under the name vLLM checks for: with "kv_connector": "MultiConnector"
+and "kv_connector_module_path": "kvscope.connector.multi.connector", vLLM's factory loads this
+class (a module path comes before its registry), and vLLM's name checks
+(KVTransferConfig.has_connector, which looks into a MultiConnector's children) see the
+children: a NixlConnector child gets vLLM's NIXL config checks, a SimpleCPUOffloadConnector
+child its pool alignment across ranks. The children must then be in vLLM's strict format:
+each sets kv_role and none has a "name" (vLLM builds a KVTransferConfig of each to ask
+whether all support the hybrid KV cache manager)."""

@@ -50,6 +50,12 @@ class MultiCore(KVConnectorBase_V1, SupportsHMA):
         )
         self.worker = MultiWorker(self.children, fallback, world_size, groups)
 
+    @property
+    def _connectors(self) -> list[KVConnectorBase_V1]:
+        """The children, where vLLM looks for them in its own MultiConnector (vLLM's
+        _find_simple_cpu_offload_connector walks this)."""
+        return [child.connector for child in self.children]
+
     def _each(self, method: str, *args: Any) -> list[Any]:
         return [getattr(child.connector, method)(*args) for child in self.children]
 

@@ -88,21 +88,23 @@ def _recorded_property(name: str) -> property:
     return property(get)
 
 
-def recording_class(stock: type) -> type:
+def recording_class(registered_name: str, stock: type) -> type:
+    """Named by the registered name (vLLM registers one class under several: NixlConnector is
+    NixlPullConnector)."""
     namespace: dict[str, Any] = {"__init__": _init, "__module__": MODULE}
     kinds = api_members()
-    for name in overridden(stock):
-        if kinds[name] == "method":
-            namespace[name] = _recorder(name)
-        elif kinds[name] == "property":
-            namespace[name] = _recorded_property(name)
-    return type(f"Recording{stock.__name__}", (Recording, stock), namespace)
+    for member in overridden(stock):
+        if kinds[member] == "method":
+            namespace[member] = _recorder(member)
+        elif kinds[member] == "property":
+            namespace[member] = _recorded_property(member)
+    return type(f"Recording{registered_name}", (Recording, stock), namespace)
 
 
 STOCK, NOT_IMPORTABLE = importable_stock_classes()
 """vLLM's stock connector classes by registered name, and those that do not import here."""
 
-RECORDING: Final = {name: recording_class(stock) for name, stock in STOCK.items()}
+RECORDING: Final = {name: recording_class(name, stock) for name, stock in STOCK.items()}
 """A recording subclass of each stock class, by the stock class's registered name."""
 
 globals().update({cls.__name__: cls for cls in RECORDING.values()})
