@@ -39,9 +39,17 @@ class Prefill:
     def lend(self, req_id: str, block_ids: tuple[int, ...]) -> RemotePrefill:
         deadline = time.time() + 30
         self.worker.start(P2PMetadata(reqs_to_send=[HeldBlocks(req_id, (block_ids,), deadline)]))
-        return RemotePrefill(self.engine_id, req_id, "127.0.0.1", self.port, (block_ids,),
-                             len(block_ids) * SHAPE.block_size, SHAPE.block_size, deadline,
-                             len(block_ids))  # fmt: skip
+        return RemotePrefill(
+            self.engine_id,
+            req_id,
+            "127.0.0.1",
+            self.port,
+            (block_ids,),
+            len(block_ids) * SHAPE.block_size,
+            SHAPE.block_size,
+            deadline,
+            len(block_ids),
+        )
 
 
 @pytest.fixture(scope="module")
@@ -97,8 +105,7 @@ def _bits(kv_caches: dict[str, torch.Tensor], block_id: int) -> list[torch.Tenso
 
 def test_a_slow_handshake_does_not_stall_other_requests_reads(engines, monkeypatch):
     prefills, decode = engines
-    _hook_peer_descriptors(monkeypatch, decode, prefills["B"],
-                           lambda: time.sleep(SLOW_HANDSHAKE_S))  # fmt: skip
+    _hook_peer_descriptors(monkeypatch, decode, prefills["B"], lambda: time.sleep(SLOW_HANDSHAKE_S))
     slow = BlockPull("via-b", ((1,),), ((5,),), prefills["B"].lend("via-b", (5,)))
     fast = BlockPull("via-a", ((2,),), ((6,),), prefills["A"].lend("via-a", (6,)))
     started = time.monotonic()
