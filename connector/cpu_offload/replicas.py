@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 
 SHARED_MEMORY_DIR: Final = Path("/dev/shm")
 """Where the replica groups' pools are mapped from (memory, not disk)."""
+LEADER_WAIT_S: Final = 120.0
+"""How long a follower waits at register_kv_caches for its leader to create the shared pool."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,9 @@ class ReplicaGroup:
         if not self.shared:
             return None
         path = SHARED_MEMORY_DIR / self.name
+        if not self.leader:
+            # A follower that mapped a file of its own would skip its stores and load garbage.
+            _wait_for_leader(path, numel * dtype.itemsize, LEADER_WAIT_S)
         memory = torch.from_file(str(path), shared=True, size=numel, dtype=dtype)
         if self.leader:
             weakref.finalize(memory, _unlink, path)
@@ -134,6 +139,18 @@ def tensor_parallel_rank() -> int:
         return get_tp_group().rank_in_group
     except AssertionError:
         return 0
+
+
+def _wait_for_leader(path: Path, num_bytes: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not (path.exists() and path.stat().st_size >= num_bytes):
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"the first TP rank of this replica group did not create the shared host pool "
+                f"{path} ({num_bytes} bytes) within {timeout_s:.0f} s: every TP rank of one "
+                "engine must run on one host with the same kv_transfer_config (engine_id)"
+            )
+        time.sleep(0.01)
 
 
 def _unlink(path: Path) -> None:

@@ -17,6 +17,7 @@ from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
 
 from kvscope.connector.common.faults import FaultInjector  # noqa: E402
+from kvscope.connector.cpu_offload import replicas  # noqa: E402
 from kvscope.connector.cpu_offload.config import OffloadConfig  # noqa: E402
 from kvscope.connector.cpu_offload.metadata import BlockTransfer, OffloadMetadata  # noqa: E402
 from kvscope.connector.cpu_offload.replicas import ReplicaGroup  # noqa: E402
@@ -121,3 +122,13 @@ def test_ranks_that_hold_their_own_kv_keep_private_pools_split_over_the_world(ti
     page = handoff.block_bytes(LAYER, 0).numel()
     layers = len(handoff.kv_cache_config.kv_cache_groups[0].layer_names)
     assert scheduler_host_blocks(handoff) == BUDGET // 2 // (page * layers)
+
+
+def test_a_follower_without_its_leader_refuses_rather_than_keep_a_pool_no_one_writes(
+    monkeypatch,
+):
+    monkeypatch.setattr(replicas, "LEADER_WAIT_S", 0.05)
+    follower = ReplicaGroup(size=2, leader=False, name="kvscope-offload-test-no-leader")
+    with pytest.raises(RuntimeError, match="same kv_transfer_config"):
+        follower.host_memory(1024, torch.bfloat16)
+    assert not (replicas.SHARED_MEMORY_DIR / follower.name).exists()
