@@ -96,14 +96,15 @@ def _group(group_id: int, spec: Any) -> KVGroup:
 
 
 def layers_per_block(kv_cache_config: Any) -> int:
-    """KV layer pages a host block holds: one per distinct memory the worker registers.
+    """KV layer pages a host block holds: one per distinct layer memory, as the worker
+    registers them (connector/common/kv_layout.py's distinct_kv_memories).
 
-    With layers outermost (LB* layouts) vLLM overlays its groups on shared KV memory (layer i
-    of every group at one address; a block id belongs to one group at a time), so a block of
-    any group spans as many layers as the largest group has. With blocks outermost (BL*, as
-    NIXL asks) it packs the groups' pages side by side in each block instead, and every
-    group's layers are memories of their own. The KVCacheTensors say which: the layers'
-    distinct start addresses. KV-sharing layers are in neither (vLLM adds them later).
+    vLLM overlays its groups from byte 0 (layer i of every group at one address; a block id
+    belongs to one group at a time), so a block of any group spans as many layers as the
+    largest group has; the KVCacheTensors' layer start addresses say so exactly, also where one
+    group holds layers of several specs side by side. Without tensors (a config built by hand):
+    the largest group. KV-sharing layers are in neither: vLLM adds them after the connector is
+    built, as aliases of layers that are.
     """
     tensors = getattr(kv_cache_config, "kv_cache_tensors", None) or ()
     starts = {
