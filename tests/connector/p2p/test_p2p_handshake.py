@@ -12,7 +12,16 @@ import time
 import pytest
 import torch
 
+pytest.importorskip("vllm")  # the worker half's metadata and spans need vLLM and OpenTelemetry
+pytest.importorskip("opentelemetry")
 os.environ.setdefault("UCX_NET_DEVICES", "lo")
+
+from kvscope.connector.p2p.nixl_agent import load_nixl_api  # noqa: E402
+
+try:
+    load_nixl_api()
+except ImportError as exc:
+    pytest.skip(f"no NIXL beside this torch: {exc}", allow_module_level=True)
 
 from kvscope.connector.p2p.config import P2PConfig  # noqa: E402
 from kvscope.connector.p2p.metadata import BlockPull, HeldBlocks, P2PMetadata  # noqa: E402

@@ -6,12 +6,16 @@ cache, which P2P's peers would keep reading. The class is found by vLLM's own fa
 """
 
 import pytest
-from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
-from kvscope.connector.p2p.core import P2PCore
-from tests.connector.cpu_offload.hma_harness import kv_cache_config
-from tests.connector.p2p.hma_pair import p2p_vllm_config
+pytest.importorskip("vllm")
+pytest.importorskip("opentelemetry")
+
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
+
+from kvscope.connector.p2p.core import P2PCore  # noqa: E402
+from tests.connector.cpu_offload.hma_harness import kv_cache_config  # noqa: E402
+from tests.connector.p2p.hma_pair import p2p_vllm_config  # noqa: E402
 
 
 @pytest.fixture(scope="module")
