@@ -11,21 +11,19 @@ from typing import Any
 
 from kvscope.connector.common.faults import FaultInjector
 from kvscope.connector.common.host_pool import BlockState, HostBlockPool, KVNamespace
-from kvscope.connector.common.leases import Lease, LeaseTable
+from kvscope.connector.common.leases import LeaseTable
 from kvscope.connector.common.rank_tally import RankTally
 from kvscope.connector.common.tier_health import TierHealth, failure_reason
 from kvscope.connector.cpu_offload.config import OffloadConfig
 from kvscope.connector.cpu_offload.groups import KVGroups
+from kvscope.connector.cpu_offload.hit_leases import HitLeases
 from kvscope.connector.cpu_offload.hits import GroupBlock, plan_hit, request_blocks
 from kvscope.connector.cpu_offload.kv_events import HostTierEvents
 from kvscope.connector.cpu_offload.metadata import BlockTransfer, OffloadMetadata, OffloadWorkerMeta
 from kvscope.connector.cpu_offload.request_state import LoadPhase, PlannedStore, RequestState
-from kvscope.connector.cpu_offload.span_attributes import lease_attributes
 from kvscope.connector.cpu_offload.stats import Samples
 from kvscope.connector.cpu_offload.stores import StorePlanning, block_ids_by_group
-from kvscope.traces import names
-from kvscope.traces.events import add_event
-from kvscope.traces.outcomes import KEPT_PINNED, RECOMPUTED, RELEASED
+from kvscope.traces.outcomes import RECOMPUTED
 
 __all__ = ["LoadPhase", "OffloadScheduler", "RequestState"]
 
@@ -50,7 +48,6 @@ class OffloadScheduler(StorePlanning):
         self.block_size = block_size
         self.pool = HostBlockPool(num_host_blocks)
         self._host_block_group: list[int] = [0] * num_host_blocks  # for eviction events
-        self.leases = LeaseTable(self.pool, config.lease_timeout_s)
         self.faults = faults
         self.requests: dict[str, RequestState] = {}
         # Every rank copies its own shard of each block: a copy ends when all of them did.
@@ -68,13 +65,16 @@ class OffloadScheduler(StorePlanning):
             "failed_loads": 0,
             "failed_load_blocks": 0,
             "miss_tokens": 0,
-            "lease_expiries": 0,
         }
         self.samples = Samples()  # histogram samples and failures for the next stats report
         self.failure_outcome = RECOMPUTED  # what a failed load becomes; the core says
         self.kv_events = HostTierEvents(kv_events, block_size)
         # Fed by every load's outcome (once all ranks reported); lookups ask it first.
         self.health = TierHealth("cpu_offload", config.tier_health)
+        self.hit_leases = HitLeases(
+            self.pool, config.lease_timeout_s, faults, self.health, self.samples
+        )
+        self.leases: LeaseTable = self.hit_leases.table
         self._pool_read_at, self._pool_gauges, self._evicted = float("-inf"), {}, 0
 
     # --- lookups --------------------------------------------------------------------------
@@ -91,7 +91,7 @@ class OffloadScheduler(StorePlanning):
             return 0, False
         if (repeat := self._repeat_answer(state, num_computed_tokens)) is not None:
             return repeat
-        self._release_lease(state, outcome="superseded")
+        self.hit_leases.release(state, outcome="superseded")
         start = num_computed_tokens // self.block_size
         # Never the last prompt token: vLLM must compute at least one token itself.
         end = (request.num_prompt_tokens - 1) // self.block_size
@@ -103,11 +103,7 @@ class OffloadScheduler(StorePlanning):
         if not self.health.admit(req_id):  # a sick pool: recompute now, not after a timeout
             return 0, False
         hit = self._plan_hit(request, start, end)
-        plan = self.faults.plan
-        timeout_s = plan.lease_timeout_ms / 1000 if plan.lease_timeout_ms else None
-        lease = None
-        if hit:
-            lease = self.leases.lookup(req_id, [b.key for b in hit], timeout_s=timeout_s)
+        lease = self.hit_leases.take(req_id, hit)
         # The pool leases the committed prefix of what it was asked (all of a multi-group plan).
         hit = hit[: len(lease.host_block_ids)] if lease else ()
         hit_end = max(b.index for b in hit) + 1 if hit else start
@@ -116,15 +112,9 @@ class OffloadScheduler(StorePlanning):
         if lease is None:
             self.health.cancel(req_id)  # nothing to load: no outcome will come
             return 0, False
-        state.lease, state.asked_at, state.hit, state.hit_end = (
-            lease,
-            num_computed_tokens,
-            hit,
-            hit_end,
-        )
-        add_event(names.EVENT_LEASE_ACQUIRED, **self._lease_attributes(lease, state))
-        if plan.evict_leased:
-            self._attack_lease(lease)
+        state.lease, state.asked_at, state.hit = lease, num_computed_tokens, hit
+        state.hit_end = hit_end
+        self.hit_leases.acquired(state)
         self.stats["hit_tokens"] += num_tokens
         return num_tokens, True
 
@@ -137,22 +127,11 @@ class OffloadScheduler(StorePlanning):
 
     def _repeat_answer(self, state: RequestState, num_computed_tokens: int):
         """The held lease's answer when the question is the one it answered, else None."""
-        lease = state.lease
-        if lease is None or state.asked_at != num_computed_tokens:
+        if state.lease is None or state.asked_at != num_computed_tokens:
             return None
-        refreshed = self.leases.refresh(lease.lease_id)
-        if refreshed is None:  # it expired meanwhile
+        if not self.hit_leases.refresh(state):  # it expired meanwhile
             return None
-        state.lease = refreshed
         return (state.hit_end - state.load_start_block) * self.block_size, True
-
-    def _attack_lease(self, lease: Lease) -> None:
-        """Fault injection: try to evict the blocks just leased; the pool must refuse."""
-        refused = sum(not self.pool.evict(key) for key in lease.block_keys)
-        add_event(
-            names.EVENT_EVICTION_REFUSED,
-            **{names.LEASE_ID: lease.lease_id, names.BLOCK_COUNT: refused},
-        )
 
     def bind(self, request: Any, block_ids: Any, num_external_tokens: int) -> None:
         """update_state_after_alloc: the destination blocks of a hit; releases a declined hit.
@@ -162,7 +141,7 @@ class OffloadScheduler(StorePlanning):
         if state is None or state.lease is None or state.loading:
             return
         if num_external_tokens <= 0:  # e.g. a MultiConnector chose another child
-            self._release_lease(state, outcome="declined")
+            self.hit_leases.release(state, outcome="declined")
             return
         lease, ids_by_group = state.lease, block_ids_by_group(block_ids)
         count = num_external_tokens // self.block_size
@@ -192,7 +171,7 @@ class OffloadScheduler(StorePlanning):
     # --- per step -------------------------------------------------------------------------
 
     def build_metadata(self, scheduler_output: Any, kv_cache_manager: Any) -> OffloadMetadata:
-        self._expire_leases()
+        self.hit_leases.expire(self.requests)
         stores = [
             store
             for req_id, num_tokens in scheduler_output.num_scheduled_tokens.items()
@@ -207,33 +186,6 @@ class OffloadScheduler(StorePlanning):
         )
         self._loads_to_send, self._to_flush = [], set()
         return metadata
-
-    def _expire_leases(self) -> None:
-        for lease in self.leases.expire():
-            state = self.requests.get(lease.req_id)
-            loading = state is not None and state.loading
-            add_event(
-                names.EVENT_LEASE_EXPIRED,
-                **self._lease_attributes(lease, state),
-                **{
-                    names.LEASE_OUTCOME: "expired",
-                    names.REQUEST_ID: lease.req_id,
-                    names.FAILURE_CAUSE: "lease_expired" + (" during its load" if loading else ""),
-                    names.FAILURE_OUTCOME: KEPT_PINNED if loading else RELEASED,
-                },
-            )
-            self.stats["lease_expiries"] += 1
-            self.samples.fail(
-                "lease_expired_during_load" if loading else "lease_expired",
-                KEPT_PINNED if loading else RELEASED,
-            )
-            if loading:
-                # The workers still copy from these blocks: keep them pinned until they finish.
-                self.pool.pin(list(lease.host_block_ids))
-                state.expired_lease = lease
-            elif state is not None:
-                state.lease = None  # no load started: nothing failed, the next lookup leases again
-                self.health.cancel(lease.req_id)
 
     # --- worker reports -------------------------------------------------------------------
 
@@ -262,7 +214,7 @@ class OffloadScheduler(StorePlanning):
             blocks = "failed_load_blocks" if failed else "loaded_blocks"
             self.stats[blocks] += len(lease.host_block_ids)
             self.stats["failed_loads"] += failed
-            self._release_lease(state, outcome="failed" if failed else "released")
+            self.hit_leases.release(state, outcome="failed" if failed else "released")
         if state.expired_lease is not None:
             self.pool.unpin(list(state.expired_lease.host_block_ids))
             state.expired_lease = None
@@ -284,7 +236,7 @@ class OffloadScheduler(StorePlanning):
             return False
         state.ended = True
         if not state.loading:
-            self._release_lease(state, outcome="aborted")
+            self.hit_leases.release(state, outcome="aborted")
         delay_free = bool(state.stores_in_flight) and not state.loading
         if delay_free:
             self._to_flush.add(req_id)
@@ -301,7 +253,7 @@ class OffloadScheduler(StorePlanning):
         committed. False, as vLLM's own prefix cache answers, while loads still read blocks."""
         for state in self.requests.values():
             if not state.loading:
-                self._release_lease(state, outcome="reset")
+                self.hit_leases.release(state, outcome="reset")
         self._stores = {i: replace(s, dropped=True) for i, s in self._stores.items()}
         keys = [
             key for i in range(self.pool.num_blocks) if (key := self.pool.key_of(i)) is not None
@@ -331,23 +283,9 @@ class OffloadScheduler(StorePlanning):
             "active_leases": len(self.leases.active()),
             **self.health.gauges(),
         }
-        return {**self.stats, "evicted_blocks": self._evicted, **self.health.counters()}, gauges
+        counters = {"evicted_blocks": self._evicted, "lease_expiries": self.hit_leases.expiries}
+        return {**self.stats, **counters, **self.health.counters()}, gauges
 
     def expired_leases_in_flight(self) -> list[str]:
         """Requests whose lease ran out during their load, blocks still pinned (leak checks)."""
         return [req_id for req_id, s in self.requests.items() if s.expired_lease is not None]
-
-    def _release_lease(self, state: RequestState, outcome: str) -> None:
-        if state.lease is None:
-            return
-        attributes = self._lease_attributes(state.lease, state)
-        lease, state.lease = state.lease, None
-        if outcome not in ("failed", "released"):  # no load outcome will come for it
-            self.health.cancel(lease.req_id)
-        if self.leases.release(lease.lease_id) is not None:
-            add_event(names.EVENT_LEASE_RELEASED, **attributes, **{names.LEASE_OUTCOME: outcome})
-
-    def _lease_attributes(self, lease: Lease, state: RequestState | None) -> dict[str, Any]:
-        hit = state.hit if state is not None and state.lease is not None else ()
-        group_ids = [b.group_id for b in hit] if len(hit) == len(lease.host_block_ids) else []
-        return lease_attributes(lease, self.leases.timeout_s, group_ids)
