@@ -30,6 +30,7 @@ class _Handshake:
     future: Future
     started: float  # monotonic
     waiting: list  # BlockPull | BlockRelease
+    req_id: str  # the request that asked first: its trace holds the handshake's span
 
 
 class BlockPuller:
@@ -76,7 +77,7 @@ class BlockPuller:
         Requests for the peer wait in `waiting`; poll() picks the result up."""
         timeout_s = min(self.config.handshake_timeout_s, max(self._time_left(item), 0.1))
         future = self._executor.submit(self._handshake, key, timeout_s)
-        self._handshakes[key] = _Handshake(future, time.monotonic(), [item])
+        self._handshakes[key] = _Handshake(future, time.monotonic(), [item], item.req_id)
 
     def _handshake(self, key: PeerKey, timeout_s: float) -> str:
         """Fetch the peer's agent and layout over the side channel and add it: its agent name."""
@@ -95,24 +96,36 @@ class BlockPuller:
             if handshake.future.done():
                 del self._handshakes[key]
                 self._end_handshake(key, handshake)
+            else:
+                self._expire_waiting(handshake)
         for result in self.transport.poll():
             if (pull := self._reads.pop(result.xfer_id, None)) is not None:
                 self._end_read(pull, result)
         recving, self._recving = self._recving, set()
         return recving
 
+    def _expire_waiting(self, handshake: _Handshake) -> None:
+        """A handshake NIXL keeps busy must not hold a pull past its lease: that pull fails
+        (and is recomputed) now; the handshake goes on for the peer's later requests."""
+        waiting = []
+        for item in handshake.waiting:
+            if self._time_left(item) > 0:
+                waiting.append(item)
+            else:
+                self._fail(item, "lease expired during the handshake", "lease_expired")
+        handshake.waiting = waiting
+
     def _end_handshake(self, key: PeerKey, handshake: _Handshake) -> None:
-        first = handshake.waiting[0]
         try:
             agent = handshake.future.result()
         except Exception as exc:  # SideChannelError, PeerRejectedError (layout), TransportError
             cause = f"handshake failed: {exc}"
-            record_handshake(first.req_id, key, handshake.started, time.monotonic(), cause)
+            record_handshake(handshake.req_id, key, handshake.started, time.monotonic(), cause)
             for item in handshake.waiting:
                 self._fail(item, cause, "peer_unreachable")
             return
         self.stats["handshakes"] += 1
-        record_handshake(first.req_id, key, handshake.started, time.monotonic(), None)
+        record_handshake(handshake.req_id, key, handshake.started, time.monotonic(), None)
         self._peers[key] = agent
         for item in handshake.waiting:
             self._issue(item, agent)

@@ -45,8 +45,8 @@ class Prefill:
         self.worker = P2PWorker(P2PConfig(side_channel_port=self.port), engine_id, serves=True)
         self.worker.register(self.kv_caches)
 
-    def lend(self, req_id: str, block_ids: tuple[int, ...]) -> RemotePrefill:
-        deadline = time.time() + 30
+    def lend(self, req_id: str, block_ids: tuple[int, ...], lease_s: float = 30) -> RemotePrefill:
+        deadline = time.time() + lease_s
         self.worker.start(P2PMetadata(reqs_to_send=[HeldBlocks(req_id, (block_ids,), deadline)]))
         return RemotePrefill(
             self.engine_id,
@@ -63,7 +63,9 @@ class Prefill:
 
 @pytest.fixture(scope="module")
 def engines():
-    prefills = {name: Prefill(name, seed) for name, seed in (("A", 1), ("B", 2), ("C", 3))}
+    prefills = {
+        name: Prefill(name, seed) for name, seed in (("A", 1), ("B", 2), ("C", 3), ("D", 4))
+    }
     decode = P2PWorker(P2PConfig(side_channel_port=free_port()), "decode", serves=False)
     decode.register(make_fake_kv_caches(SHAPE, None))  # its transport keeps the views
     try:
@@ -153,3 +155,20 @@ def test_a_failed_background_handshake_fails_only_that_peers_requests(engines, m
     assert decode.take_load_errors() == {3}  # recomputed under the failure policy
     cause = decode.take_worker_meta().loads_failed["via-c"]
     assert cause.startswith("peer_unreachable: handshake failed") and "NIXL_ERR_BACKEND" in cause
+
+
+def test_a_pull_whose_lease_ends_during_a_slow_handshake_fails_then(engines, monkeypatch):
+    """The prefill side frees the blocks at the lease's end: a pull still waiting for its peer's
+    handshake then fails (and is recomputed) at once, not when the handshake ends."""
+    prefills, decode = engines
+    _hook_peer_descriptors(monkeypatch, decode, prefills["D"], lambda: time.sleep(SLOW_HANDSHAKE_S))
+    lease_s = 1.6  # the decode side stops trusting it lease_margin_s (1 s) earlier
+    late = BlockPull("via-d", ((5,),), ((1,),), prefills["D"].lend("via-d", (1,), lease_s))
+    decode.start(P2PMetadata(reqs_to_recv=[late]))
+    finished, slowest_poll = _step_until(decode, {"via-d"}, timeout_s=10)
+
+    assert finished["via-d"] < SLOW_HANDSHAKE_S - 0.5, "the pull waited for the handshake"
+    assert slowest_poll < STEP_BOUND_S
+    assert decode.take_load_errors() == {5}
+    cause = decode.take_worker_meta().loads_failed["via-d"]
+    assert cause == "lease_expired: lease expired during the handshake"
