@@ -33,6 +33,8 @@ class P2PCore(KVConnectorBase_V1, SupportsHMA):
 
     Under tensor parallelism every worker rank holds its own shard of each block (its KV heads)
     and trades it only with the same rank of the peer engine, on its own side channel port.
+    MLA's KV, the same on every rank (KVCacheConfig.kv_tp_replicas), moves the same way: once
+    per decode rank, from the prefill rank of its number (so both engines need one TP size).
     """
 
     # vLLM's metrics split external hits by source; without this every pull counts as

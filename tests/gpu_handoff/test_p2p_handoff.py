@@ -307,3 +307,37 @@ def test_sides_whose_pages_differ_fail_the_pull_naming_the_layout_to_set(tiny_mo
     finally:
         prefill.close()
         decode.close()
+
+
+def test_mla_sides_of_different_tp_sizes_fail_the_pull_naming_the_tp_size(tiny_model, monkeypatch):
+    """Replicated MLA KV could be read from any prefill rank, but the prefill ranks each hold
+    the blocks until their own reader notifies: P2P trades only between equal TP sizes."""
+    case = ("FLASHMLA", "mla", 64, "auto")
+    prefill = Side(tiny_model, case, "core", "prefill")
+    monkeypatch.setattr(p2p_core, "_tp_rank", lambda tp_size: 0)
+    decode = Side(tiny_model, case, "core", "decode", tensor_parallel_size=2)
+    try:
+        held = RemotePrefill(
+            "prefill",
+            "p-req",
+            "127.0.0.1",
+            prefill.port,
+            REMOTE_IDS[:1],
+            128,
+            64,
+            time.time() + 30,
+            2,
+        )
+        decode.step(
+            P2PMetadata(reqs_to_recv=[BlockPull("d-req", LOCAL_IDS[:1], REMOTE_IDS[:1], held)])
+        )
+        started = time.monotonic()
+        while not decode.worker.puller.loads_failed:
+            assert time.monotonic() - started < 10
+            time.sleep(0.005)
+            decode.step(P2PMetadata())
+        cause = decode.worker.take_worker_meta().loads_failed["d-req"]
+        assert "tp_size: local 2, remote 1 (use the same tensor-parallel size)" in cause
+    finally:
+        prefill.close()
+        decode.close()
