@@ -19,6 +19,7 @@ import itertools
 import os
 import time
 import weakref
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,8 @@ SHARED_MEMORY_DIR: Final = Path("/dev/shm")
 LEADER_WAIT_S: Final = 120.0
 """How long a follower waits at register_kv_caches for its leader to create the shared pool."""
 
+_pools_mapped: Counter[tuple[str, int]] = Counter()  # (group name, TP rank) -> pools mapped
+
 
 @dataclass(frozen=True)
 class ReplicaGroup:
@@ -44,7 +47,8 @@ class ReplicaGroup:
 
     size: int = 1
     leader: bool = True  # the rank whose stores copy; the others' stores only report done
-    name: str = ""  # the shared memory file every rank of the group maps
+    name: str = ""  # the shared memory file every rank of the group maps (before its count)
+    rank: int = 0  # this rank in its TP group
 
     @classmethod
     def of(
@@ -64,7 +68,7 @@ class ReplicaGroup:
         rank = tensor_parallel_rank() if tp_rank is None else tp_rank
         engine = vllm_config.kv_transfer_config.engine_id
         name = f"kvscope-offload-{engine}-dp{parallel.data_parallel_rank}-g{rank // replicas}"
-        return cls(size=replicas, leader=rank % replicas == 0, name=name)
+        return cls(size=replicas, leader=rank % replicas == 0, name=name, rank=rank)
 
     @property
     def shared(self) -> bool:
@@ -72,11 +76,15 @@ class ReplicaGroup:
 
     def host_memory(self, numel: int, dtype: torch.dtype) -> torch.Tensor | None:
         """The group's shared pool memory (page-aligned, untouched), or None for a private
-        pool. Every rank maps the same file (whichever comes first creates it at this size);
-        the leader removes its name when its process ends, the mappings stay valid."""
+        pool. The leader creates the file at this size, the followers map it once it is there;
+        the leader removes its name when its process ends (the mappings stay valid). Pools are
+        counted per rank: every rank registers the same connectors (a Multi's children) in the
+        same order, so the n-th pool of each rank is the same one."""
         if not self.shared:
             return None
-        path = SHARED_MEMORY_DIR / self.name
+        count = _pools_mapped[(self.name, self.rank)]
+        _pools_mapped[(self.name, self.rank)] += 1
+        path = SHARED_MEMORY_DIR / f"{self.name}-{count}"
         if not self.leader:
             # A follower that mapped a file of its own would skip its stores and load garbage.
             _wait_for_leader(path, numel * dtype.itemsize, LEADER_WAIT_S)

@@ -131,4 +131,16 @@ def test_a_follower_without_its_leader_refuses_rather_than_keep_a_pool_no_one_wr
     follower = ReplicaGroup(size=2, leader=False, name="kvscope-offload-test-no-leader")
     with pytest.raises(RuntimeError, match="same kv_transfer_config"):
         follower.host_memory(1024, torch.bfloat16)
-    assert not (replicas.SHARED_MEMORY_DIR / follower.name).exists()
+    assert not list(replicas.SHARED_MEMORY_DIR.glob(f"{follower.name}*"))
+
+
+def test_each_pool_a_rank_maps_is_its_own_and_the_same_on_every_rank():
+    """Two offload children of one Multi under TP replicas: rank 1's n-th pool is rank 0's."""
+    name = f"kvscope-offload-test-pools-{time.monotonic_ns()}"
+    leader = ReplicaGroup(size=2, leader=True, name=name, rank=0)
+    follower = ReplicaGroup(size=2, leader=False, name=name, rank=1)
+    first, second = (leader.host_memory(256, torch.bfloat16) for _ in range(2))
+    first.fill_(1)
+    second.fill_(2)
+    seen = [follower.host_memory(256, torch.bfloat16) for _ in range(2)]
+    assert [float(memory.unique()) for memory in seen] == [1.0, 2.0]
