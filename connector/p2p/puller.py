@@ -6,9 +6,10 @@ that could have overlapped the free is reported as a load error, never used.
 """
 
 import logging
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvscope.connector.common.stats_schema import Samples
 from kvscope.connector.p2p.config import P2PConfig
@@ -27,10 +28,20 @@ PeerKey = tuple[str, int, str]  # side-channel host, port, engine id
 
 @dataclass
 class _Handshake:
+    """A handshake in the executor, and the requests that wait for it.
+
+    Pulls wait for poll() on the engine thread (their results are the engine's state).
+    Releases go out from the executor as soon as the peer is added: a finished request's
+    engine may not step again, and the prefill side would hold its blocks until the lease ends.
+    """
+
     future: Future
     started: float  # monotonic
-    waiting: list  # BlockPull | BlockRelease
     req_id: str  # the request that asked first: its trace holds the handshake's span
+    waiting: list[BlockPull] = field(default_factory=list)
+    releases: list[BlockRelease] = field(default_factory=list)  # under `lock`
+    agent: str | None = None  # the peer's name once added; under `lock`
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class BlockPuller:
@@ -66,18 +77,22 @@ class BlockPuller:
             key = (item.remote.host, item.remote.port, item.remote.engine_id)
             if key in self._peers:
                 self._issue(item, self._peers[key])
-            elif key in self._handshakes:
-                self._handshakes[key].waiting.append(item)
             else:
-                self._begin_handshake(key, item)
+                handshake = self._handshakes.get(key) or self._begin_handshake(key, item)
+                if isinstance(item, BlockRelease):
+                    self._release_when_added(handshake, item)
+                else:
+                    handshake.waiting.append(item)
 
-    def _begin_handshake(self, key: PeerKey, item: BlockPull | BlockRelease) -> None:
+    def _begin_handshake(self, key: PeerKey, item: BlockPull | BlockRelease) -> _Handshake:
         """The whole handshake runs in the executor: with LB* layouts NIXL prepares layers x
-        blocks descriptors for the peer (millions on a large GPU), which would stall a step.
-        Requests for the peer wait in `waiting`; poll() picks the result up."""
+        blocks descriptors for the peer (millions on a large GPU), which would stall a step."""
         timeout_s = min(self.config.handshake_timeout_s, max(self._time_left(item), 0.1))
         future = self._executor.submit(self._handshake, key, timeout_s)
-        self._handshakes[key] = _Handshake(future, time.monotonic(), [item], item.req_id)
+        handshake = _Handshake(future, time.monotonic(), item.req_id)
+        self._handshakes[key] = handshake
+        future.add_done_callback(lambda _: self._send_releases(handshake))
+        return handshake
 
     def _handshake(self, key: PeerKey, timeout_s: float) -> str:
         """Fetch the peer's agent and layout over the side channel and add it: its agent name."""
@@ -89,6 +104,27 @@ class BlockPuller:
                 f" not {engine_id!r}: the prefill server restarted or the port is reused"
             )
         return self.transport.add_peer(info.agent_metadata, info.layout)
+
+    def _release_when_added(self, handshake: _Handshake, release: BlockRelease) -> None:
+        with handshake.lock:
+            if handshake.agent is None:
+                handshake.releases.append(release)
+                return
+        self._issue(release, handshake.agent)
+
+    def _send_releases(self, handshake: _Handshake) -> None:
+        """In the executor, once the handshake ended (a failed one drops them: the prefill
+        side's leases free those blocks)."""
+        if handshake.future.cancelled() or handshake.future.exception() is not None:
+            return
+        with handshake.lock:
+            handshake.agent = handshake.future.result()
+            releases, handshake.releases = handshake.releases, []
+        for release in releases:
+            try:
+                self._issue(release, handshake.agent)
+            except TransportError as exc:  # closed meanwhile: the lease frees the blocks
+                logger.debug("p2p: could not release %s: %s", release.req_id, exc)
 
     def poll(self) -> set[str]:
         """finished_recving: pulls that ended (failed ones also name their blocks as errors)."""

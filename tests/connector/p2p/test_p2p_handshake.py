@@ -24,7 +24,12 @@ except ImportError as exc:
     pytest.skip(f"no NIXL beside this torch: {exc}", allow_module_level=True)
 
 from kvscope.connector.p2p.config import P2PConfig  # noqa: E402
-from kvscope.connector.p2p.metadata import BlockPull, HeldBlocks, P2PMetadata  # noqa: E402
+from kvscope.connector.p2p.metadata import (  # noqa: E402
+    BlockPull,
+    BlockRelease,
+    HeldBlocks,
+    P2PMetadata,
+)
 from kvscope.connector.p2p.params import RemotePrefill  # noqa: E402
 from kvscope.connector.p2p.peer_process import FakeKVShape, make_fake_kv_caches  # noqa: E402
 from kvscope.connector.p2p.worker import P2PWorker  # noqa: E402
@@ -64,7 +69,8 @@ class Prefill:
 @pytest.fixture(scope="module")
 def engines():
     prefills = {
-        name: Prefill(name, seed) for name, seed in (("A", 1), ("B", 2), ("C", 3), ("D", 4))
+        name: Prefill(name, seed)
+        for name, seed in (("A", 1), ("B", 2), ("C", 3), ("D", 4), ("E", 5))
     }
     decode = P2PWorker(P2PConfig(side_channel_port=free_port()), "decode", serves=False)
     decode.register(make_fake_kv_caches(SHAPE, None))  # its transport keeps the views
@@ -172,3 +178,18 @@ def test_a_pull_whose_lease_ends_during_a_slow_handshake_fails_then(engines, mon
     assert decode.take_load_errors() == {5}
     cause = decode.take_worker_meta().loads_failed["via-d"]
     assert cause == "lease_expired: lease expired during the handshake"
+
+
+def test_a_release_to_a_new_peer_goes_out_without_another_engine_step(engines):
+    """A decode request that needs none of the prefilled blocks releases them; its engine may
+    never step again, yet the prefill side must not hold the blocks until the lease ends."""
+    prefills, decode = engines
+    release = BlockRelease("needs-none", prefills["E"].lend("lent", (2, 3)))
+    decode.start(P2PMetadata(reqs_to_release=[release]))  # then the decode engine idles
+    started = time.monotonic()
+    sent: set[str] = set()
+    while "lent" not in sent:
+        assert time.monotonic() - started < 10, "the prefill side still holds the blocks"
+        sent |= prefills["E"].worker.poll()[0]
+        time.sleep(0.01)
+    assert prefills["E"].worker.lender.stats["reads_notified"] == 1  # released, not expired
