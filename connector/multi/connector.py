@@ -43,12 +43,6 @@ class KvscopeMultiConnector(InstrumentedConnector, SupportsHMA):
     def inner_class(cls, extra_config: dict[str, Any]) -> type[MultiCore]:
         return MultiCore
 
-    @classmethod
-    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None):
-        """vLLM's logger process rebuilds the engine's stats with this class (it is the one in
-        the config): each child's, under its name."""
-        return MultiCore.build_kv_connector_stats(data)
-
 
 MultiConnector = KvscopeMultiConnector
 """KvscopeMultiConnector under the name vLLM checks for: with "kv_connector": "MultiConnector"

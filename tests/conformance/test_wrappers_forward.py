@@ -9,7 +9,14 @@ fails here by name.
 import pytest
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 
-from tests.conformance.recording import NOT_IMPORTABLE, RECORDING, api_members, stock_members
+from tests.conformance.recording import (
+    NOT_IMPORTABLE,
+    RECORDING,
+    STOCK,
+    api_members,
+    overridden,
+    stock_members,
+)
 from tests.conformance.wrappers import WRAPPERS, build, call_as_vllm, unwrap
 
 INSTANCE_MEMBERS = [
@@ -61,3 +68,24 @@ def _params(member):
     from tests.conformance.wrappers import api_params
 
     return api_params(member)
+
+
+HIT_SOURCES = [
+    name
+    for name, stock in sorted(STOCK.items())
+    if stock._cache_hit_source is not KVConnectorBase_V1._cache_hit_source
+    and "get_external_cache_hit_sources" not in overridden(stock)
+]
+
+
+@pytest.mark.parametrize("wrapper", WRAPPERS)
+@pytest.mark.parametrize("stock", HIT_SOURCES)
+def test_a_stock_classes_hit_source_is_reported_through_the_wrapper(wrapper, stock):
+    """NIXL and Mooncake label their hits P2P with a class attribute that vLLM's base method
+    reads: asked through a wrapper, the hit must still be theirs, not the wrapper's."""
+    connector, inner = build(wrapper, stock)
+    answer, _, args = call_as_vllm(connector, "get_external_cache_hit_sources")
+    expected = KVConnectorBase_V1.get_external_cache_hit_sources(
+        inner, args["request"], args["num_external_tokens"]
+    )
+    assert answer == expected == {STOCK[stock]._cache_hit_source: args["num_external_tokens"]}
