@@ -63,8 +63,9 @@ def span_attributes(block_ids: GroupBlockIds) -> dict[str, Any]:
 def refuse_children_without_hma(children: list[tuple[str, str, bool]], count: int) -> None:
     """With several KV cache groups every child must support HMA (as vLLM's MultiConnector
     requires); raises naming those that do not. children: (name, class name, supports HMA)."""
-    without = [f"{name} ({class_name})" for name, class_name, supported in children
-               if not supported]  # fmt: skip
+    without = [
+        f"{name} ({class_name})" for name, class_name, supported in children if not supported
+    ]
     if count <= 1 or not without:
         return
     which = f"child {without[0]} does" if len(without) == 1 else f"children {', '.join(without)} do"

@@ -37,9 +37,12 @@ class LoadEnd:
     def plus(self, other: "LoadEnd") -> "LoadEnd":
         if other.child != self.child:
             raise ValueError(f"one load ended on children {self.child} and {other.child}")
-        return LoadEnd(self.child, self.ranks_ok + other.ranks_ok,
-                       self.ranks_failed + other.ranks_failed,
-                       self.failed_block_ids | other.failed_block_ids)  # fmt: skip
+        return LoadEnd(
+            self.child,
+            self.ranks_ok + other.ranks_ok,
+            self.ranks_failed + other.ranks_failed,
+            self.failed_block_ids | other.failed_block_ids,
+        )
 
 
 @dataclass

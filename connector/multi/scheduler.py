@@ -71,8 +71,9 @@ class MultiScheduler:
         if not trace.get_current_span().is_recording():
             return contextlib.nullcontext(trace.INVALID_SPAN)
         child = self.children[index]
-        return child_hook_span(child.name, type(child.connector).__name__, hook,
-                               **self.span_attributes, **attributes)  # fmt: skip
+        return child_hook_span(
+            child.name, type(child.connector).__name__, hook, **self.span_attributes, **attributes
+        )
 
     def lookup(
         self,
@@ -121,20 +122,24 @@ class MultiScheduler:
         first = computed // self.block_size
         end = -(-(computed + num_external_tokens) // self.block_size)
         device = groups.load_block_ids(blocks, first, end)
-        self.loads[req_id] = LoadPlan(request, blocks, computed, num_external_tokens, chosen,
-                                      device, device)  # fmt: skip
+        self.loads[req_id] = LoadPlan(
+            request, blocks, computed, num_external_tokens, chosen, device, device
+        )
         self._routes[req_id] = LoadRoute(chosen, device)
-        add_event("kvscope.multi.load_routed", **{names.REQUEST_ID: req_id,
-                  names.CONNECTOR_CHILD: self.children[chosen].name},
-                  **groups.span_attributes(device))  # fmt: skip
+        add_event(
+            "kvscope.multi.load_routed",
+            **{names.REQUEST_ID: req_id, names.CONNECTOR_CHILD: self.children[chosen].name},
+            **groups.span_attributes(device),
+        )
 
     def build_metadata(self, scheduler_output: Any) -> MultiMetadata:
         metas = []
         for index, child in enumerate(self.children):
             with self.span(index, "build_connector_meta"):
                 metas.append(child.connector.build_connector_meta(scheduler_output))
-        metadata = MultiMetadata(tuple(metas), self._routes, self._to_fail, self._to_release,
-                                 self._extra_saves)  # fmt: skip
+        metadata = MultiMetadata(
+            tuple(metas), self._routes, self._to_fail, self._to_release, self._extra_saves
+        )
         self._routes, self._to_fail, self._to_release, self._extra_saves = {}, {}, set(), {}
         return metadata
 
@@ -145,9 +150,10 @@ class MultiScheduler:
         if isinstance(multi_meta, MultiWorkerMeta):
             children_recving = [
                 {req_id for req_id, _ in tally.add(counts, {})}
-                for tally, counts in zip(self.recv_reports, multi_meta.children_recving,
-                                         strict=True)
-            ]  # fmt: skip
+                for tally, counts in zip(
+                    self.recv_reports, multi_meta.children_recving, strict=True
+                )
+            ]
         try:
             for index, child in enumerate(self.children):
                 if isinstance(multi_meta, MultiWorkerMeta):
@@ -192,9 +198,12 @@ class MultiScheduler:
         tokens, _, child = self.lookup(
             plan.request, plan.num_computed_tokens, plan.failed_children, async_only=True
         )
-        failure = {names.REQUEST_ID: req_id, names.FAILURE_CAUSE: "load_error",
-                   names.CONNECTOR_CHILD: self.children[failed_child].name,
-                   names.FAILURE_POLICY: self.failure_policy}  # fmt: skip
+        failure = {
+            names.REQUEST_ID: req_id,
+            names.FAILURE_CAUSE: "load_error",
+            names.CONNECTOR_CHILD: self.children[failed_child].name,
+            names.FAILURE_POLICY: self.failure_policy,
+        }
         if tokens and self.num_groups > 1 and tokens < plan.num_tokens:
             tokens = 0
         if not tokens:
@@ -213,9 +222,15 @@ class MultiScheduler:
         # Blocks the fallback does not have go to vLLM's policy with the rest of the request.
         count = len(groups.pairs(missing))
         outcome = outcome_of_policy(self.failure_policy) if count else SERVED_BY_FALLBACK
-        add_event(names.EVENT_LOAD_FAILED, **failure, **{
-            names.FAILURE_OUTCOME: outcome, "kvscope.multi.blocks_not_in_fallback": count,
-            "kvscope.multi.fallback_child": self.children[child].name})  # fmt: skip
+        add_event(
+            names.EVENT_LOAD_FAILED,
+            **failure,
+            **{
+                names.FAILURE_OUTCOME: outcome,
+                "kvscope.multi.blocks_not_in_fallback": count,
+                "kvscope.multi.fallback_child": self.children[child].name,
+            },
+        )
 
     def finished(
         self, request: Any, block_ids: tuple[list[int], ...], all_groups: bool

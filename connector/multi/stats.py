@@ -40,9 +40,11 @@ class MultiStats(MultiKVConnectorStats):
         children = {}
         for name, stats in self.data.items():
             kv_connector, module_path = self.connectors.get(name, (name, None))
-            children[name] = {"kv_connector": kv_connector,
-                              "kv_connector_module_path": module_path,
-                              "stats": stats.to_dict()}  # fmt: skip
+            children[name] = {
+                "kv_connector": kv_connector,
+                "kv_connector_module_path": module_path,
+                "stats": stats.to_dict(),
+            }
         return {"version": STATS_VERSION, "children": children}
 
 
@@ -74,8 +76,10 @@ def _checked_children(data: Any) -> dict[str, dict[str, Any]]:
         )
     children = data.get("children")
     if not isinstance(children, dict) or len(children) > MAX_CHILDREN:
-        raise ValueError(f"KvscopeMultiConnector stats: 'children' must be a dict of at most "
-                         f"{MAX_CHILDREN} entries")  # fmt: skip
+        raise ValueError(
+            f"KvscopeMultiConnector stats: 'children' must be a dict of at most "
+            f"{MAX_CHILDREN} entries"
+        )
     for name, entry in children.items():
         entry = entry if isinstance(entry, dict) else {}
         module = entry.get("kv_connector_module_path")
@@ -85,8 +89,10 @@ def _checked_children(data: Any) -> dict[str, dict[str, Any]]:
             and (module is None or _short_text(module))
             and "stats" in entry
         ):
-            raise ValueError(f"KvscopeMultiConnector stats: child {str(name)[:MAX_NAME]!r} "
-                             "needs kv_connector, kv_connector_module_path and stats")  # fmt: skip
+            raise ValueError(
+                f"KvscopeMultiConnector stats: child {str(name)[:MAX_NAME]!r} "
+                "needs kv_connector, kv_connector_module_path and stats"
+            )
     return children
 
 
@@ -124,5 +130,4 @@ def build_prom_metrics(vllm_config, metric_types, labelnames, per_engine_labelva
             children[config["name"]] = by_class[cls]
     if not children:
         return None
-    return MultiPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues,
-                            children)  # fmt: skip
+    return MultiPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues, children)

@@ -90,8 +90,9 @@ class MultiWorker:
         if self.fallback and (failed_blocks or self.hold_every_load):
             # Held back: the scheduler may retry elsewhere, or first hears from every rank.
             failed = bool(failed_blocks)
-            self._loads_ended[req_id] = LoadEnd(index, int(not failed), int(failed),
-                                                frozenset(failed_blocks))  # fmt: skip
+            self._loads_ended[req_id] = LoadEnd(
+                index, int(not failed), int(failed), frozenset(failed_blocks)
+            )
             if not failed:
                 self.held[req_id] = frozenset(pairs(route.missing_block_ids))
             return
@@ -101,8 +102,9 @@ class MultiWorker:
         """The scheduler heard every rank load it well: vLLM may count it received now."""
         self._report_received(req_id, set(self.held.pop(req_id, ())), merged)
 
-    def _report_received(self, req_id: str, failed_blocks: set[GroupBlock], merged,
-                         failed: bool = False) -> None:  # fmt: skip
+    def _report_received(
+        self, req_id: str, failed_blocks: set[GroupBlock], merged, failed: bool = False
+    ) -> None:
         """Received, and failed when any block failed: by request, and with one KV cache group
         also by block (vLLM recomputes from the first invalid block)."""
         merged.finished_recving.add(req_id)
