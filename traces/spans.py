@@ -76,8 +76,9 @@ class HookSpans:
         start = time.time_ns()
         result, events = call_buffered(call, *args, **kwargs)
         if events:
-            span = self.start(names.SPAN_HOOK_PREFIX + hook, parent, start_time=start,
-                              **{names.HOOK: hook})  # fmt: skip
+            span = self.start(
+                names.SPAN_HOOK_PREFIX + hook, parent, start_time=start, **{names.HOOK: hook}
+            )
             add_events(span, events)
             span.end()
         return result

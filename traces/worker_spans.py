@@ -68,9 +68,11 @@ class WorkerTracing:
             self.request_spans[req_id] = span
             links.append(Link(span.get_span_context(), {names.REQUEST_ID: req_id}))
         self.step_span = self.spans.start(
-            names.SPAN_STEP, None, links,
+            names.SPAN_STEP,
+            None,
+            links,
             **{names.STEP: metadata.step, names.STEP_QUIET_BEFORE: self.quiet_steps},
-        )  # fmt: skip
+        )
         self.quiet_steps = 0
         self.step_context = trace.set_span_in_context(self.step_span)
 
@@ -156,9 +158,11 @@ class WorkerTracing:
         if not events:
             return
         span = self.spans.start(
-            names.SPAN_STEP, None, start_time=self.quiet_start_ns,
+            names.SPAN_STEP,
+            None,
+            start_time=self.quiet_start_ns,
             **{names.STEP: self.step_index, names.STEP_QUIET_BEFORE: self.quiet_steps - 1},
-        )  # fmt: skip
+        )
         self.quiet_steps = 0
         add_events(span, events)
         span.end()

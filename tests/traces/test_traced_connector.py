@@ -86,8 +86,11 @@ def test_hooks_run_in_the_order_vllm_documents(two_passes):
         finished = named(request_spans, "request_finished")[0]
         work = next(s for s in request_spans if s.name == names.SPAN_WORKER_REQUEST)
         step = steps[work.attributes[names.STEP]]
-        meta = next(s for s in named(spans, "build_connector_meta")
-                    if s.attributes[names.STEP] == work.attributes[names.STEP])  # fmt: skip
+        meta = next(
+            s
+            for s in named(spans, "build_connector_meta")
+            if s.attributes[names.STEP] == work.attributes[names.STEP]
+        )
         in_step = [s for s in spans if s.parent and s.parent.span_id == step.context.span_id]
         load, save = named(in_step, "start_load_kv")[0], named(in_step, "wait_for_save")[0]
         layers = named(in_step, "wait_for_layer_load")[0]
