@@ -141,8 +141,12 @@ class BlockPuller:
         return recving
 
     def _expire_waiting(self, handshake: _Handshake) -> None:
-        """A handshake NIXL keeps busy must not hold a pull past its lease: that pull fails
-        (and is recomputed) now; the handshake goes on for the peer's later requests."""
+        """A handshake NIXL keeps busy past the side channel's own bound (handshake_timeout_s)
+        must not hold a pull past its lease: that pull fails (and is recomputed) now; the
+        handshake goes on for the peer's later requests. Before that bound the handshake's own
+        answer (e.g. an unreachable peer) is the cause a user should see."""
+        if time.monotonic() - handshake.started <= self.config.handshake_timeout_s:
+            return
         waiting = []
         for item in handshake.waiting:
             if self._time_left(item) > 0:

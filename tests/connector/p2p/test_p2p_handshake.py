@@ -72,7 +72,9 @@ def engines():
         name: Prefill(name, seed)
         for name, seed in (("A", 1), ("B", 2), ("C", 3), ("D", 4), ("E", 5))
     }
-    decode = P2PWorker(P2PConfig(side_channel_port=free_port()), "decode", serves=False)
+    # A lease may fail a pull waiting for NIXL's part of a handshake only past this bound.
+    decode_config = P2PConfig(side_channel_port=free_port(), handshake_timeout_s=0.5)
+    decode = P2PWorker(decode_config, "decode", serves=False)
     decode.register(make_fake_kv_caches(SHAPE, None))  # its transport keeps the views
     try:
         first = BlockPull("warm-up", ((0,),), ((0,),), prefills["A"].lend("warm-up", (0,)))
