@@ -261,6 +261,9 @@ class OffloadWorker:
     def shutdown(self) -> None:
         if self.copies is not None:
             self.copies.shutdown(timeout_s=10)
+        if self.buffer is not None:
+            # After the copies: on CUDA shutdown waits for both streams, so no DMA reads it.
+            self.buffer.close()
 
 
 def _group_attribute(transfer: BlockTransfer) -> dict[str, list[int]]:

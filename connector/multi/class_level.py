@@ -19,14 +19,21 @@ if TYPE_CHECKING:
 
 
 def required_kvcache_layout(vllm_config: "VllmConfig") -> str | None:
-    """The one layout the children need, if any; children needing two cannot share a cache."""
+    """The one layout the children need, if any; children needing two cannot share a cache.
+
+    A child whose class says `yields_kv_cache_layout()` (the offload connector: its copies
+    serve any layout) only prefers its layout: it counts when no other child asks for one.
+    """
     outer = vllm_config.kv_transfer_config
-    layouts = set()
+    asked: set[str] = set()
+    yielding: set[str] = set()
     for config in child_configs(outer.kv_connector_extra_config or {}, outer.kv_role):
         child = child_class(config, outer)
         layout = child.get_required_kvcache_layout(child_vllm_config(config, vllm_config))
         if layout is not None:
-            layouts.add(layout)
+            yields = getattr(child, "yields_kv_cache_layout", None)
+            (yielding if yields is not None and yields() else asked).add(layout)
+    layouts = asked or yielding
     if len(layouts) > 1:
         raise ValueError(f"children need different KV cache layouts {sorted(layouts)}")
     return next(iter(layouts), None)
