@@ -85,8 +85,11 @@ def _cacheable(kv_cache_config: Any) -> tuple[int, ...]:
 def _group(group_id: int, spec: Any) -> KVGroup:
     # Exact kinds: subclasses (RSWA, sinks, hidden states) keep other KV than these rules say.
     if type(spec) in (SlidingWindowSpec, SlidingWindowMLASpec):
-        # vLLM's own hit rule (SlidingWindowManager): the window minus the token itself.
-        return KVGroup(group_id, -(-(spec.sliding_window - 1) // spec.block_size))
+        # vLLM's own rule (SlidingWindowManager.get_num_skipped_tokens): the window minus the
+        # token itself, plus the trailing tokens a drafter may re-prefill, whose blocks vLLM
+        # keeps real after a hit, so a load must fill them too.
+        retained = spec.sliding_window - 1 + getattr(spec, "extra_retained_tokens", 0)
+        return KVGroup(group_id, -(-retained // spec.block_size))
     if type(spec) in (FullAttentionSpec, MLAAttentionSpec):
         return KVGroup(group_id)
     raise ValueError(
