@@ -10,10 +10,10 @@ import uuid
 
 os.environ.setdefault("UCX_NET_DEVICES", "lo")
 
-from nixl._api import nixl_agent, nixl_agent_config  # noqa: E402
 
 from kvscope.bench.results import record  # noqa: E402
 from kvscope.connector.p2p.layout import KVLayout, check_compatible  # noqa: E402
+from kvscope.connector.p2p.nixl_agent import load_nixl_api  # noqa: E402
 from kvscope.connector.p2p.peer_process import (  # noqa: E402
     RAW_POLL_1MS,
     RAW_PROGRESS_THREAD,
@@ -111,8 +111,9 @@ def measure_raw(
 def _raw_reads(shape: FakeKVShape, info: PeerInfo, read_blocks: int, rounds: int) -> tuple:
     kv_caches = make_fake_kv_caches(shape, seed=None)
     layout = KVLayout.from_layer_tensors("raw-reader", kv_caches)
-    config = nixl_agent_config(enable_prog_thread=False, backends=["UCX"])
-    agent = nixl_agent(f"raw-reader-{os.getpid()}-{uuid.uuid4().hex[:8]}", config)
+    api = load_nixl_api()
+    config = api.nixl_agent_config(enable_prog_thread=False, backends=["UCX"])
+    agent = api.nixl_agent(f"raw-reader-{os.getpid()}-{uuid.uuid4().hex[:8]}", config)
     regions = agent.register_memory(
         [(a, n, 0, "") for a, n in layout.registration_regions()], "DRAM"
     )

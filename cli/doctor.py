@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 VLLM_VERSION = "0.32.0"
-NIXL_VERSION = "1.5.1"
 
 
 @dataclass
@@ -48,16 +47,29 @@ def check_torch() -> Check:
 
 
 def check_nixl() -> Check:
-    fix = f"pip install --no-deps nixl=={NIXL_VERSION} nixl-cu12=={NIXL_VERSION} (scripts/setup.sh)"
+    """NIXL's package for this torch's CUDA major (nixl_cu12 beside the CPU torch), with UCX."""
     try:
-        api = importlib.import_module("nixl._api")
+        from kvscope.connector.p2p import nixl_agent
+    except Exception as exc:  # torch itself is broken: check_torch says how to fix it
+        return Check("nixl", False, f"cannot import nixl: {exc}", "run scripts/setup.sh")
+    import torch
+
+    package = nixl_agent.nixl_package(torch.version.cuda)
+    distribution = package.replace("_", "-")
+    fix = f"{nixl_agent.install_command(package)} (scripts/setup.sh)"
+    try:
+        api = nixl_agent.load_nixl_api()
     except Exception as exc:
         return Check("nixl", False, f"cannot import nixl: {exc}", fix)
     agent = api.nixl_agent(f"kvscope-doctor-{os.getpid()}", api.nixl_agent_config(backends=[]))
     plugins = agent.get_plugin_list()
     if "UCX" not in plugins:
-        return Check("nixl", False, f"plugins {plugins}: no UCX", "reinstall nixl-cu12 " + fix)
-    return Check("nixl", True, f"nixl {_version('nixl-cu12')}, plugins {', '.join(plugins)}")
+        return Check(
+            "nixl", False, f"plugins {plugins}: no UCX", f"reinstall {distribution}: {fix}"
+        )
+    return Check(
+        "nixl", True, f"{distribution} {_version(distribution)}, plugins {', '.join(plugins)}"
+    )
 
 
 def check_otel() -> Check:

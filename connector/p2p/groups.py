@@ -17,17 +17,23 @@ SUPPORTED_KINDS = "full attention and sliding window attention"
 
 @dataclass(frozen=True)
 class P2PGroup:
-    """One KV cache group; `sliding_window` in tokens, None for full attention."""
+    """One KV cache group; `sliding_window` in tokens, None for full attention.
+
+    `extra_retained_tokens`: trailing tokens vLLM keeps behind the window when a drafter may
+    re-prefill them (SlidingWindowSpec's field): their blocks stay real, so a reader fills them.
+    """
 
     group_id: int
     sliding_window: int | None = None
+    extra_retained_tokens: int = 0
 
     def first_needed(self, num_tokens: int, block_size: int) -> int:
         """The first block index a reader of `num_tokens` computed tokens attends to: vLLM
         (SlidingWindowManager.get_num_skipped_tokens) puts the null block before it."""
         if self.sliding_window is None:
             return 0
-        return max(0, num_tokens - self.sliding_window + 1) // block_size
+        skipped = num_tokens - self.sliding_window + 1 - self.extra_retained_tokens
+        return max(0, skipped) // block_size
 
     @property
     def kind(self) -> str:
@@ -67,7 +73,7 @@ class P2PGroups:
 def _group(group_id: int, spec: Any) -> P2PGroup:
     # Exact kinds: subclasses (RSWA, sinks, MLA, hidden states) keep other KV than these rules.
     if type(spec) is SlidingWindowSpec:
-        return P2PGroup(group_id, spec.sliding_window)
+        return P2PGroup(group_id, spec.sliding_window, spec.extra_retained_tokens)
     if type(spec) is FullAttentionSpec:
         return P2PGroup(group_id)
     raise ValueError(

@@ -1,5 +1,5 @@
-"""The sliding-window blocks a hit must load are the ones vLLM's SlidingWindowManager keeps,
-extra_retained_tokens (set when a drafter re-prefills trailing tokens) included."""
+"""The sliding-window blocks a hit must load (offload) or a reader must read (P2P) are the
+ones vLLM's SlidingWindowManager keeps, extra_retained_tokens (a drafter's) included."""
 
 from types import SimpleNamespace
 
@@ -39,3 +39,15 @@ def test_the_window_is_what_vllm_keeps_after_a_hit(window, extra):
     needed = group.needed(0, hit_blocks)
     assert len(needed) == blocks_vllm_keeps(window, extra, hit_blocks)
     assert needed[-1] == hit_blocks - 1
+
+
+@pytest.mark.parametrize("window", [33, 64, 100])
+@pytest.mark.parametrize("extra", [0, 3, 40])
+@pytest.mark.parametrize("tokens", [31, 64, 200, 383])
+def test_a_p2p_reader_starts_where_vllm_stops_skipping(window, extra, tokens):
+    from kvscope.connector.p2p.groups import _group as p2p_group
+
+    group = p2p_group(1, spec(window, extra))
+    manager = SimpleNamespace(sliding_window=window, extra_retained_tokens=extra)
+    skipped = SlidingWindowManager.get_num_skipped_tokens(manager, tokens)
+    assert group.first_needed(tokens, BLOCK) == skipped // BLOCK
