@@ -9,8 +9,9 @@ from dataclasses import dataclass, replace
 import torch
 
 from kvscope.bench.results import record
-from kvscope.connector.common.copy_engine import CopyEngine, make_copy_engine
-from kvscope.connector.common.host_buffer import BlockLayout, HostBuffer
+from kvscope.connector.cpu_offload.copy.engine import CopyEngine
+from kvscope.connector.cpu_offload.copy.factory import make_copy_engine
+from kvscope.connector.cpu_offload.copy.host_buffer import BlockLayout, HostBuffer
 
 TARGET_RATIO = 0.95
 

@@ -4,7 +4,7 @@
 # most 8 minutes: every step has its own timeout (probes 60 s, tests 160, copy check 150,
 # bandwidth 90, summary 20: 480 s in all), and a step that fails or times out never stops the
 # next. Run from anywhere; results go under $OUT.
-#   1. tests: the torch-only modules of tests/connector/common, CUDA ones included,
+#   1. tests: the torch-only modules of tests/connector/cpu_offload, CUDA ones included,
 #   2. bench/gpu_copy_check.py: a pinned pool of an odd size registered exactly; byte-exact
 #      store/load over vLLM 0.32's views (LBNHC, LBHNC, BLNHC, kernel blocks); no host sync and
 #      no device memory growth per job; a load queued after a step overlapping the next step;
@@ -66,17 +66,17 @@ print(f'python {sys.version.split()[0]}, torch {torch.__version__}, CUDA {torch.
     > "$OUT/environment.txt"
 echo "== environment: $(cat "$OUT/environment.txt")"
 
-# Modules that need torch alone; the others of tests/connector/common want vLLM or OpenTelemetry.
-TEST_MODULES=(tests/connector/common/test_copy_*.py tests/connector/common/test_host_pool.py
-    tests/connector/common/test_leases.py tests/connector/common/test_faults.py
-    tests/connector/common/test_offload_flow.py)
-echo "== tests (${#TEST_MODULES[@]} torch-only modules of tests/connector/common)"
+# Modules that need torch alone; the others of tests/connector/cpu_offload want vLLM or OpenTelemetry.
+TEST_MODULES=(tests/connector/cpu_offload/copy/test_copy_*.py
+    tests/connector/cpu_offload/copy/test_offload_flow.py tests/connector/cpu_offload/test_host_pool.py
+    tests/connector/cpu_offload/test_leases.py tests/connector/cpu_offload/test_faults.py)
+echo "== tests (${#TEST_MODULES[@]} torch-only modules of tests/connector/cpu_offload)"
 if timeout 10 "$PYTHON" -c "import pytest" 2>/dev/null; then
     # confcutdir keeps the repository-wide conftest (it wants the demo engine) out of this run;
     # a module that cannot be collected is reported and the others still run.
     # shellcheck disable=SC2086
     timeout 160 "$PYTHON" -m pytest "${TEST_MODULES[@]}" -q -p no:cacheprovider \
-        -o addopts="" --import-mode=importlib --confcutdir=tests/connector/common \
+        -o addopts="" --import-mode=importlib --confcutdir=tests/connector/cpu_offload \
         --continue-on-collection-errors --junitxml="$OUT/tests.xml" ${GPU_CHECK_PYTEST_ARGS:-} \
         > "$OUT/tests.log" 2>&1
     TESTS_RC=$?

@@ -14,7 +14,7 @@ CUDA_TEST_MODULE: Final = "test_copy_cuda"
 BANDWIDTH_GOAL: Final = 0.9
 """Engine over raw pinned copy_ bandwidth, contiguous runs, on CUDA."""
 CHECKS: Final = (
-    ("unit tests", "the torch-only tests of tests/connector/common; CUDA ones must pass"),
+    ("unit tests", "the torch-only tests of tests/connector/cpu_offload; CUDA ones must pass"),
     (
         "pinned pool",
         "1.5 GiB + one block of host memory registered exactly, page-locked, "

@@ -13,8 +13,9 @@ import torch
 
 from kvscope.bench.gpu_overlap import check_decode_slowdown, check_overlap
 from kvscope.bench.kv_views import KVShape, vllm_kv_layers
-from kvscope.connector.common.copy_engine import CopyEngine, make_copy_engine
-from kvscope.connector.common.host_buffer import BlockLayout, HostBuffer
+from kvscope.connector.cpu_offload.copy.engine import CopyEngine
+from kvscope.connector.cpu_offload.copy.factory import make_copy_engine
+from kvscope.connector.cpu_offload.copy.host_buffer import BlockLayout, HostBuffer
 
 ROUND_TRIP_LAYOUTS: Final = ("LBNHC", "LBHNC", "BLNHC", "LBHNC/k16", "LBNHC/k16")
 """What vLLM 0.32 hands over on CUDA: its default (LBNHC), what the offload connector asks

@@ -9,8 +9,9 @@ import torch
 
 from kvscope.bench.kv_views import KVShape, vllm_kv_layers
 from kvscope.bench.results import record
-from kvscope.connector.common.copy_engine import CopyEngine, make_copy_engine
-from kvscope.connector.common.host_buffer import BlockLayout, HostBuffer
+from kvscope.connector.cpu_offload.copy.engine import CopyEngine
+from kvscope.connector.cpu_offload.copy.factory import make_copy_engine
+from kvscope.connector.cpu_offload.copy.host_buffer import BlockLayout, HostBuffer
 
 MIN_OVERLAP: Final = 0.5
 """Of the shorter of the load and the next step, hidden behind the other (CUDA only)."""

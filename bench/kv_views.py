@@ -1,8 +1,8 @@
 """vLLM 0.32's per-layer KV cache views, rebuilt with torch alone for machines without vLLM."""
 
 # Mirrors vllm.v1.kv_cache_interface.compute_layout_strides and create_kv_cache_views for full
-# attention (no padded pages); tests/connector/common/test_copy_views.py checks it against them,
-# so the GPU machine, which has no vLLM, copies through exactly what vLLM hands over.
+# attention (no padded pages); tests/connector/cpu_offload/copy/test_copy_views.py checks it
+# against them, so the GPU machine, which has no vLLM, copies through exactly what vLLM hands over.
 
 import math
 from collections.abc import Sequence

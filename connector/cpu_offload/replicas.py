@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.v1.kv_cache_interface import KVCacheConfig
 
-    from kvscope.connector.common.copy_engine import CopyEngine, CopyResult
+    from kvscope.connector.cpu_offload.copy.engine import CopyEngine, CopyResult
 
 SHARED_MEMORY_DIR: Final = Path("/dev/shm")
 """Where the replica groups' pools are mapped from (memory, not disk)."""
@@ -114,7 +114,7 @@ class StoresByLeader:
         delay_s: float = 0.0,
         fail_reason: str | None = None,
     ) -> int:
-        from kvscope.connector.common.copy_engine import CopyResult, Direction
+        from kvscope.connector.cpu_offload.copy.engine import CopyResult, Direction
 
         job_id, now = next(self._job_ids), time.monotonic()
         self._done.append(

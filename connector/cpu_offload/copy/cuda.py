@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import torch
 
-from kvscope.connector.common.copy_engine import (
+from kvscope.connector.cpu_offload.copy.engine import (
     CopyEngine,
     CopyJob,
     CopyResult,
@@ -23,8 +23,13 @@ from kvscope.connector.common.copy_engine import (
     InjectedFault,
     describe_error,
 )
-from kvscope.connector.common.host_buffer import HostBuffer
-from kvscope.connector.common.staging import STAGING_BYTES, Staging, staged_load, staged_store
+from kvscope.connector.cpu_offload.copy.host_buffer import HostBuffer
+from kvscope.connector.cpu_offload.copy.staging import (
+    STAGING_BYTES,
+    Staging,
+    staged_load,
+    staged_store,
+)
 
 logger = logging.getLogger(__name__)
 

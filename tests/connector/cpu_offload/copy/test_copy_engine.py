@@ -6,9 +6,10 @@ import time
 import pytest
 import torch
 
-from kvscope.connector.common.copy_cpu import CpuCopyEngine
-from kvscope.connector.common.copy_engine import Direction, make_copy_engine
-from kvscope.connector.common.host_buffer import BlockLayout, HostBuffer
+from kvscope.connector.cpu_offload.copy.cpu import CpuCopyEngine
+from kvscope.connector.cpu_offload.copy.engine import Direction
+from kvscope.connector.cpu_offload.copy.factory import make_copy_engine
+from kvscope.connector.cpu_offload.copy.host_buffer import BlockLayout, HostBuffer
 
 
 def test_store_then_load_round_trips_bytes_exactly(
@@ -215,8 +216,8 @@ def test_round_trip_whatever_the_innermost_width(last_dim):
 def test_cancel_stops_a_delayed_job_before_it_copies():
     import torch
 
-    from kvscope.connector.common.copy_cpu import CpuCopyEngine
-    from kvscope.connector.common.host_buffer import BlockLayout, HostBuffer
+    from kvscope.connector.cpu_offload.copy.cpu import CpuCopyEngine
+    from kvscope.connector.cpu_offload.copy.host_buffer import BlockLayout, HostBuffer
 
     kv = torch.zeros(8, 2, 32, 64, dtype=torch.bfloat16)
     buffer = HostBuffer(BlockLayout.of([kv], 0), 4)

@@ -9,8 +9,8 @@ from enum import StrEnum
 
 import torch
 
-from kvscope.connector.common.copy_plan import CopyRun, plan_runs, split_scattered
-from kvscope.connector.common.host_buffer import BlockLayout, HostBuffer
+from kvscope.connector.cpu_offload.copy.host_buffer import BlockLayout, HostBuffer
+from kvscope.connector.cpu_offload.copy.plan import CopyRun, plan_runs, split_scattered
 
 
 class Direction(StrEnum):
@@ -213,19 +213,3 @@ class CopyEngine(ABC):
 
 def describe_error(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
-
-
-def make_copy_engine(
-    kv_layers: Sequence[torch.Tensor],
-    host_buffer: HostBuffer,
-    block_dim: int,
-    cpu_threads: int | None = 1,
-) -> CopyEngine:
-    """The CUDA backend for KV on a CUDA device, else the CPU (background thread) backend."""
-    if kv_layers and kv_layers[0].device.type == "cuda":
-        from kvscope.connector.common.copy_cuda import CudaCopyEngine
-
-        return CudaCopyEngine(kv_layers, host_buffer, block_dim)
-    from kvscope.connector.common.copy_cpu import CpuCopyEngine
-
-    return CpuCopyEngine(kv_layers, host_buffer, block_dim, cpu_threads)

@@ -13,15 +13,15 @@ pytest.importorskip("vllm")
 
 from vllm.v1.core.sched.output import CachedRequestData, SchedulerOutput  # noqa: E402
 
-from kvscope.connector.common import copy_cpu  # noqa: E402
-from kvscope.connector.common.copy_cuda import CudaCopyEngine  # noqa: E402
 from kvscope.connector.common.faults import FaultInjector, FaultPlan  # noqa: E402
 from kvscope.connector.common.host_pool import KVNamespace  # noqa: E402
 from kvscope.connector.cpu_offload.config import OffloadConfig  # noqa: E402
+from kvscope.connector.cpu_offload.copy import cpu as copy_cpu  # noqa: E402
+from kvscope.connector.cpu_offload.copy.cuda import CudaCopyEngine  # noqa: E402
 from kvscope.connector.cpu_offload.metadata import BlockTransfer, OffloadMetadata  # noqa: E402
 from kvscope.connector.cpu_offload.scheduler import OffloadScheduler  # noqa: E402
 from kvscope.connector.cpu_offload.worker import OffloadWorker  # noqa: E402
-from tests.connector.common.fake_streams import FakeGpu  # noqa: E402
+from tests.connector.cpu_offload.copy.fake_streams import FakeGpu  # noqa: E402
 
 NUM_BLOCKS = 16
 
@@ -40,8 +40,9 @@ def make_worker(load_timeout_s: float = 10.0, fake_gpu: bool = True, load_delay_
 
 
 def plan(worker, loads=(), stores=(), preempted=()) -> OffloadMetadata:
-    return OffloadMetadata(list(loads), list(stores), set(), set(preempted),
-                           worker.buffer.num_blocks)  # fmt: skip
+    return OffloadMetadata(
+        list(loads), list(stores), set(), set(preempted), worker.buffer.num_blocks
+    )
 
 
 def test_handle_preemptions_waits_only_for_the_preempted_requests_stores():
@@ -116,11 +117,16 @@ def test_the_scheduler_half_names_vllms_preempted_requests():
     namespace = KVNamespace("tiny", "bfloat16", "cpu", 32, 0, 1, 2, 2, 32)
     offload = OffloadScheduler(OffloadConfig(), namespace, 32, 16, 1, FaultInjector())
     output = SchedulerOutput(
-        scheduled_new_reqs=[], scheduled_cached_reqs=CachedRequestData.make_empty(),
-        num_scheduled_tokens={}, total_num_scheduled_tokens=0, scheduled_spec_decode_tokens={},
-        scheduled_encoder_inputs={}, finished_req_ids=set(), free_encoder_mm_hashes=[],
+        scheduled_new_reqs=[],
+        scheduled_cached_reqs=CachedRequestData.make_empty(),
+        num_scheduled_tokens={},
+        total_num_scheduled_tokens=0,
+        scheduled_spec_decode_tokens={},
+        scheduled_encoder_inputs={},
+        finished_req_ids=set(),
+        free_encoder_mm_hashes=[],
         preempted_req_ids={"r3", "r9"},
-    )  # fmt: skip
+    )
     assert offload.build_metadata(output, None).reqs_preempted == {"r3", "r9"}
     output.preempted_req_ids = None  # what vLLM sends when nothing was preempted
     assert offload.build_metadata(output, None).reqs_preempted == set()

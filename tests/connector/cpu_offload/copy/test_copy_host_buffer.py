@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from kvscope.connector.common.host_buffer import PAGE_BYTES, BlockLayout, HostBuffer
+from kvscope.connector.cpu_offload.copy.host_buffer import PAGE_BYTES, BlockLayout, HostBuffer
 
 
 def resident_bytes() -> int:

@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import torch
 
-from kvscope.connector.common.block_copy import load_runs, store_runs
-from kvscope.connector.common.copy_engine import (
+from kvscope.connector.cpu_offload.copy.block_copy import load_runs, store_runs
+from kvscope.connector.cpu_offload.copy.engine import (
     CopyEngine,
     CopyJob,
     CopyResult,
@@ -17,7 +17,7 @@ from kvscope.connector.common.copy_engine import (
     InjectedFault,
     describe_error,
 )
-from kvscope.connector.common.host_buffer import HostBuffer
+from kvscope.connector.cpu_offload.copy.host_buffer import HostBuffer
 
 
 class CpuCopyEngine(CopyEngine):

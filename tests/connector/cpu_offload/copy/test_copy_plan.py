@@ -5,7 +5,7 @@ import random
 import numpy as np
 import pytest
 
-from kvscope.connector.common.copy_plan import SMALL_JOB, plan_runs
+from kvscope.connector.cpu_offload.copy.plan import SMALL_JOB, plan_runs
 
 
 def as_tuples(runs):
@@ -17,8 +17,11 @@ def job(seed: int, size: int, pattern: str) -> tuple[list[int], list[int]]:
     if pattern == "contiguous":
         return list(range(5, 5 + size)), list(range(size))
     device = rng.sample(range(4 * size + 4), size)
-    host = sorted(rng.sample(range(2 * size + 2), size)) if pattern == "sorted" else (
-        rng.sample(range(2 * size + 2), size))  # fmt: skip
+    host = (
+        sorted(rng.sample(range(2 * size + 2), size))
+        if pattern == "sorted"
+        else (rng.sample(range(2 * size + 2), size))
+    )
     return device, host
 
 

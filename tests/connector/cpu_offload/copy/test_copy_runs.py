@@ -8,10 +8,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from kvscope.bench.kv_views import KVShape, vllm_kv_layers
-from kvscope.connector.common.copy_cpu import CpuCopyEngine
-from kvscope.connector.common.copy_cuda import CudaCopyEngine
-from kvscope.connector.common.host_buffer import BlockLayout, HostBuffer
-from tests.connector.common.fake_streams import FakeGpu
+from kvscope.connector.cpu_offload.copy.cpu import CpuCopyEngine
+from kvscope.connector.cpu_offload.copy.cuda import CudaCopyEngine
+from kvscope.connector.cpu_offload.copy.host_buffer import BlockLayout, HostBuffer
+from tests.connector.cpu_offload.copy.fake_streams import FakeGpu
 
 COPY_OPS = {"copy_", "index_select", "index_copy_", "index_copy"}
 NUM_LAYERS = 3

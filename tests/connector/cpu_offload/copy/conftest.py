@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kvscope.bench.kv_views import LAYOUT_ORDERS, KVShape, vllm_kv_layers
-from kvscope.connector.common.host_buffer import BlockLayout, HostBuffer
+from kvscope.connector.cpu_offload.copy.host_buffer import BlockLayout, HostBuffer
 
 
 @dataclass

@@ -4,7 +4,7 @@ from collections.abc import Sequence
 
 import torch
 
-from kvscope.connector.common.copy_plan import CopyRun
+from kvscope.connector.cpu_offload.copy.plan import CopyRun
 
 # Widest first. CPU index kernels move one element at a time, so viewing bf16 KV as 16-byte
 # elements makes scattered copies about as fast as a memcpy; moves never alter bits. Slice

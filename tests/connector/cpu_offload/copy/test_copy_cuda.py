@@ -6,8 +6,9 @@ import time
 import pytest
 import torch
 
-from kvscope.connector.common.copy_engine import Direction, make_copy_engine
-from kvscope.connector.common.host_buffer import BlockLayout, HostBuffer
+from kvscope.connector.cpu_offload.copy.engine import Direction
+from kvscope.connector.cpu_offload.copy.factory import make_copy_engine
+from kvscope.connector.cpu_offload.copy.host_buffer import BlockLayout, HostBuffer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -5,9 +5,9 @@ byte-exact copies over vLLM's views (direct or chunked through the reused stagin
 import pytest
 import torch
 
-from kvscope.connector.common.copy_cuda import CudaCopyEngine
-from kvscope.connector.common.copy_engine import Direction
-from tests.connector.common.fake_streams import FakeGpu
+from kvscope.connector.cpu_offload.copy.cuda import CudaCopyEngine
+from kvscope.connector.cpu_offload.copy.engine import Direction
+from tests.connector.cpu_offload.copy.fake_streams import FakeGpu
 
 
 def engine_on(kv, host_buffer, staging_bytes: int = 1 << 20) -> tuple[CudaCopyEngine, FakeGpu]:

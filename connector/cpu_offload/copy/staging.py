@@ -14,7 +14,7 @@ from typing import Final
 
 import torch
 
-from kvscope.connector.common.copy_plan import CopyRun
+from kvscope.connector.cpu_offload.copy.plan import CopyRun
 
 STAGING_BYTES: Final = 16 * 2**20
 """Device memory per copy stream for gathers; a longer run is copied in chunks."""
