@@ -48,7 +48,7 @@ LEASES_IN_WINDOW = text(
     "WHERE ended_ns >= :since AND acquired_ns IS NOT NULL AND acquired_ns < :until"
 )
 
-# The series' per-second rollups (backend/rollups.py), summed per step.
+# The series' per-second rollups (backend/db/rollups.py), summed per step.
 _ROLLED = (
     "FROM series_rollup WHERE metric = :metric AND bucket_ns >= :since AND bucket_ns < :until "
 )

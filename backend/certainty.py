@@ -5,7 +5,7 @@ from collections.abc import Iterable
 
 from sqlmodel import Session
 
-from kvscope.backend import seqs
+from kvscope.backend.db import seqs
 from kvscope.backend.schemas import Certainty, GapPublic
 
 

@@ -3,7 +3,7 @@
 from pydantic import BaseModel
 from sqlalchemy import Connection, text
 
-from kvscope.backend.liveness import gone_processes
+from kvscope.backend.db.liveness import gone_processes
 
 _PROCESSES = text(
     "SELECT instance_id, service_name, engine_id, kv_role, last_seen_ns FROM process "

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 from pydantic import BaseModel
 
-from kvscope.backend.models import FailurePublic as Failure
+from kvscope.backend.db.models import FailurePublic as Failure
 from kvscope.traces.outcomes import outcome_of_policy
 
 SAME_INCIDENT_NS = 10 * 10**9

@@ -5,8 +5,8 @@ import time
 
 from sqlalchemy import Engine
 
-from kvscope.backend import liveness, retention
-from kvscope.backend.checkpoint import Checkpointer
+from kvscope.backend.db import liveness, retention
+from kvscope.backend.db.checkpoint import Checkpointer
 from kvscope.backend.ingest_pool import IngestPool
 from kvscope.backend.limits import Limits
 from kvscope.backend.live import Hub

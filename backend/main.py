@@ -7,12 +7,12 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from kvscope.backend import logs
-from kvscope.backend.bulk import add_postgres_stages
-from kvscope.backend.db import make_engine
+from kvscope.backend.db.bulk import add_postgres_stages
+from kvscope.backend.db.engine import make_engine
+from kvscope.backend.db.migrations import migrate
 from kvscope.backend.guard import BrowserGuard
 from kvscope.backend.ingest import IngestService
 from kvscope.backend.live import Hub
-from kvscope.backend.migrations import migrate
 from kvscope.backend.otlp_grpc import start_receiver
 from kvscope.backend.receive import IngestGate
 from kvscope.backend.routes import (

@@ -4,7 +4,7 @@ from typing import Generic, TypeVar
 
 from pydantic import BaseModel
 
-from kvscope.backend.models import (
+from kvscope.backend.db.models import (
     BlockPublic,
     FailurePublic,
     LeasePublic,

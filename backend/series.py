@@ -7,8 +7,8 @@ from pydantic import BaseModel
 from sqlmodel import Session
 
 from kvscope.backend import aggregates as sql
+from kvscope.backend.db.rollups import RESOLUTION_NS, bin_bounds_ms
 from kvscope.backend.incidents import IncidentPublic
-from kvscope.backend.rollups import RESOLUTION_NS, bin_bounds_ms
 
 MAX_BUCKETS = 240
 """Steps per window at most: a finer step is widened to keep responses small."""

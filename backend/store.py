@@ -4,10 +4,9 @@ import json
 
 from sqlalchemy import Connection
 
-from kvscope.backend import seqs
-from kvscope.backend.bulk import DO_NOTHING, BulkWriter
-from kvscope.backend.derive import SPAN_COLUMNS, Facts
-from kvscope.backend.models import (
+from kvscope.backend.db import seqs
+from kvscope.backend.db.bulk import DO_NOTHING, BulkCursor
+from kvscope.backend.db.models import (
     Block,
     Failure,
     Latency,
@@ -19,6 +18,7 @@ from kvscope.backend.models import (
     TimelinePoint,
     Transfer,
 )
+from kvscope.backend.derive import SPAN_COLUMNS, Facts
 from kvscope.backend.otlp import SERVICE_NAME, clean
 from kvscope.traces import names
 
@@ -76,7 +76,7 @@ _PROCESS_UPSERT = (
 
 
 def write_batch(connection: Connection, facts: Facts, resources: dict, now_ns: int) -> None:
-    writer = BulkWriter(connection, STAGED_TABLES)
+    writer = BulkCursor(connection, STAGED_TABLES)
     writer.insert(Span.__table__, SPAN_COLUMNS, facts.spans)
     _insert_dicts(writer, Request.__table__, facts.request_stubs)
     if facts.requests:
@@ -99,14 +99,14 @@ def write_batch(connection: Connection, facts: Facts, resources: dict, now_ns: i
 
 
 def _insert_dicts(
-    writer: BulkWriter, table, rows: list[dict], on_conflict: str = DO_NOTHING
+    writer: BulkCursor, table, rows: list[dict], on_conflict: str = DO_NOTHING
 ) -> None:
     """Rows built as dicts by one builder, so every row has the same keys in one order."""
     if rows:
         writer.insert(table, list(rows[0]), [tuple(row.values()) for row in rows], on_conflict)
 
 
-def _upsert_processes(writer: BulkWriter, facts: Facts, resources: dict, now_ns: int) -> None:
+def _upsert_processes(writer: BulkCursor, facts: Facts, resources: dict, now_ns: int) -> None:
     origins = set(facts.origins) | set(resources) | set(facts.telemetry)
     rows = []
     for origin in sorted(origins):

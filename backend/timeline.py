@@ -4,7 +4,7 @@ import json
 
 from sqlmodel import Session, or_, select
 
-from kvscope.backend.models import (
+from kvscope.backend.db.models import (
     Failure,
     Request,
     RequestPublic,

@@ -4,9 +4,9 @@ they fold into, with cause, policy and outcome."""
 from fastapi import APIRouter
 from sqlmodel import Session, select
 
+from kvscope.backend.db.models import Failure, FailurePublic, Lease, Process
 from kvscope.backend.deps import SessionDep, TokenDep
 from kvscope.backend.incidents import IncidentPublic, fold
-from kvscope.backend.models import Failure, FailurePublic, Lease, Process
 from kvscope.backend.routes.paging import Limit, Offset, SinceNs, UntilNs, equal, in_window, page
 from kvscope.backend.schemas import Page
 

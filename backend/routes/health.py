@@ -3,8 +3,8 @@
 from fastapi import APIRouter, Response, status
 from sqlalchemy import text
 
+from kvscope.backend.db.migrations import current_version
 from kvscope.backend.deps import IngestDep, SessionDep
-from kvscope.backend.migrations import current_version
 
 router = APIRouter(tags=["health"])
 

@@ -7,8 +7,8 @@ from fastapi import APIRouter, Query
 from sqlmodel import select
 
 from kvscope.backend import certainty as certainty_module
+from kvscope.backend.db.models import Lease, LeasePublic
 from kvscope.backend.deps import SessionDep, SettingsDep, TokenDep
-from kvscope.backend.models import Lease, LeasePublic
 from kvscope.backend.routes.paging import Limit, Offset, equal, page
 from kvscope.backend.schemas import LeasesPage
 

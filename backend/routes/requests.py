@@ -6,8 +6,8 @@ from fastapi import APIRouter, HTTPException, Query
 from sqlmodel import Session, select
 
 from kvscope.backend import certainty as certainty_module
+from kvscope.backend.db.models import Request, RequestPublic, Span, SpanPublic
 from kvscope.backend.deps import SessionDep, SettingsDep, TokenDep
-from kvscope.backend.models import Request, RequestPublic, Span, SpanPublic
 from kvscope.backend.routes.paging import (
     Limit,
     Offset,

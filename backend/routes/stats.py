@@ -6,9 +6,9 @@ from fastapi import APIRouter, Query
 
 from kvscope.backend import aggregates as sql
 from kvscope.backend import certainty, series, tiers
+from kvscope.backend.db.rollups import RESOLUTION_NS
 from kvscope.backend.deps import SessionDep, SettingsDep, TokenDep
 from kvscope.backend.engines import EnginePublic, engines
-from kvscope.backend.rollups import RESOLUTION_NS
 from kvscope.backend.routes.failures import incidents_in
 from kvscope.backend.routes.paging import MAX_INT64, WindowS
 from kvscope.backend.schemas import HitRate, Summary

@@ -3,8 +3,8 @@
 from fastapi import APIRouter
 from sqlmodel import select
 
+from kvscope.backend.db.models import Transfer, TransferPublic
 from kvscope.backend.deps import SessionDep, TokenDep
-from kvscope.backend.models import Transfer, TransferPublic
 from kvscope.backend.routes.paging import Limit, Offset, SinceNs, UntilNs, equal, in_window, page
 from kvscope.backend.schemas import Page
 

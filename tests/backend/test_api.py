@@ -9,8 +9,8 @@ import pytest
 from opentelemetry.sdk.trace.export import SpanExportResult
 from websockets.sync.client import connect
 
+from kvscope.backend.db.migrations import latest_version
 from kvscope.backend.main import create_app
-from kvscope.backend.migrations import latest_version
 from kvscope.backend.settings import Settings, check_bind_is_safe
 
 from .story import Process, failure_story, load_story

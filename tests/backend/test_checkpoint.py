@@ -7,9 +7,9 @@ import uuid
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from sqlalchemy import func, select
 
-from kvscope.backend.checkpoint import Checkpointer
+from kvscope.backend.db.checkpoint import Checkpointer
+from kvscope.backend.db.models import Span
 from kvscope.backend.main import create_app
-from kvscope.backend.models import Span
 from kvscope.backend.otlp import PROTOBUF
 from kvscope.backend.settings import Settings
 

@@ -7,9 +7,9 @@ import threading
 import pytest
 from sqlalchemy import event, text
 
-from kvscope.backend.db import make_engine
+from kvscope.backend.db.engine import make_engine
+from kvscope.backend.db.migrations import migrate
 from kvscope.backend.limits import Limits
-from kvscope.backend.migrations import migrate
 from kvscope.backend.writer import BatchWriter, prepare
 from kvscope.bench.scale_spans import Batches
 

@@ -8,11 +8,11 @@ import pytest
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from sqlalchemy import text
 
-from kvscope.backend import retention
-from kvscope.backend.db import make_engine
+from kvscope.backend.db import retention
+from kvscope.backend.db.engine import make_engine
+from kvscope.backend.db.migrations import migrate
 from kvscope.backend.ingest import IngestService
 from kvscope.backend.live import Hub
-from kvscope.backend.migrations import migrate
 from kvscope.backend.settings import Settings
 
 from .story import Process, load_story

@@ -8,11 +8,12 @@ import pytest
 from sqlalchemy import text
 from sqlmodel import Session
 
-from kvscope.backend import aggregates, rollups, series
-from kvscope.backend.bulk import DO_NOTHING, BulkWriter
-from kvscope.backend.db import make_engine
-from kvscope.backend.migrations import VERSION_TABLE, migrate
-from kvscope.backend.models import Latency, Lookup, Request, TimelinePoint, Transfer
+from kvscope.backend import aggregates, series
+from kvscope.backend.db import rollups
+from kvscope.backend.db.bulk import DO_NOTHING, BulkCursor
+from kvscope.backend.db.engine import make_engine
+from kvscope.backend.db.migrations import VERSION_TABLE, migrate
+from kvscope.backend.db.models import Latency, Lookup, Request, TimelinePoint, Transfer
 from kvscope.backend.store import _REQUEST_UPSERT
 
 pytestmark = pytest.mark.timeout(120)
@@ -108,7 +109,7 @@ def _write(engine, rows: dict[str, list[dict]], rng: random.Random) -> None:
     rng.shuffle(items)
     for first in range(0, len(items), 40):
         with engine.begin() as connection:
-            writer = BulkWriter(connection)
+            writer = BulkCursor(connection)
             for kind, row in items[first : first + 40]:
                 if kind in ("request", "stub"):
                     updates = ", ".join(f"{c} = excluded.{c}" for c in ("end_ns", "status",

@@ -3,7 +3,7 @@
 from sqlalchemy import Connection, inspect, text
 from sqlmodel import SQLModel
 
-from kvscope.backend import models  # noqa: F401  (registers the tables on SQLModel.metadata)
+from kvscope.backend.db import models  # noqa: F401  (registers the tables on SQLModel.metadata)
 
 
 def add_missing(connection: Connection) -> None:

@@ -20,7 +20,7 @@ COPY_MIN_ROWS = 16
 """Below this many rows a COPY round trip costs more than executemany saves."""
 
 
-class BulkWriter:
+class BulkCursor:
     """Writes row tuples inside the caller's transaction through the driver's cursor."""
 
     def __init__(self, connection: Connection, staged: Sequence[Table] = ()) -> None:

@@ -6,12 +6,12 @@ from collections.abc import Callable
 from sqlalchemy import Connection, Engine, text
 from sqlmodel import SQLModel
 
-from kvscope.backend import (
+from kvscope.backend.db import (
     models,  # noqa: F401  (registers the tables on SQLModel.metadata)
     read_schema,
     rollups,
 )
-from kvscope.backend.identities import migrate_ids_to_bigint, widen_ids
+from kvscope.backend.db.identities import migrate_ids_to_bigint, widen_ids
 
 widen_ids(SQLModel.metadata)  # before any table is created, here or by a migration
 

@@ -226,7 +226,7 @@ class Latency(SQLModel, table=True):
 
 
 class SeriesRollup(SQLModel, table=True):
-    """One second of one series counter (backend/rollups.py), kept by triggers at ingest."""
+    """One second of one series counter (backend/db/rollups.py), kept by triggers at ingest."""
 
     __tablename__ = "series_rollup"
     __table_args__ = (

@@ -4,8 +4,8 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection, select
 
-from kvscope.backend.bulk import BulkWriter
-from kvscope.backend.models import SeqRange
+from kvscope.backend.db.bulk import BulkCursor
+from kvscope.backend.db.models import SeqRange
 
 FIRST_SEQ = 0
 """traces.sdk numbers spans from 0 (itertools.count()); a range starting later has a head hole."""
@@ -73,7 +73,7 @@ def merged(runs: list[Run]) -> list[Run]:
     return out
 
 
-def merge(writer: BulkWriter, seqs: dict[str, list[tuple[int, int]]], now_ns: int) -> None:
+def merge(writer: BulkCursor, seqs: dict[str, list[tuple[int, int]]], now_ns: int) -> None:
     """Folds one batch's seq numbers into the stored ranges of each process."""
     if not seqs:
         return

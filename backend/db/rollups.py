@@ -17,7 +17,7 @@ engine, label) with four counters:
 from sqlalchemy import Connection, event
 from sqlmodel import SQLModel
 
-from kvscope.backend import read_schema
+from kvscope.backend.db import read_schema
 
 RESOLUTION_NS = 1_000_000_000
 """A rollup row covers one second: series steps are whole seconds, aligned to them."""

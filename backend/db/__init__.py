@@ -1,0 +1,1 @@
+"""The database: tables, engine, migrations, rollups, retention, checkpoints, seqs, bulk rows."""
