@@ -9,10 +9,10 @@ from prometheus_client.core import GaugeMetricFamily
 from sqlalchemy import Engine, text
 from sqlmodel import Session, select
 
-from kvscope.backend import certainty
 from kvscope.backend.db import seqs
 from kvscope.backend.db.engine import is_sqlite
 from kvscope.backend.db.models import Process
+from kvscope.backend.queries import certainty
 from kvscope.backend.settings import Settings
 
 PREFIX = "kvscope_backend_"

@@ -41,7 +41,7 @@ class Span(SpanBase, table=True):
     __table_args__ = (
         UniqueConstraint("trace_id", "span_id", name="uq_span_trace_span"),
         # Tier state changes are rare spans: a partial index makes the latest per tier a
-        # small range read (backend/tiers.py); other spans' inserts only test the name.
+        # small range read (backend/queries/tiers.py); other spans' inserts only test the name.
         Index(
             "ix_span_tier_health",
             "engine_id",

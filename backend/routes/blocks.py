@@ -6,11 +6,11 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from sqlmodel import Session, or_, select
 
-from kvscope.backend import certainty as certainty_module
 from kvscope.backend.db.models import Block, BlockPublic, Lease
 from kvscope.backend.deps import SessionDep, SettingsDep, TokenDep
+from kvscope.backend.queries import certainty as certainty_module
+from kvscope.backend.queries.schemas import BlocksPage
 from kvscope.backend.routes.paging import MAX_INT64, Limit, Offset, equal, page
-from kvscope.backend.schemas import BlocksPage
 
 router = APIRouter(prefix="/api/v1/blocks", tags=["blocks"], dependencies=[TokenDep])
 

@@ -4,8 +4,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from kvscope.backend import clocks
 from kvscope.backend.deps import SessionDep, TokenDep
+from kvscope.backend.queries import clocks
 
 router = APIRouter(prefix="/api/v1/clocks", tags=["clocks"], dependencies=[TokenDep])
 

@@ -6,9 +6,9 @@ from sqlmodel import Session, select
 
 from kvscope.backend.db.models import Failure, FailurePublic, Lease, Process
 from kvscope.backend.deps import SessionDep, TokenDep
-from kvscope.backend.incidents import IncidentPublic, fold
+from kvscope.backend.queries.incidents import IncidentPublic, fold
+from kvscope.backend.queries.schemas import Page
 from kvscope.backend.routes.paging import Limit, Offset, SinceNs, UntilNs, equal, in_window, page
-from kvscope.backend.schemas import Page
 
 router = APIRouter(prefix="/api/v1/failures", tags=["failures"], dependencies=[TokenDep])
 

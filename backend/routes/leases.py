@@ -6,11 +6,11 @@ import time
 from fastapi import APIRouter, Query
 from sqlmodel import select
 
-from kvscope.backend import certainty as certainty_module
 from kvscope.backend.db.models import Lease, LeasePublic
 from kvscope.backend.deps import SessionDep, SettingsDep, TokenDep
+from kvscope.backend.queries import certainty as certainty_module
+from kvscope.backend.queries.schemas import LeasesPage
 from kvscope.backend.routes.paging import Limit, Offset, equal, page
-from kvscope.backend.schemas import LeasesPage
 
 router = APIRouter(prefix="/api/v1/leases", tags=["leases"], dependencies=[TokenDep])
 

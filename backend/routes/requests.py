@@ -5,9 +5,11 @@ import json
 from fastapi import APIRouter, HTTPException, Query
 from sqlmodel import Session, select
 
-from kvscope.backend import certainty as certainty_module
 from kvscope.backend.db.models import Request, RequestPublic, Span, SpanPublic
 from kvscope.backend.deps import SessionDep, SettingsDep, TokenDep
+from kvscope.backend.queries import certainty as certainty_module
+from kvscope.backend.queries.schemas import Page, Timeline
+from kvscope.backend.queries.timeline import build, of_request, request_public
 from kvscope.backend.routes.paging import (
     Limit,
     Offset,
@@ -18,8 +20,6 @@ from kvscope.backend.routes.paging import (
     in_window,
     page,
 )
-from kvscope.backend.schemas import Page, Timeline
-from kvscope.backend.timeline import build, of_request, request_public
 
 router = APIRouter(prefix="/api/v1/requests", tags=["requests"], dependencies=[TokenDep])
 

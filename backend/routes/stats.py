@@ -4,15 +4,15 @@ import time
 
 from fastapi import APIRouter, Query
 
-from kvscope.backend import aggregates as sql
-from kvscope.backend import certainty, series, tiers
 from kvscope.backend.db.rollups import RESOLUTION_NS
 from kvscope.backend.deps import SessionDep, SettingsDep, TokenDep
-from kvscope.backend.engines import EnginePublic, engines
+from kvscope.backend.queries import aggregates as sql
+from kvscope.backend.queries import certainty, series, tiers
+from kvscope.backend.queries.engines import EnginePublic, engines
+from kvscope.backend.queries.schemas import HitRate, Summary
+from kvscope.backend.queries.series import Series
 from kvscope.backend.routes.failures import incidents_in
 from kvscope.backend.routes.paging import MAX_INT64, WindowS
-from kvscope.backend.schemas import HitRate, Summary
-from kvscope.backend.series import Series
 
 router = APIRouter(prefix="/api/v1/stats", tags=["stats"], dependencies=[TokenDep])
 

@@ -5,11 +5,11 @@ import time
 from fastapi import APIRouter
 from sqlmodel import select
 
-from kvscope.backend import certainty
 from kvscope.backend.db import seqs
 from kvscope.backend.db.models import Process
 from kvscope.backend.deps import SessionDep, SettingsDep, TokenDep
-from kvscope.backend.schemas import StreamPublic
+from kvscope.backend.queries import certainty
+from kvscope.backend.queries.schemas import StreamPublic
 
 router = APIRouter(prefix="/api/v1/streams", tags=["streams"], dependencies=[TokenDep])
 

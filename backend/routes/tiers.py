@@ -2,8 +2,8 @@
 
 from fastapi import APIRouter
 
-from kvscope.backend import tiers
 from kvscope.backend.deps import SessionDep, TokenDep
+from kvscope.backend.queries import tiers
 
 router = APIRouter(prefix="/api/v1/tiers", tags=["tiers"], dependencies=[TokenDep])
 

@@ -5,8 +5,8 @@ from sqlmodel import select
 
 from kvscope.backend.db.models import Transfer, TransferPublic
 from kvscope.backend.deps import SessionDep, TokenDep
+from kvscope.backend.queries.schemas import Page
 from kvscope.backend.routes.paging import Limit, Offset, SinceNs, UntilNs, equal, in_window, page
-from kvscope.backend.schemas import Page
 
 router = APIRouter(prefix="/api/v1/transfers", tags=["transfers"], dependencies=[TokenDep])
 

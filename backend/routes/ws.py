@@ -7,10 +7,10 @@ import logging
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from sqlmodel import Session, select
 
-from kvscope.backend import certainty
 from kvscope.backend.db.models import Request
 from kvscope.backend.deps import token_matches
-from kvscope.backend.timeline import build
+from kvscope.backend.queries import certainty
+from kvscope.backend.queries.timeline import build
 from kvscope.backend.writer import LiveUpdate
 
 router = APIRouter(tags=["live"])

@@ -5,7 +5,7 @@ import time
 import pytest
 from opentelemetry.sdk.trace.export import SpanExportResult
 
-from kvscope.backend.clocks import MIN_SAMPLES
+from kvscope.backend.queries.clocks import MIN_SAMPLES
 
 from .story import MS, Process
 

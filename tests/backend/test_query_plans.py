@@ -6,10 +6,10 @@ import re
 import pytest
 from sqlalchemy import text
 
-from kvscope.backend import aggregates
 from kvscope.backend.db import liveness, retention
 from kvscope.backend.db.engine import make_engine
 from kvscope.backend.db.migrations import migrate
+from kvscope.backend.queries import aggregates
 
 GROWING = {
     *("span", "timelinepoint", "transfer", "failure", "lookup", "latency", "kv_request"),

@@ -8,12 +8,12 @@ import pytest
 from sqlalchemy import text
 from sqlmodel import Session
 
-from kvscope.backend import aggregates, series
 from kvscope.backend.db import rollups
 from kvscope.backend.db.bulk import DO_NOTHING, BulkCursor
 from kvscope.backend.db.engine import make_engine
 from kvscope.backend.db.migrations import VERSION_TABLE, migrate
 from kvscope.backend.db.models import Latency, Lookup, Request, TimelinePoint, Transfer
+from kvscope.backend.queries import aggregates, series
 from kvscope.backend.store import _REQUEST_UPSERT
 
 pytestmark = pytest.mark.timeout(120)

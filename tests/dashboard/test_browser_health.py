@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from kvscope.backend.clocks import MIN_SAMPLES
+from kvscope.backend.queries.clocks import MIN_SAMPLES
 from kvscope.traces import names
 from tests.backend.story import MS, Process
 

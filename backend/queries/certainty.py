@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from sqlmodel import Session
 
 from kvscope.backend.db import seqs
-from kvscope.backend.schemas import Certainty, GapPublic
+from kvscope.backend.queries.schemas import Certainty, GapPublic
 
 
 def gaps(

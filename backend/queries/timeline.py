@@ -12,7 +12,7 @@ from kvscope.backend.db.models import (
     TimelinePoint,
     Transfer,
 )
-from kvscope.backend.schemas import Certainty, Timeline, TtftBreakdown
+from kvscope.backend.queries.schemas import Certainty, Timeline, TtftBreakdown
 from kvscope.traces import names
 
 LLM_REQUEST = "llm_request"

@@ -6,9 +6,9 @@ import math
 from pydantic import BaseModel
 from sqlmodel import Session
 
-from kvscope.backend import aggregates as sql
 from kvscope.backend.db.rollups import RESOLUTION_NS, bin_bounds_ms
-from kvscope.backend.incidents import IncidentPublic
+from kvscope.backend.queries import aggregates as sql
+from kvscope.backend.queries.incidents import IncidentPublic
 
 MAX_BUCKETS = 240
 """Steps per window at most: a finer step is widened to keep responses small."""

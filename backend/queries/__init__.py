@@ -1,0 +1,1 @@
+"""What the routes read: series, aggregates, timelines, tiers, certainty, clocks, incidents."""
