@@ -13,7 +13,7 @@ KVSCOPE_CONNECTORS: dict[str, str] = {
 """kvscope's own connectors, accepted by class name alone."""
 
 FAULTS_PATH_KEY = "faults_path"
-"""Extra-config key of kvscope's fault plan file (connector/common/faults.py)."""
+"""Extra-config key of kvscope's fault plan file (connector/cpu_offload/faults.py)."""
 
 
 @dataclass

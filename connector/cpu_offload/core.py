@@ -11,12 +11,12 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from kvscope.connector.common.faults import FaultInjector
-from kvscope.connector.common.host_pool import KVNamespace, num_host_blocks
 from kvscope.connector.common.kv_layout import distinct_kv_memories, layout_name
 from kvscope.connector.cpu_offload import prom
 from kvscope.connector.cpu_offload.config import OffloadConfig
+from kvscope.connector.cpu_offload.faults import FaultInjector
 from kvscope.connector.cpu_offload.groups import KVGroups, layers_per_block
+from kvscope.connector.cpu_offload.host_pool import KVNamespace, num_host_blocks
 from kvscope.connector.cpu_offload.metadata import OffloadMetadata
 from kvscope.connector.cpu_offload.replicas import ReplicaGroup
 from kvscope.connector.cpu_offload.scheduler import OffloadScheduler

@@ -15,7 +15,7 @@ from vllm.v1.kv_cache_interface import (
     SlidingWindowSpec,
 )
 
-from kvscope.connector.common.host_pool import KVNamespace
+from kvscope.connector.cpu_offload.host_pool import KVNamespace
 
 SUPPORTED_KINDS = "full attention (incl. MLA) and sliding window attention"
 """The group kinds this connector keeps; any other prefix-cacheable group refuses to start."""

@@ -2,11 +2,11 @@
 
 from typing import Any, Final
 
-from kvscope.connector.common.faults import FaultInjector
-from kvscope.connector.common.host_pool import HostBlockPool
-from kvscope.connector.common.leases import Lease, LeaseTable
 from kvscope.connector.common.tier_health import TierHealth
+from kvscope.connector.cpu_offload.faults import FaultInjector
 from kvscope.connector.cpu_offload.hits import GroupBlock
+from kvscope.connector.cpu_offload.host_pool import HostBlockPool
+from kvscope.connector.cpu_offload.leases import Lease, LeaseTable
 from kvscope.connector.cpu_offload.request_state import RequestState
 from kvscope.connector.cpu_offload.span_attributes import lease_attributes
 from kvscope.connector.cpu_offload.stats import Samples

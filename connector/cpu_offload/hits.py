@@ -2,8 +2,8 @@
 
 from dataclasses import dataclass
 
-from kvscope.connector.common.host_pool import BlockState, HostBlockPool, KVNamespace
 from kvscope.connector.cpu_offload.groups import KVGroups
+from kvscope.connector.cpu_offload.host_pool import BlockState, HostBlockPool, KVNamespace
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 
 from typing import Any
 
-from kvscope.connector.common.schema_prom import (
+from kvscope.connector.common.stats_prom import (
     BYTES_BUCKETS,
     SECONDS_BUCKETS,
     SchemaPromMetrics,

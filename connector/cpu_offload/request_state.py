@@ -4,8 +4,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from kvscope.connector.common.leases import Lease
 from kvscope.connector.cpu_offload.hits import GroupBlock
+from kvscope.connector.cpu_offload.leases import Lease
 
 
 class LoadPhase(Enum):

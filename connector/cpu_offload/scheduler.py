@@ -9,16 +9,16 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from kvscope.connector.common.faults import FaultInjector
-from kvscope.connector.common.host_pool import BlockState, HostBlockPool, KVNamespace
-from kvscope.connector.common.leases import LeaseTable
 from kvscope.connector.common.rank_tally import RankTally
 from kvscope.connector.common.tier_health import TierHealth, failure_reason
 from kvscope.connector.cpu_offload.config import OffloadConfig
+from kvscope.connector.cpu_offload.faults import FaultInjector
 from kvscope.connector.cpu_offload.groups import KVGroups
 from kvscope.connector.cpu_offload.hit_leases import HitLeases
 from kvscope.connector.cpu_offload.hits import GroupBlock, plan_hit, request_blocks
+from kvscope.connector.cpu_offload.host_pool import BlockState, HostBlockPool, KVNamespace
 from kvscope.connector.cpu_offload.kv_events import HostTierEvents
+from kvscope.connector.cpu_offload.leases import LeaseTable
 from kvscope.connector.cpu_offload.metadata import BlockTransfer, OffloadMetadata, OffloadWorkerMeta
 from kvscope.connector.cpu_offload.request_state import LoadPhase, PlannedStore, RequestState
 from kvscope.connector.cpu_offload.stats import Samples

@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from kvscope.connector.common.leases import Lease
+from kvscope.connector.cpu_offload.leases import Lease
 from kvscope.traces import names
 from kvscope.traces.attributes import compact_hash
 

@@ -9,12 +9,12 @@ from dataclasses import dataclass
 
 import torch
 
-from kvscope.connector.common.faults import FaultInjector
-from kvscope.connector.common.host_pool import num_host_blocks
 from kvscope.connector.cpu_offload.config import OffloadConfig
 from kvscope.connector.cpu_offload.copy.engine import CopyResult, Direction
 from kvscope.connector.cpu_offload.copy.factory import make_copy_engine
 from kvscope.connector.cpu_offload.copy.host_buffer import BlockLayout, HostBuffer, find_block_dim
+from kvscope.connector.cpu_offload.faults import FaultInjector
+from kvscope.connector.cpu_offload.host_pool import num_host_blocks
 from kvscope.connector.cpu_offload.kernel_blocks import group_layers
 from kvscope.connector.cpu_offload.metadata import BlockTransfer, OffloadMetadata, OffloadWorkerMeta
 from kvscope.connector.cpu_offload.replicas import ReplicaGroup

@@ -8,11 +8,10 @@ from typing import Any, Final
 import numpy as np
 import torch
 
-from kvscope.connector.common.kv_layout import (
-    KV_CACHE_LAYOUTS,
+from kvscope.connector.common.kv_layout import KV_CACHE_LAYOUTS, KVLayoutError
+from kvscope.connector.p2p.geometry import (
     LAYOUT_ENV,
     KVCacheGeometry,
-    KVLayoutError,
     describe_kv_views,
     identify_layout,
 )

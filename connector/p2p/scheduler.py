@@ -10,7 +10,7 @@ import logging
 import time
 from typing import Any
 
-from kvscope.connector.common.leases import next_lease_id
+from kvscope.connector.common.lease_ids import next_lease_id
 from kvscope.connector.common.stats_schema import Samples
 from kvscope.connector.p2p.config import P2PConfig
 from kvscope.connector.p2p.groups import P2PGroups, held_tails, needed_ranges, pull_pairs

@@ -16,9 +16,9 @@ pytest.importorskip("vllm")
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
 
-from kvscope.connector.common.faults import FaultInjector  # noqa: E402
 from kvscope.connector.cpu_offload import replicas  # noqa: E402
 from kvscope.connector.cpu_offload.config import OffloadConfig  # noqa: E402
+from kvscope.connector.cpu_offload.faults import FaultInjector  # noqa: E402
 from kvscope.connector.cpu_offload.metadata import BlockTransfer, OffloadMetadata  # noqa: E402
 from kvscope.connector.cpu_offload.replicas import ReplicaGroup  # noqa: E402
 from kvscope.connector.cpu_offload.worker import OffloadWorker  # noqa: E402

@@ -8,8 +8,8 @@ from typing import Final
 
 import torch
 
-from kvscope.connector.common.host_pool import num_host_blocks
 from kvscope.connector.cpu_offload.copy.host_pinning import PinnedRange, pin_range, unpin_ranges
+from kvscope.connector.cpu_offload.host_pool import num_host_blocks
 
 PAGE_BYTES: Final = 4096
 """Host page size the allocation is aligned to, so registration chunks never share a page."""

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from kvscope.connector.common.faults import FaultInjector, FaultPlan
+from kvscope.connector.cpu_offload.faults import FaultInjector, FaultPlan
 
 
 def failures(injector: FaultInjector, req_ids: list[str]) -> list[bool]:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from kvscope.connector.common.host_pool import (
+from kvscope.connector.cpu_offload.host_pool import (
     BlockState,
     HostBlockPool,
     KVNamespace,

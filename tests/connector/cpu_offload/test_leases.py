@@ -1,7 +1,7 @@
 """Leases: pinning hits against eviction, release paths, expiry, counters."""
 
-from kvscope.connector.common.host_pool import HostBlockPool
-from kvscope.connector.common.leases import LeaseTable
+from kvscope.connector.cpu_offload.host_pool import HostBlockPool
+from kvscope.connector.cpu_offload.leases import LeaseTable
 
 
 def block_key(n: int) -> bytes:

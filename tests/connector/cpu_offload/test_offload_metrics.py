@@ -12,9 +12,9 @@ from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
 from vllm.v1.request import Request
 from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
 
-from kvscope.connector.common.faults import FaultInjector
 from kvscope.connector.cpu_offload.config import OffloadConfig
 from kvscope.connector.cpu_offload.connector import CpuOffloadConnector
+from kvscope.connector.cpu_offload.faults import FaultInjector
 from kvscope.connector.cpu_offload.metadata import OffloadWorkerMeta
 from kvscope.connector.cpu_offload.scheduler import OffloadScheduler
 from kvscope.connector.cpu_offload.stats import (

@@ -7,10 +7,10 @@ from vllm.utils.hashing import sha256_cbor
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.request import Request
 
-from kvscope.connector.common.faults import FaultInjector
-from kvscope.connector.common.host_pool import KVNamespace
 from kvscope.connector.common.rank_tally import RankTally
 from kvscope.connector.cpu_offload.config import OffloadConfig
+from kvscope.connector.cpu_offload.faults import FaultInjector
+from kvscope.connector.cpu_offload.host_pool import KVNamespace
 from kvscope.connector.cpu_offload.metadata import OffloadWorkerMeta
 from kvscope.connector.cpu_offload.scheduler import LoadPhase, OffloadScheduler
 from kvscope.traces import names

@@ -2,11 +2,11 @@
 
 import torch
 
-from kvscope.connector.common.faults import FaultInjector, FaultPlan
-from kvscope.connector.common.host_pool import HostBlockPool, KVNamespace
-from kvscope.connector.common.leases import LeaseTable
 from kvscope.connector.cpu_offload.copy.engine import CopyEngine
 from kvscope.connector.cpu_offload.copy.factory import make_copy_engine
+from kvscope.connector.cpu_offload.faults import FaultInjector, FaultPlan
+from kvscope.connector.cpu_offload.host_pool import HostBlockPool, KVNamespace
+from kvscope.connector.cpu_offload.leases import LeaseTable
 
 NAMESPACE = KVNamespace("tiny", "bfloat16", "flash", 32, 0, 1, 3, 2, 16)
 

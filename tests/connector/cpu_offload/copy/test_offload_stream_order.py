@@ -13,11 +13,11 @@ pytest.importorskip("vllm")
 
 from vllm.v1.core.sched.output import CachedRequestData, SchedulerOutput  # noqa: E402
 
-from kvscope.connector.common.faults import FaultInjector, FaultPlan  # noqa: E402
-from kvscope.connector.common.host_pool import KVNamespace  # noqa: E402
 from kvscope.connector.cpu_offload.config import OffloadConfig  # noqa: E402
 from kvscope.connector.cpu_offload.copy import cpu as copy_cpu  # noqa: E402
 from kvscope.connector.cpu_offload.copy.cuda import CudaCopyEngine  # noqa: E402
+from kvscope.connector.cpu_offload.faults import FaultInjector, FaultPlan  # noqa: E402
+from kvscope.connector.cpu_offload.host_pool import KVNamespace  # noqa: E402
 from kvscope.connector.cpu_offload.metadata import BlockTransfer, OffloadMetadata  # noqa: E402
 from kvscope.connector.cpu_offload.scheduler import OffloadScheduler  # noqa: E402
 from kvscope.connector.cpu_offload.worker import OffloadWorker  # noqa: E402

@@ -1,16 +1,12 @@
 """Leases: a hit pins its host blocks until the load finishes, the request ends or time runs out."""
 
 import dataclasses
-import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kvscope.connector.common.host_pool import HostBlockPool
-
-next_lease_id: Callable[[], int] = itertools.count(1).__next__
-"""Lease ids, unique within a process: connectors composed in one engine (the offload and
-P2P children of a Multi) report leases under one engine id, so they must not reuse numbers."""
+from kvscope.connector.common.lease_ids import next_lease_id
+from kvscope.connector.cpu_offload.host_pool import HostBlockPool
 
 
 @dataclass(frozen=True)
