@@ -49,7 +49,7 @@ def check_torch() -> Check:
 def check_nixl() -> Check:
     """NIXL's package for this torch's CUDA major (nixl_cu12 beside the CPU torch), with UCX."""
     try:
-        from kvscope.connector.p2p import nixl_agent
+        from kvscope.connector.p2p.transport import nixl_agent
     except Exception as exc:  # torch itself is broken: check_torch says how to fix it
         return Check("nixl", False, f"cannot import nixl: {exc}", "run scripts/setup.sh")
     import torch

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvscope.connector.common.tier_health import TierHealthConfig
-from kvscope.connector.p2p.side_channel import DEFAULT_HOST
+from kvscope.connector.p2p.transport.side_channel import DEFAULT_HOST
 
 DEFAULT_SIDE_CHANNEL_PORT = 5700
 PORT_ENV = "KVSCOPE_P2P_SIDE_CHANNEL_PORT"

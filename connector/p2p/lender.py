@@ -4,8 +4,8 @@ import logging
 import time
 
 from kvscope.connector.p2p.metadata import HeldBlocks, done_notif, req_id_of_notif
-from kvscope.connector.p2p.results import PeerNotif
-from kvscope.connector.p2p.transport import NixlTransport
+from kvscope.connector.p2p.transport.nixl_transport import NixlTransport
+from kvscope.connector.p2p.transport.results import PeerNotif
 from kvscope.traces import names
 from kvscope.traces.events import add_event
 

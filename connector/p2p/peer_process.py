@@ -76,8 +76,8 @@ def make_fake_kv_caches(shape: FakeKVShape, seed: int | None) -> dict[str, torch
 
 def _serve(args: argparse.Namespace) -> None:
     """Child main: serve the fake KV cache until stdin closes, answering commands on stdin."""
-    from kvscope.connector.p2p.side_channel import SideChannelServer
-    from kvscope.connector.p2p.transport import NixlTransport
+    from kvscope.connector.p2p.transport.nixl_transport import NixlTransport
+    from kvscope.connector.p2p.transport.side_channel import SideChannelServer
 
     shape = FakeKVShape(**{name: getattr(args, name) for name in FakeKVShape().__dict__})
     kv_caches = make_fake_kv_caches(shape, args.seed)
@@ -115,9 +115,9 @@ def _serve_raw(
     args: argparse.Namespace, kv_caches: dict[str, torch.Tensor], shape: FakeKVShape
 ) -> tuple[Any, str, Any]:
     """Plain nixl_agent calls, no kvscope transport: the baselines of bench/nixl_bandwidth."""
-    from kvscope.connector.p2p.layout import KVLayout
-    from kvscope.connector.p2p.nixl_agent import load_nixl_api
-    from kvscope.connector.p2p.side_channel import PeerInfo, SideChannelServer
+    from kvscope.connector.p2p.transport.layout import KVLayout
+    from kvscope.connector.p2p.transport.nixl_agent import load_nixl_api
+    from kvscope.connector.p2p.transport.side_channel import PeerInfo, SideChannelServer
 
     layout = KVLayout.from_layer_tensors(args.engine_id, kv_caches, kv_layout=shape.kv_layout)
     agent_name = f"raw-{args.engine_id}-{os.getpid()}"

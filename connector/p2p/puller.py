@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from kvscope.connector.common.stats_schema import Samples
 from kvscope.connector.p2p.config import P2PConfig
 from kvscope.connector.p2p.metadata import BlockPull, BlockRelease, done_notif
-from kvscope.connector.p2p.results import TransferResult, TransportError
-from kvscope.connector.p2p.side_channel import PeerInfo, fetch_peer_info
 from kvscope.connector.p2p.trace_spans import record_handshake
-from kvscope.connector.p2p.transport import NixlTransport
+from kvscope.connector.p2p.transport.nixl_transport import NixlTransport
+from kvscope.connector.p2p.transport.results import TransferResult, TransportError
+from kvscope.connector.p2p.transport.side_channel import PeerInfo, fetch_peer_info
 from kvscope.traces import names
 from kvscope.traces.events import add_event, record_transfer
 

@@ -13,9 +13,9 @@ from kvscope.connector.p2p.config import P2PConfig
 from kvscope.connector.p2p.lender import BlockLender
 from kvscope.connector.p2p.metadata import P2P_METADATA_VERSION, P2PMetadata, P2PWorkerMeta
 from kvscope.connector.p2p.puller import BlockPuller
-from kvscope.connector.p2p.side_channel import SideChannelServer
 from kvscope.connector.p2p.stats import WORKER_COUNTERS
-from kvscope.connector.p2p.transport import NixlTransport, TransportConfig
+from kvscope.connector.p2p.transport.nixl_transport import NixlTransport, TransportConfig
+from kvscope.connector.p2p.transport.side_channel import SideChannelServer
 from kvscope.traces.outcomes import outcome_of_policy
 
 logger = logging.getLogger(__name__)

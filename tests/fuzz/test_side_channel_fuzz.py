@@ -19,10 +19,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvscope.connector.p2p import side_channel
-from kvscope.connector.p2p.layout import KVLayout
 from kvscope.connector.p2p.peer_process import FakeKVShape, make_fake_kv_caches
-from kvscope.connector.p2p.side_channel import (
+from kvscope.connector.p2p.transport import side_channel
+from kvscope.connector.p2p.transport.layout import KVLayout
+from kvscope.connector.p2p.transport.side_channel import (
     MAGIC,
     MAX_HEADER_BYTES,
     PROTOCOL_VERSION,

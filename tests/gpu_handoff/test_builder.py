@@ -44,7 +44,7 @@ def test_mla_views_hold_one_latent_per_token_and_fp8_is_bytes(tiny_model):
 
 
 def test_a_forced_layout_is_what_the_views_have(tiny_model):
-    from kvscope.connector.p2p.geometry import identify_layout
+    from kvscope.connector.p2p.transport.geometry import identify_layout
 
     for layout in ("LBHNC", "BLNHC"):
         handoff = build_worker_kv_caches("TRITON_ATTN", "full", 32, model=tiny_model, layout=layout)

@@ -19,7 +19,7 @@ os.environ.setdefault("UCX_NET_DEVICES", "lo")
 
 import torch  # noqa: E402
 
-from kvscope.connector.p2p.nixl_agent import load_nixl_api  # noqa: E402
+from kvscope.connector.p2p.transport.nixl_agent import load_nixl_api  # noqa: E402
 
 try:
     load_nixl_api()

@@ -101,7 +101,7 @@ NOT_APPLICABLE: dict[tuple[str, str], str] = {
     ("offload", "peer_hangs"): "no peer; a copy that never finishes is the load_slow cell",
     ("p2p", "load_slow"): "the P2P connector has no load-delay fault hook; a read that outlasts "
     "read_timeout_s is what a hung peer gives (peer_hangs; read timeouts on a stopped owner are "
-    "tests/connector/p2p/test_p2p_faults.py)",
+    "tests/connector/p2p/transport/test_p2p_faults.py)",
     ("*", "backend_down/fail"): "no load fails, so the policy changes nothing: run once",
     ("*", "queue_full/fail"): "no load fails, so the policy changes nothing: run once",
 }

@@ -16,7 +16,7 @@ pytest.importorskip("vllm")  # the worker half's metadata and spans need vLLM an
 pytest.importorskip("opentelemetry")
 os.environ.setdefault("UCX_NET_DEVICES", "lo")
 
-from kvscope.connector.p2p.nixl_agent import load_nixl_api  # noqa: E402
+from kvscope.connector.p2p.transport.nixl_agent import load_nixl_api  # noqa: E402
 
 try:
     load_nixl_api()

@@ -5,12 +5,12 @@ import time
 import pytest
 
 from kvscope.connector.p2p.config import P2PConfig
-from kvscope.connector.p2p.layout import KVLayout
 from kvscope.connector.p2p.metadata import BlockRelease
 from kvscope.connector.p2p.params import RemotePrefill
 from kvscope.connector.p2p.peer_process import FakeKVShape, make_fake_kv_caches
 from kvscope.connector.p2p.puller import BlockPuller
-from kvscope.connector.p2p.side_channel import PeerInfo, SideChannelServer
+from kvscope.connector.p2p.transport.layout import KVLayout
+from kvscope.connector.p2p.transport.side_channel import PeerInfo, SideChannelServer
 from kvscope.demo.engine import free_port
 
 

@@ -11,8 +11,8 @@ from typing import Any, Final
 
 import torch
 
-from kvscope.connector.p2p.layout import KVLayout
-from kvscope.connector.p2p.results import PeerRejectedError
+from kvscope.connector.p2p.transport.layout import KVLayout
+from kvscope.connector.p2p.transport.results import PeerRejectedError
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 import time
 
-from kvscope.connector.p2p.poller import ProgressPoller
+from kvscope.connector.p2p.transport.poller import ProgressPoller
 
 
 def _steps_in(poller: ProgressPoller, seconds: float) -> int:

@@ -12,7 +12,7 @@ import torch
 
 os.environ.setdefault("UCX_NET_DEVICES", "lo")
 
-from kvscope.connector.p2p import nixl_agent  # noqa: E402
+from kvscope.connector.p2p.transport import nixl_agent  # noqa: E402
 
 
 def installed(package: str) -> bool:

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from kvscope.connector.p2p.layout import KVLayout
 from kvscope.connector.p2p.peer_process import FakeKVShape, make_fake_kv_caches
-from kvscope.connector.p2p.side_channel import (
+from kvscope.connector.p2p.transport.layout import KVLayout
+from kvscope.connector.p2p.transport.side_channel import (
     MAGIC,
     MAX_BODY_BYTES,
     PROTOCOL_VERSION,

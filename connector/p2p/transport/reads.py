@@ -13,8 +13,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from kvscope.connector.p2p import nixl_agent
-from kvscope.connector.p2p.results import TransferResult, describe_failure
+from kvscope.connector.p2p.transport import nixl_agent
+from kvscope.connector.p2p.transport.results import TransferResult, describe_failure
 
 logger = logging.getLogger(__name__)
 
@@ -76,8 +76,12 @@ class ReadBook:
             return True
         logger.warning(
             "p2p: read %d from %s failed (%s) but NIXL did not release it: keeping its %d"
-            " blocks until it does", xfer.xfer_id, xfer.peer, cause, xfer.num_blocks,
-        )  # fmt: skip
+            " blocks until it does",
+            xfer.xfer_id,
+            xfer.peer,
+            cause,
+            xfer.num_blocks,
+        )
         self.releasing[xfer.xfer_id] = xfer
         return False
 
@@ -102,6 +106,11 @@ class ReadBook:
     def _publish(self, xfer: Inflight, cause: str) -> None:
         duration_s = time.monotonic() - xfer.started if xfer.started else 0.0
         self.results[xfer.xfer_id] = TransferResult(
-            xfer.xfer_id, xfer.peer, xfer.num_blocks, xfer.nbytes, duration_s, cause,
+            xfer.xfer_id,
+            xfer.peer,
+            xfer.num_blocks,
+            xfer.nbytes,
+            duration_s,
+            cause,
             xfer.descriptors,
-        )  # fmt: skip
+        )

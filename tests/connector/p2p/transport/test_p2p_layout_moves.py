@@ -8,8 +8,8 @@ import torch
 os.environ.setdefault("UCX_NET_DEVICES", "lo")
 
 from kvscope.connector.p2p.peer_process import FakeKVShape, make_fake_kv_caches  # noqa: E402
-from kvscope.connector.p2p.results import PeerRejectedError  # noqa: E402
-from kvscope.connector.p2p.transport import NixlTransport  # noqa: E402
+from kvscope.connector.p2p.transport.nixl_transport import NixlTransport  # noqa: E402
+from kvscope.connector.p2p.transport.results import PeerRejectedError  # noqa: E402
 
 SHAPE = FakeKVShape(num_layers=3, num_blocks=16, num_kv_heads=2, block_size=32, head_dim=16)
 REMOTE_IDS, LOCAL_IDS = [15, 0, 7, 8], [2, 5, 6, 0]
@@ -30,9 +30,16 @@ def _agents(prefill: str, decode: str):
 
 @pytest.mark.parametrize(
     ("prefill", "decode", "descriptors_per_block"),
-    [("LBHNC", "LBHNC", 3), ("LBNHC", "LBNHC", 3), ("BLHNC", "BLHNC", 1), ("BLNHC", "BLNHC", 1),
-     ("BHLNC", "BHLNC", 1), ("BLHNC", "LBHNC", 3), ("LBNHC", "BLNHC", 3)],
-)  # fmt: skip
+    [
+        ("LBHNC", "LBHNC", 3),
+        ("LBNHC", "LBNHC", 3),
+        ("BLHNC", "BLHNC", 1),
+        ("BLNHC", "BLNHC", 1),
+        ("BHLNC", "BHLNC", 1),
+        ("BLHNC", "LBHNC", 3),
+        ("LBNHC", "BLNHC", 3),
+    ],
+)
 def test_read_blocks_arrive_byte_exact_in_every_layer(prefill, decode, descriptors_per_block):
     owner, owner_kv, reader, local = _agents(prefill, decode)
     with owner, reader:
@@ -44,8 +51,9 @@ def test_read_blocks_arrive_byte_exact_in_every_layer(prefill, decode, descripto
     assert result.nbytes == len(LOCAL_IDS) * reader.layout.bytes_per_block
     untouched = [b for b in range(8) if b not in LOCAL_IDS]
     for name, view in local.items():  # logical [H, N, C] cells, whatever the physical order
-        assert torch.equal(view[LOCAL_IDS].view(torch.int16),
-                           owner_kv[name][REMOTE_IDS].view(torch.int16)), name  # fmt: skip
+        assert torch.equal(
+            view[LOCAL_IDS].view(torch.int16), owner_kv[name][REMOTE_IDS].view(torch.int16)
+        ), name
         assert not view[untouched].view(torch.int16).any(), name
 
 
@@ -53,6 +61,9 @@ def test_sides_ordering_a_page_apart_are_refused_before_any_read():
     owner, _, reader, _ = _agents("LBNHC", "LBHNC")
     with owner, reader:
         info = owner.peer_info()
-        with pytest.raises(PeerRejectedError, match=r"local 'LBHNC', remote 'LBNHC'.*"
-                           r"set VLLM_KV_CACHE_LAYOUT to the same layout"):  # fmt: skip
+        with pytest.raises(
+            PeerRejectedError,
+            match=r"local 'LBHNC', remote 'LBNHC'.*"
+            r"set VLLM_KV_CACHE_LAYOUT to the same layout",
+        ):
             reader.add_peer(info.agent_metadata, info.layout)

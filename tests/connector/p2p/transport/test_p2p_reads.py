@@ -2,8 +2,8 @@
 
 import time
 
-from kvscope.connector.p2p import nixl_agent
-from kvscope.connector.p2p.reads import Inflight, ReadBook
+from kvscope.connector.p2p.transport import nixl_agent
+from kvscope.connector.p2p.transport.reads import Inflight, ReadBook
 
 
 class _Agent:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvscope.connector.p2p.results import PeerNotif
+from kvscope.connector.p2p.transport.results import PeerNotif
 
 
 class NotifInbox:

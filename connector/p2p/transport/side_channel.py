@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from kvscope.connector.p2p.layout import KVLayout
+from kvscope.connector.p2p.transport.layout import KVLayout
 
 logger = logging.getLogger(__name__)
 

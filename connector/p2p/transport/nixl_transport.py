@@ -10,26 +10,26 @@ from typing import Any
 
 import torch
 
-from kvscope.connector.p2p.layout import BlockMapping, KVLayout, check_compatible
-from kvscope.connector.p2p.nixl_agent import (
+from kvscope.connector.p2p.transport.layout import BlockMapping, KVLayout, check_compatible
+from kvscope.connector.p2p.transport.nixl_agent import (
     as_str,
     new_agent,
     prepare_peer,
     register_layout,
     try_cleanup,
 )
-from kvscope.connector.p2p.notif_inbox import NotifInbox
-from kvscope.connector.p2p.pacing import TransportConfig, next_poll_delay
-from kvscope.connector.p2p.poller import PollerStats, ProgressPoller
-from kvscope.connector.p2p.reads import Inflight, ReadBook
-from kvscope.connector.p2p.results import (
+from kvscope.connector.p2p.transport.notif_inbox import NotifInbox
+from kvscope.connector.p2p.transport.pacing import TransportConfig, next_poll_delay
+from kvscope.connector.p2p.transport.poller import PollerStats, ProgressPoller
+from kvscope.connector.p2p.transport.reads import Inflight, ReadBook
+from kvscope.connector.p2p.transport.results import (
     PeerNotif,
     PeerRejectedError,
     TransferResult,
     TransportError,
     describe_failure,
 )
-from kvscope.connector.p2p.side_channel import PeerInfo
+from kvscope.connector.p2p.transport.side_channel import PeerInfo
 
 logger = logging.getLogger(__name__)
 
@@ -256,9 +256,14 @@ class NixlTransport:
             self._inbox.expire(now)
             if self._reads.retry_releases() or any(ended):
                 self._on_results()
-            return next_poll_delay(self.config, now, bool(self._reads.inflight),
-                                   self._inbox.waiting, self._last_event,
-                                   self._reads.pending_release)  # fmt: skip
+            return next_poll_delay(
+                self.config,
+                now,
+                bool(self._reads.inflight),
+                self._inbox.waiting,
+                self._last_event,
+                self._reads.pending_release,
+            )
 
     def _collect_notifs(self) -> None:
         try:

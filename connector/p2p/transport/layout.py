@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from kvscope.connector.common.kv_layout import KV_CACHE_LAYOUTS, KVLayoutError
-from kvscope.connector.p2p.geometry import (
+from kvscope.connector.p2p.transport.geometry import (
     LAYOUT_ENV,
     KVCacheGeometry,
     describe_kv_views,
@@ -64,9 +64,15 @@ class KVLayout:
 
     @property
     def geometry(self) -> KVCacheGeometry:
-        return KVCacheGeometry(self.kv_layout, self.num_blocks, self.page_bytes,
-                               self.block_stride_bytes, tuple(self.layer_base_addrs),
-                               self.page_runs, self.block_runs)  # fmt: skip
+        return KVCacheGeometry(
+            self.kv_layout,
+            self.num_blocks,
+            self.page_bytes,
+            self.block_stride_bytes,
+            tuple(self.layer_base_addrs),
+            self.page_runs,
+            self.block_runs,
+        )
 
     @classmethod
     def from_layer_tensors(
@@ -91,17 +97,24 @@ class KVLayout:
         first = views[0]
         _, heads, tokens, content = first.shape
         return cls(
-            engine_id=engine_id, tp_rank=tp_rank, tp_size=tp_size, layer_names=list(kv_caches),
+            engine_id=engine_id,
+            tp_rank=tp_rank,
+            tp_size=tp_size,
+            layer_names=list(kv_caches),
             num_blocks=geometry.num_blocks,
             block_size=tokens * first.shape[0] // geometry.num_blocks,
-            num_kv_heads=heads, head_dim=content // 2,  # keys then values along content
-            dtype=str(first.dtype).removeprefix("torch."), kv_layout=geometry.layout,
+            num_kv_heads=heads,
+            head_dim=content // 2,  # keys then values along content
+            dtype=str(first.dtype).removeprefix("torch."),
+            kv_layout=geometry.layout,
             memory_kind="VRAM" if first.device.type == "cuda" else "DRAM",
-            device_id=first.device.index or 0, page_bytes=geometry.page_bytes,
+            device_id=first.device.index or 0,
+            page_bytes=geometry.page_bytes,
             block_stride_bytes=geometry.block_stride_bytes,
             layer_base_addrs=list(geometry.layer_base_addrs),
-            page_runs=geometry.page_runs, block_runs=geometry.block_runs,
-        )  # fmt: skip
+            page_runs=geometry.page_runs,
+            block_runs=geometry.block_runs,
+        )
 
     def descriptor_array(self, per_block: bool) -> np.ndarray:
         """NIXL descriptors (addr, len, device): per block, or per (layer, block) layer-major."""
@@ -202,16 +215,24 @@ def _per_block(local: KVLayout, remote: KVLayout) -> bool | None:
 def _compared_properties(local: KVLayout, remote: KVLayout) -> list[tuple[str, Any, Any, str]]:
     same_model = "serve the same model on both sides"
     return [
-        ("block_size in tokens", local.block_size, remote.block_size,
-         "start both engines with the same --block-size"),
+        (
+            "block_size in tokens",
+            local.block_size,
+            remote.block_size,
+            "start both engines with the same --block-size",
+        ),
         ("dtype", local.dtype, remote.dtype, "start both engines with the same --kv-cache-dtype"),
-        ("num_kv_heads", local.num_kv_heads, remote.num_kv_heads,
-         f"{same_model} with the same tensor-parallel size"),
+        (
+            "num_kv_heads",
+            local.num_kv_heads,
+            remote.num_kv_heads,
+            f"{same_model} with the same tensor-parallel size",
+        ),
         ("head_dim", local.head_dim, remote.head_dim, same_model),
         ("num layers", local.num_layers, remote.num_layers, same_model),
         ("tp_size", local.tp_size, remote.tp_size, "use the same tensor-parallel size"),
         ("bytes per block per layer", local.page_bytes, remote.page_bytes, same_model),
-    ]  # fmt: skip
+    ]
 
 
 def _check_wire_field(name: str, type_name: Any, value: Any) -> None:

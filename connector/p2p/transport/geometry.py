@@ -174,9 +174,12 @@ def _dense(dims: list[tuple[int, int]], element_size: int) -> bool:
 
 
 def _check_tensor_strides(
-    name: str, tensor_strides: tuple[int, int], layer_strides: set[int], block_stride: int,
+    name: str,
+    tensor_strides: tuple[int, int],
+    layer_strides: set[int],
+    block_stride: int,
     num_layers: int,
-) -> None:  # fmt: skip
+) -> None:
     layer_stride, vllm_block_stride = tensor_strides
     if vllm_block_stride != block_stride or (num_layers > 1 and layer_strides != {layer_stride}):
         raise KVLayoutError(
@@ -199,5 +202,7 @@ def identify_layout(views: list[torch.Tensor]) -> str:
     for name in KV_CACHE_LAYOUTS:
         if [axis for axis in name if axis in sized] == seen:
             return name
-    raise KVLayoutError(f"the KV views' axes, largest stride first, are {''.join(seen)}:"
-                        f" none of vLLM's layouts {KV_CACHE_LAYOUTS}")  # fmt: skip
+    raise KVLayoutError(
+        f"the KV views' axes, largest stride first, are {''.join(seen)}:"
+        f" none of vLLM's layouts {KV_CACHE_LAYOUTS}"
+    )

@@ -1,0 +1,1 @@
+"""The engine-independent NIXL transport: agent, reads, side channel, wire layout; no vLLM."""
