@@ -1,14 +1,13 @@
 """FastAPI dependencies: settings, database session, ingest service, bearer-token check."""
 
-import hmac
 from collections.abc import Iterator
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
 from sqlmodel import Session
 
-from kvscope.backend.ingest import IngestService
-from kvscope.backend.settings import Settings
+from kvscope.backend.ingest.pipeline import Pipeline
+from kvscope.backend.settings import Settings, token_matches
 
 
 def get_settings(request: Request) -> Settings:
@@ -20,23 +19,13 @@ def get_session(request: Request) -> Iterator[Session]:
         yield session
 
 
-def get_ingest(request: Request) -> IngestService:
+def get_ingest(request: Request) -> Pipeline:
     return request.app.state.ingest
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 SessionDep = Annotated[Session, Depends(get_session)]
-IngestDep = Annotated[IngestService, Depends(get_ingest)]
-
-
-def token_matches(settings: Settings, authorization: str | None) -> bool:
-    """True when no token is configured or the header carries it ('Bearer <token>')."""
-    if not settings.token:
-        return True
-    scheme, _, presented = (authorization or "").partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(
-        presented.strip().encode(), settings.token.encode()
-    )
+IngestDep = Annotated[Pipeline, Depends(get_ingest)]
 
 
 def require_token(request: Request, settings: SettingsDep) -> None:

@@ -11,10 +11,11 @@ from kvscope.backend.db.bulk import add_postgres_stages
 from kvscope.backend.db.engine import make_engine
 from kvscope.backend.db.migrations import migrate
 from kvscope.backend.guard import BrowserGuard
-from kvscope.backend.ingest import IngestService
+from kvscope.backend.ingest.pipeline import Pipeline
+from kvscope.backend.ingest.receive import IngestGate
+from kvscope.backend.ingest.receive_grpc import start_receiver
+from kvscope.backend.ingest.write import STAGED_TABLES
 from kvscope.backend.live import Hub
-from kvscope.backend.otlp_grpc import start_receiver
-from kvscope.backend.receive import IngestGate
 from kvscope.backend.routes import (
     blocks,
     clocks,
@@ -31,7 +32,6 @@ from kvscope.backend.routes import (
     ws,
 )
 from kvscope.backend.settings import Settings, check_bind_is_safe, get_settings
-from kvscope.backend.store import STAGED_TABLES
 
 ROUTERS = (health, metrics, ingest, requests, blocks, leases, failures, transfers, stats, streams,
            ws, tiers, clocks)  # fmt: skip
@@ -73,7 +73,7 @@ def create_app(settings: Settings | None = None, grpc_host: str | None = None) -
     app.state.settings = settings
     app.state.engine = engine
     app.state.hub = Hub()
-    app.state.ingest = IngestService(engine, settings, app.state.hub, ws.make_publisher(app))
+    app.state.ingest = Pipeline(engine, settings, app.state.hub, ws.make_publisher(app))
     app.state.ingest_gate = IngestGate(settings.max_concurrent_ingest)
     for module in ROUTERS:
         app.include_router(module.router)

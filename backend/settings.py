@@ -1,5 +1,6 @@
 """Backend settings, read once from the environment (pydantic-settings singleton)."""
 
+import hmac
 import os
 from functools import lru_cache
 from ipaddress import ip_address
@@ -101,3 +102,13 @@ def check_bind_is_safe(settings: Settings, host: str) -> None:
     """Refuse to listen beyond loopback without a real token: spans reveal prompts' structure."""
     if refusal := bind_refusal(settings, host):
         raise SystemExit(refusal)
+
+
+def token_matches(settings: Settings, authorization: str | None) -> bool:
+    """True when no token is configured or the header carries it ('Bearer <token>')."""
+    if not settings.token:
+        return True
+    scheme, _, presented = (authorization or "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(
+        presented.strip().encode(), settings.token.encode()
+    )

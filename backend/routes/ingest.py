@@ -3,10 +3,10 @@
 from fastapi import APIRouter, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from kvscope.backend.body import BodyError, content_type_of, read_body
 from kvscope.backend.deps import IngestDep, SettingsDep
-from kvscope.backend.otlp import JSON, PROTOBUF, encode_status
-from kvscope.backend.receive import Answer, refused, store_encoded
+from kvscope.backend.ingest.body import JSON, PROTOBUF, BodyError, content_type_of, read_body
+from kvscope.backend.ingest.decode import encode_status
+from kvscope.backend.ingest.receive import Answer, answer_encoded, refused
 
 router = APIRouter(tags=["ingest"])
 
@@ -55,6 +55,6 @@ async def export_traces(request: Request, settings: SettingsDep, ingest: IngestD
             return _reply(reply_type, Answer(error.status, error.message))
         encoding = request.headers.get("content-encoding", "")
         answer = await run_in_threadpool(
-            store_encoded, ingest, body, encoding, content_type, settings.max_decompressed_bytes
+            answer_encoded, ingest, body, encoding, content_type, settings.max_decompressed_bytes
         )
     return _reply(reply_type if answer.status != 200 else content_type, answer)

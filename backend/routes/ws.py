@@ -8,10 +8,10 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from sqlmodel import Session, select
 
 from kvscope.backend.db.models import Request
-from kvscope.backend.deps import token_matches
+from kvscope.backend.ingest.commit import LiveUpdate
 from kvscope.backend.queries import certainty
 from kvscope.backend.queries.timeline import build
-from kvscope.backend.writer import LiveUpdate
+from kvscope.backend.settings import token_matches
 
 router = APIRouter(tags=["live"])
 logger = logging.getLogger(__name__)

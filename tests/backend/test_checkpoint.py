@@ -9,8 +9,8 @@ from sqlalchemy import func, select
 
 from kvscope.backend.db.checkpoint import Checkpointer
 from kvscope.backend.db.models import Span
+from kvscope.backend.ingest.body import PROTOBUF
 from kvscope.backend.main import create_app
-from kvscope.backend.otlp import PROTOBUF
 from kvscope.backend.settings import Settings
 
 from .story import Process, load_story

@@ -9,8 +9,9 @@ from sqlalchemy import event, text
 
 from kvscope.backend.db.engine import make_engine
 from kvscope.backend.db.migrations import migrate
-from kvscope.backend.limits import Limits
-from kvscope.backend.writer import BatchWriter, prepare
+from kvscope.backend.ingest.bound import Limits
+from kvscope.backend.ingest.commit import Committer
+from kvscope.backend.ingest.prepare import prepare
 from kvscope.bench.scale_spans import Batches
 
 pytestmark = pytest.mark.timeout(120)
@@ -34,13 +35,13 @@ def _prepared(count: int):
     ]
 
 
-def _write_queued(writer: BatchWriter, batches) -> list:
+def _write_queued(writer: Committer, batches) -> list:
     """Each batch written by its own thread while the writer is busy, then let go at once."""
     outcomes: list = [None] * len(batches)
 
     def write(index: int) -> None:
         try:
-            outcomes[index] = writer.write(batches[index])
+            outcomes[index] = writer.commit(batches[index])
         except Exception as error:  # noqa: BLE001  (the outcome under test)
             outcomes[index] = error
 
@@ -62,7 +63,7 @@ def _stored_spans(engine) -> int:
 
 def test_queued_batches_share_one_commit_and_all_are_stored(engine):
     batches = _prepared(6)
-    outcomes = _write_queued(BatchWriter(engine, 10), batches)
+    outcomes = _write_queued(Committer(engine, 10), batches)
     assert [o.spans for o in outcomes] == [len(b.facts.spans) for b in batches]
     assert _stored_spans(engine) == sum(len(b.facts.spans) for b in batches)
     assert len(engine.commits) == 1
@@ -70,7 +71,7 @@ def test_queued_batches_share_one_commit_and_all_are_stored(engine):
 
 def test_without_group_commit_each_batch_commits_alone(engine):
     batches = _prepared(3)
-    _write_queued(BatchWriter(engine, 10, group=False), batches)
+    _write_queued(Committer(engine, 10, group=False), batches)
     assert len(engine.commits) == 3
 
 
@@ -79,7 +80,7 @@ def test_a_bad_batch_in_a_group_fails_alone(engine):
     bad = copy.deepcopy(batches[2])
     bad.facts.spans[0] = (None,) + tuple(bad.facts.spans[0][1:])  # NULL trace id: refused
     batches[2] = bad
-    outcomes = _write_queued(BatchWriter(engine, 10), batches)
+    outcomes = _write_queued(Committer(engine, 10), batches)
     assert isinstance(outcomes[2], Exception)
     assert [o.spans for i, o in enumerate(outcomes) if i != 2] == [
         len(b.facts.spans) for i, b in enumerate(batches) if i != 2

@@ -11,7 +11,7 @@ from sqlalchemy import text
 from kvscope.backend.db import retention
 from kvscope.backend.db.engine import make_engine
 from kvscope.backend.db.migrations import migrate
-from kvscope.backend.ingest import IngestService
+from kvscope.backend.ingest.pipeline import Pipeline
 from kvscope.backend.live import Hub
 from kvscope.backend.settings import Settings
 
@@ -26,7 +26,7 @@ def _count(connection, table: str) -> int:
 
 def test_steps_of_a_batch_keep_the_newest_spans(tmp_path):
     settings = Settings(database_url=f"sqlite:///{tmp_path}/steps.db", ingest_workers=0)
-    service = IngestService(_engine(settings), settings, Hub())
+    service = Pipeline(_engine(settings), settings, Hub())
     try:
         engine_id = f"engine-{uuid.uuid4().hex[:6]}"
         scheduler, worker = Process("s", engine_id, "scheduler"), Process("w", engine_id, "worker")

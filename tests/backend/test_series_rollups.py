@@ -13,8 +13,8 @@ from kvscope.backend.db.bulk import DO_NOTHING, BulkCursor
 from kvscope.backend.db.engine import make_engine
 from kvscope.backend.db.migrations import VERSION_TABLE, migrate
 from kvscope.backend.db.models import Latency, Lookup, Request, TimelinePoint, Transfer
+from kvscope.backend.ingest.write import _REQUEST_UPSERT
 from kvscope.backend.queries import aggregates, series
-from kvscope.backend.store import _REQUEST_UPSERT
 
 pytestmark = pytest.mark.timeout(120)
 

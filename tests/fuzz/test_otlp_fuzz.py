@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as pb
 from sqlalchemy import text
 
-from kvscope.backend.limits import Limits, SpanChecker
-from kvscope.backend.otlp import attributes_of
+from kvscope.backend.ingest.bound import Limits, SpanChecker
+from kvscope.backend.ingest.decode import attributes_of
 
 from . import EXAMPLES, FUZZ, TIMEOUT_S, assert_serving, backend_client
 from .otlp_strategies import MAX_NS, export_requests, json_documents, spans

@@ -1,43 +1,21 @@
-"""One OTLP export request stored: decoded and derived (anywhere), written in one transaction."""
+"""Commits prepared batches: one transaction at a time, queued batches together (group commit)."""
 
 import logging
 import threading
-import time
 from dataclasses import dataclass, field
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import OperationalError
 
-from kvscope.backend import otlp
-from kvscope.backend.derive import Facts, derive
-from kvscope.backend.limits import Limits
-from kvscope.backend.store import write_batch
+from kvscope.backend.ingest.derive import Facts
+from kvscope.backend.ingest.prepare import Prepared
+from kvscope.backend.ingest.write import write_rows
 
 logger = logging.getLogger(__name__)
 
 
 class StoreUnavailable(RuntimeError):
     """The database refused the batch for a passing reason: the client should retry."""
-
-
-@dataclass(slots=True)
-class Prepared:
-    """An export request decoded and turned into rows, ready to write (and to pickle)."""
-
-    facts: Facts | None  # None when no span was valid
-    resources: dict[str, dict]
-    rejected: int
-    message: str | None
-    received_ns: int
-
-
-def prepare(body: bytes, content_type: str, limits: Limits) -> Prepared:
-    """The pure-Python part of ingest; PayloadError if the body cannot be read at all."""
-    request = otlp.parse_body(body, content_type)
-    decoded = otlp.decode(request, limits)
-    received_ns = time.time_ns()
-    facts = derive(decoded, received_ns) if decoded.spans else None
-    return Prepared(facts, decoded.resources, decoded.rejected, decoded.message, received_ns)
 
 
 @dataclass(slots=True)
@@ -71,7 +49,7 @@ class _Waiting:
     error: BaseException | None = None
 
 
-class BatchWriter:
+class Committer:
     """The one writer of a database in this server, one transaction at a time (SQLite has a
     single writer, and one connection keeps its page cache warm). On SQLite the batches that
     queued while a transaction ran are written by the next one together (group commit: one
@@ -89,8 +67,8 @@ class BatchWriter:
         # The write path uses the driver's own cursor, so its errors come unwrapped too.
         self._passing_errors = (OperationalError, engine.dialect.dbapi.OperationalError)
 
-    def write(self, prepared: Prepared, live: bool = False) -> Stored:
-        """Writes a prepared batch; StoreUnavailable if the database failed for a passing
+    def commit(self, prepared: Prepared, live: bool = False) -> Stored:
+        """Commits a prepared batch; StoreUnavailable if the database failed for a passing
         reason. `live`: also return what the WebSocket pushes about this batch."""
         facts = prepared.facts
         if facts is None:
@@ -100,7 +78,7 @@ class BatchWriter:
             self._queue.append(waiting)
         with self.lock:
             if not waiting.done:  # else an earlier holder of the lock wrote it with its own
-                self._write_group(self._take(waiting))
+                self._commit_group(self._take(waiting))
         if waiting.error is not None:
             raise waiting.error
         update = live_update(facts, self.max_timelines) if live else None
@@ -122,29 +100,27 @@ class BatchWriter:
             del self._queue[: len(group)]
             return group
 
-    def _write_group(self, group: list[_Waiting]) -> None:
+    def _commit_group(self, group: list[_Waiting]) -> None:
         try:
-            self._commit(group)
+            self._transaction(group)
         except Exception as error:
             if len(group) == 1:
                 group[0].error = error
             else:  # one bad batch must not fail the others: each alone
                 for waiting in group:
                     try:
-                        self._commit([waiting])
+                        self._transaction([waiting])
                     except Exception as alone:
                         waiting.error = alone
         for waiting in group:
             waiting.done = True
 
-    def _commit(self, group: list[_Waiting]) -> None:
+    def _transaction(self, group: list[_Waiting]) -> None:
         try:
             with self.engine.begin() as connection:
                 for waiting in group:
                     prepared = waiting.prepared
-                    write_batch(
-                        connection, prepared.facts, prepared.resources, prepared.received_ns
-                    )
+                    write_rows(connection, prepared.facts, prepared.resources, prepared.received_ns)
         except self._passing_errors as error:
             spans = sum(len(waiting.prepared.facts.spans) for waiting in group)
             logger.warning("%d batch(es) of %d spans not stored: %s", len(group), spans, error)

@@ -2,7 +2,7 @@
 
 import json
 
-from kvscope.backend.otlp import clean
+from kvscope.backend.ingest.record import clean
 from kvscope.traces import names
 
 _BLOCK_STATES = {

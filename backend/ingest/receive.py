@@ -6,12 +6,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from kvscope.backend.body import BodyError, decompress
-from kvscope.backend.deps import token_matches
-from kvscope.backend.ingest import IngestService
-from kvscope.backend.otlp import PayloadError, encode_response
-from kvscope.backend.settings import Settings
-from kvscope.backend.writer import StoreUnavailable
+from kvscope.backend.ingest.body import BodyError, decompress
+from kvscope.backend.ingest.commit import StoreUnavailable
+from kvscope.backend.ingest.decode import PayloadError, encode_response
+from kvscope.backend.ingest.pipeline import Pipeline
+from kvscope.backend.settings import Settings, token_matches
 
 RPC_CODES = {400: 3, 401: 16, 403: 7, 413: 8, 415: 3, 503: 14}
 """google.rpc.Code per HTTP status: OTLP/HTTP sends it in a Status body, OTLP/gRPC as the call's
@@ -39,8 +38,8 @@ def refused(settings: Settings, authorization: str | None, how: str) -> Answer |
     return Answer(401, f"missing or wrong bearer token: send {how}")
 
 
-def store(ingest: IngestService, body: bytes, content_type: str) -> Answer:
-    """Stores every valid span of one (decompressed, size-checked) export request."""
+def answer(ingest: Pipeline, body: bytes, content_type: str) -> Answer:
+    """The answer to one (decompressed, size-checked) export request, its valid spans stored."""
     try:
         stored = ingest.ingest(body, content_type)
     except PayloadError as error:
@@ -53,15 +52,15 @@ def store(ingest: IngestService, body: bytes, content_type: str) -> Answer:
     return Answer(200, body=encode_response(content_type, stored.rejected, stored.message))
 
 
-def store_encoded(
-    ingest: IngestService, body: bytes, encoding: str, content_type: str, max_decompressed: int
+def answer_encoded(
+    ingest: Pipeline, body: bytes, encoding: str, content_type: str, max_decompressed: int
 ) -> Answer:
-    """Undoes the body's Content-Encoding, then stores it: both CPU work, for a thread."""
+    """Undoes the body's Content-Encoding, then answers it: both CPU work, for a thread."""
     try:
         body = decompress(body, encoding, max_decompressed)
     except BodyError as error:
         return Answer(error.status, error.message)
-    return store(ingest, body, content_type)
+    return answer(ingest, body, content_type)
 
 
 class IngestGate:

@@ -1,4 +1,4 @@
-"""The ingest service: prepare each batch (in this process or a worker), write, prune, publish."""
+"""The ingest pipeline: prepare each batch (here or in a worker), commit, prune, publish."""
 
 import logging
 import time
@@ -7,17 +7,18 @@ from sqlalchemy import Engine
 
 from kvscope.backend.db import liveness, retention
 from kvscope.backend.db.checkpoint import Checkpointer
-from kvscope.backend.ingest_pool import IngestPool
-from kvscope.backend.limits import Limits
+from kvscope.backend.ingest.bound import Limits
+from kvscope.backend.ingest.commit import Committer, Stored
+from kvscope.backend.ingest.prepare import prepare
+from kvscope.backend.ingest.workers import IngestPool
 from kvscope.backend.live import Hub
 from kvscope.backend.metrics import IngestMetrics, StreamCollector
 from kvscope.backend.settings import Settings
-from kvscope.backend.writer import BatchWriter, Stored, prepare
 
 logger = logging.getLogger(__name__)
 
 
-class IngestService:
+class Pipeline:
     """One per app. Batches are decoded by `settings.ingest_workers` worker processes (or in
     the calling thread when that is 0) and written one at a time by this process."""
 
@@ -30,7 +31,7 @@ class IngestService:
         self.metrics = IngestMetrics()
         self.metrics.registry.register(StreamCollector(engine, settings))
         self.limits = Limits.from_settings(settings)
-        self.writer = BatchWriter(
+        self.writer = Committer(
             engine, settings.ws_max_timelines_per_batch, group=settings.group_commit
         )
         workers = settings.resolved_ingest_workers()
@@ -57,7 +58,7 @@ class IngestService:
         else:
             prepared = prepare(body, content_type, self.limits)
         live = self.on_batch is not None and self.hub.has_clients
-        stored = self.writer.write(prepared, live)
+        stored = self.writer.commit(prepared, live)
         self.spans_stored += stored.spans
         interval = self.settings.retention_interval_s
         if stored.spans and time.monotonic() - self._last_prune >= interval:

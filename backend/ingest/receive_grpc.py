@@ -1,14 +1,14 @@
 """The OTLP/gRPC trace receiver (TraceService/Export) beside OTLP/HTTP: the same token, limits,
-decode, partial success and store, through backend/receive.py."""
+decode, partial success and store, through backend/ingest/receive.py."""
 
 import logging
 from concurrent import futures
 
 import grpc
 
-from kvscope.backend.ingest import IngestService
-from kvscope.backend.otlp import PROTOBUF
-from kvscope.backend.receive import IngestGate, refused, store
+from kvscope.backend.ingest.body import PROTOBUF
+from kvscope.backend.ingest.pipeline import Pipeline
+from kvscope.backend.ingest.receive import IngestGate, answer, refused
 from kvscope.backend.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -23,7 +23,7 @@ class GrpcReceiver:
     path decodes them (in its worker processes) exactly as it decodes an OTLP/HTTP body."""
 
     def __init__(
-        self, ingest: IngestService, settings: Settings, gate: IngestGate, threads: int = 4
+        self, ingest: Pipeline, settings: Settings, gate: IngestGate, threads: int = 4
     ) -> None:
         self.ingest = ingest
         self.gate = gate
@@ -62,17 +62,17 @@ class GrpcReceiver:
 
     def _export(self, body: bytes, context: grpc.ServicerContext) -> bytes:
         metadata = dict(context.invocation_metadata())
-        answer = refused(self.settings, metadata.get("authorization"), TOKEN_HOW)
-        if answer is None:
+        reply = refused(self.settings, metadata.get("authorization"), TOKEN_HOW)
+        if reply is None:
             with self.gate.admit() as busy:
-                answer = busy or store(self.ingest, body, PROTOBUF)
-        if answer.status != 200:
-            context.abort(_STATUS[answer.rpc_code], answer.message)
-        return answer.body
+                reply = busy or answer(self.ingest, body, PROTOBUF)
+        if reply.status != 200:
+            context.abort(_STATUS[reply.rpc_code], reply.message)
+        return reply.body
 
 
 def start_receiver(
-    ingest: IngestService, settings: Settings, host: str, gate: IngestGate
+    ingest: Pipeline, settings: Settings, host: str, gate: IngestGate
 ) -> GrpcReceiver | None:
     """The receiver on host:settings.grpc_port, or None (with a warning) if that port is taken:
     OTLP/HTTP keeps serving. A local Jaeger or collector often holds 4317."""

@@ -4,7 +4,8 @@ import zlib
 
 from starlette.requests import Request
 
-from kvscope.backend.otlp import JSON, PROTOBUF
+PROTOBUF = "application/x-protobuf"
+JSON = "application/json"
 
 
 class BodyError(ValueError):

@@ -3,56 +3,21 @@
 import base64
 import json
 import math
-from dataclasses import dataclass, field
 
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as pb
 
-from kvscope.backend import text
-from kvscope.backend.limits import MAX_NS, Limits, SpanChecker, invalid_reason
+from kvscope.backend.ingest import text
+from kvscope.backend.ingest.body import PROTOBUF
+from kvscope.backend.ingest.bound import MAX_NS, Limits, SpanChecker, invalid_reason
+from kvscope.backend.ingest.record import SERVICE_NAME, Decoded, SpanRecord, clean
 from kvscope.traces import names
-
-PROTOBUF = "application/x-protobuf"
-JSON = "application/json"
-# service.name comes from OTel's resource semantic conventions, not from kvscope's names.
-SERVICE_NAME = "service.name"
 
 
 class PayloadError(ValueError):
     """The body is not an OTLP trace export request; the message says what to fix."""
-
-
-@dataclass(slots=True)
-class SpanRecord:
-    """One span, decoded and checked, with the process facts its resource carries."""
-
-    trace_id: str
-    span_id: str
-    parent_span_id: str | None
-    name: str
-    kind: int
-    start_ns: int
-    end_ns: int
-    status_code: int
-    status_message: str | None
-    attributes: dict
-    events: list
-    links: list
-    instance_id: str | None
-    service_name: str | None
-    engine_id: str | None
-
-
-@dataclass(slots=True)
-class Decoded:
-    """What one export request held: accepted spans, rejections and warnings."""
-
-    spans: list[SpanRecord] = field(default_factory=list)
-    resources: dict[str, dict] = field(default_factory=dict)
-    rejected: int = 0
-    message: str | None = None
 
 
 _PLAIN = frozenset(("string_value", "int_value", "bool_value"))
@@ -202,11 +167,6 @@ def decode(request: pb.ExportTraceServiceRequest, limits: Limits) -> Decoded:
 
 
 REPLACED_TEXT = "text with NUL characters or invalid UTF-8 stored with U+FFFD in their place"
-
-
-def clean(value: str) -> str:
-    """Text safe for every database: PostgreSQL refuses NUL characters in text columns."""
-    return text.safe(value)
 
 
 def _text(value: object) -> str | None:

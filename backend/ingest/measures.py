@@ -1,6 +1,6 @@
 """Rows of the lookup and latency tables: the numbers the summary and series add up in SQL."""
 
-from kvscope.backend.otlp import SpanRecord, clean
+from kvscope.backend.ingest.record import SpanRecord, clean
 from kvscope.traces import names
 
 TTFT_S = "gen_ai.latency.time_to_first_token"

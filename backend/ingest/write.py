@@ -1,4 +1,4 @@
-"""Writes one batch of derived rows in one transaction: bulk inserts and order-safe upserts."""
+"""The write stage: a batch of derived rows into the tables, bulk inserts and order-safe upserts."""
 
 import json
 
@@ -18,8 +18,8 @@ from kvscope.backend.db.models import (
     TimelinePoint,
     Transfer,
 )
-from kvscope.backend.derive import SPAN_COLUMNS, Facts
-from kvscope.backend.otlp import SERVICE_NAME, clean
+from kvscope.backend.ingest.derive import SPAN_COLUMNS, Facts
+from kvscope.backend.ingest.record import SERVICE_NAME, clean
 from kvscope.traces import names
 
 STAGED_TABLES = tuple(
@@ -75,7 +75,7 @@ _PROCESS_UPSERT = (
 )
 
 
-def write_batch(connection: Connection, facts: Facts, resources: dict, now_ns: int) -> None:
+def write_rows(connection: Connection, facts: Facts, resources: dict, now_ns: int) -> None:
     writer = BulkCursor(connection, STAGED_TABLES)
     writer.insert(Span.__table__, SPAN_COLUMNS, facts.spans)
     _insert_dicts(writer, Request.__table__, facts.request_stubs)

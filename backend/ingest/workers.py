@@ -14,8 +14,9 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
-from kvscope.backend.limits import Limits
-from kvscope.backend.writer import Prepared, StoreUnavailable, prepare
+from kvscope.backend.ingest.bound import Limits
+from kvscope.backend.ingest.commit import StoreUnavailable
+from kvscope.backend.ingest.prepare import Prepared, prepare
 
 logger = logging.getLogger(__name__)
 

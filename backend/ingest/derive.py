@@ -4,8 +4,8 @@ import json
 from dataclasses import dataclass, field
 from json.encoder import c_make_encoder, encode_basestring_ascii
 
-from kvscope.backend import measures, state_events
-from kvscope.backend.otlp import Decoded, SpanRecord, clean
+from kvscope.backend.ingest import measures, state_events
+from kvscope.backend.ingest.record import Decoded, SpanRecord, clean
 from kvscope.traces import names
 
 REQUEST_STATUS = "kvscope.request.status"

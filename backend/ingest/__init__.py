@@ -1,0 +1,1 @@
+"""The ingest pipeline, a module a stage: receive -> body -> decode -> bound -> derive -> write."""
