@@ -3,7 +3,18 @@
 from setuptools import find_packages, setup
 
 # Each folder is installed as kvscope.<folder>; tests/ and scripts/ are not installed.
-ROOTS = ("cli", "model", "connector", "traces", "backend", "dashboard", "demo", "bench", "verify")
+ROOTS = (
+    "cli",
+    "model",
+    "connector",
+    "traces",
+    "backend",
+    "dashboard",
+    "demo",
+    "bench",
+    "verify",
+    "harness",
+)
 
 packages: list[str] = []
 package_dir: dict[str, str] = {}

@@ -12,17 +12,17 @@ os.environ.setdefault("UCX_NET_DEVICES", "lo")
 
 
 from kvscope.bench.results import record  # noqa: E402
-from kvscope.connector.p2p.peer_process import (  # noqa: E402
+from kvscope.connector.p2p.transport.layout import KVLayout, check_compatible  # noqa: E402
+from kvscope.connector.p2p.transport.nixl_agent import load_nixl_api  # noqa: E402
+from kvscope.connector.p2p.transport.nixl_transport import NixlTransport  # noqa: E402
+from kvscope.connector.p2p.transport.side_channel import PeerInfo, fetch_peer_info  # noqa: E402
+from kvscope.harness.nixl_peer import (  # noqa: E402
     RAW_POLL_1MS,
     RAW_PROGRESS_THREAD,
     FakeKVShape,
     PeerProcess,
     make_fake_kv_caches,
 )
-from kvscope.connector.p2p.transport.layout import KVLayout, check_compatible  # noqa: E402
-from kvscope.connector.p2p.transport.nixl_agent import load_nixl_api  # noqa: E402
-from kvscope.connector.p2p.transport.nixl_transport import NixlTransport  # noqa: E402
-from kvscope.connector.p2p.transport.side_channel import PeerInfo, fetch_peer_info  # noqa: E402
 
 GIB = 1024**3
 

@@ -19,7 +19,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvscope.connector.p2p.peer_process import FakeKVShape, make_fake_kv_caches
 from kvscope.connector.p2p.transport import side_channel
 from kvscope.connector.p2p.transport.layout import KVLayout
 from kvscope.connector.p2p.transport.side_channel import (
@@ -34,6 +33,7 @@ from kvscope.connector.p2p.transport.side_channel import (
     fetch_peer_info,
     read_frame,
 )
+from kvscope.harness.nixl_peer import FakeKVShape, make_fake_kv_caches
 
 from . import DERANDOMIZE
 

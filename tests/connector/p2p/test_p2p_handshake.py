@@ -31,9 +31,9 @@ from kvscope.connector.p2p.metadata import (  # noqa: E402
     P2PMetadata,
 )
 from kvscope.connector.p2p.params import RemotePrefill  # noqa: E402
-from kvscope.connector.p2p.peer_process import FakeKVShape, make_fake_kv_caches  # noqa: E402
 from kvscope.connector.p2p.worker import P2PWorker  # noqa: E402
 from kvscope.demo.engine import free_port  # noqa: E402
+from kvscope.harness.nixl_peer import FakeKVShape, make_fake_kv_caches  # noqa: E402
 
 SHAPE = FakeKVShape(num_layers=2, num_blocks=8, num_kv_heads=2, block_size=32, head_dim=32)
 SLOW_HANDSHAKE_S = 2.0

@@ -7,8 +7,8 @@ import torch
 from vllm.v1.kv_cache_layout import KVCacheLayout
 
 from kvscope.connector.common.kv_layout import KVLayoutError
-from kvscope.connector.p2p.peer_process import FakeKVShape, make_fake_kv_caches
 from kvscope.connector.p2p.transport.layout import KVLayout, LayoutMismatchError, check_compatible
+from kvscope.harness.nixl_peer import FakeKVShape, make_fake_kv_caches
 
 SHAPE = FakeKVShape(num_layers=3, num_blocks=10, num_kv_heads=2, block_size=32, head_dim=16)
 SUPPORTED = ("LBHNC", "LBNHC", "BLHNC", "BLNHC", "BHLNC")

@@ -7,14 +7,14 @@ import pytest
 
 os.environ.setdefault("UCX_NET_DEVICES", "lo")
 
-from kvscope.connector.p2p.peer_process import (  # noqa: E402
+from kvscope.connector.p2p.transport import nixl_agent  # noqa: E402
+from kvscope.connector.p2p.transport.nixl_transport import NixlTransport  # noqa: E402
+from kvscope.connector.p2p.transport.side_channel import fetch_peer_info  # noqa: E402
+from kvscope.harness.nixl_peer import (  # noqa: E402
     FakeKVShape,
     PeerProcess,
     make_fake_kv_caches,
 )
-from kvscope.connector.p2p.transport import nixl_agent  # noqa: E402
-from kvscope.connector.p2p.transport.nixl_transport import NixlTransport  # noqa: E402
-from kvscope.connector.p2p.transport.side_channel import fetch_peer_info  # noqa: E402
 
 # Large enough (32 MiB) that a read is still running when the owner is stopped or killed.
 SHAPE = FakeKVShape(num_layers=8, num_blocks=256, num_kv_heads=4, block_size=32, head_dim=64)

@@ -8,7 +8,6 @@ import time
 
 import pytest
 
-from kvscope.connector.p2p.peer_process import FakeKVShape, make_fake_kv_caches
 from kvscope.connector.p2p.transport.layout import KVLayout
 from kvscope.connector.p2p.transport.side_channel import (
     MAGIC,
@@ -22,6 +21,7 @@ from kvscope.connector.p2p.transport.side_channel import (
     fetch_peer_info,
     read_frame,
 )
+from kvscope.harness.nixl_peer import FakeKVShape, make_fake_kv_caches
 
 PREFIX = struct.Struct("!4sHHII")
 

@@ -8,14 +8,14 @@ import torch
 
 os.environ.setdefault("UCX_NET_DEVICES", "lo")
 
-from kvscope.connector.p2p.peer_process import (  # noqa: E402
+from kvscope.connector.p2p.transport.nixl_transport import NixlTransport, TransportConfig  # noqa: E402
+from kvscope.connector.p2p.transport.results import PeerRejectedError  # noqa: E402
+from kvscope.connector.p2p.transport.side_channel import fetch_peer_info  # noqa: E402
+from kvscope.harness.nixl_peer import (  # noqa: E402
     FakeKVShape,
     PeerProcess,
     make_fake_kv_caches,
 )
-from kvscope.connector.p2p.transport.nixl_transport import NixlTransport, TransportConfig  # noqa: E402
-from kvscope.connector.p2p.transport.results import PeerRejectedError  # noqa: E402
-from kvscope.connector.p2p.transport.side_channel import fetch_peer_info  # noqa: E402
 
 SHAPE = FakeKVShape(num_layers=4, num_blocks=64, num_kv_heads=2, block_size=32, head_dim=32)
 OWNER_SEED = 7

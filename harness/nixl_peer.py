@@ -1,4 +1,4 @@
-"""A stand-in KV owner process (fake KV cache served over P2P) and a handle to drive it."""
+"""A test double for P2P: a stand-in KV owner process serving a fake KV cache, and its handle."""
 
 from __future__ import annotations
 
@@ -54,8 +54,12 @@ def make_fake_kv_caches(shape: FakeKVShape, seed: int | None) -> dict[str, torch
     )
     from vllm.v1.kv_cache_layout import KVCacheLayout
 
-    spec = FullAttentionSpec(block_size=shape.block_size, num_kv_heads=shape.num_kv_heads,
-                             head_size=shape.head_dim, dtype=torch.bfloat16)  # fmt: skip
+    spec = FullAttentionSpec(
+        block_size=shape.block_size,
+        num_kv_heads=shape.num_kv_heads,
+        head_size=shape.head_dim,
+        dtype=torch.bfloat16,
+    )
     layout = KVCacheLayout[shape.kv_layout]
     layer_stride, block_stride, *_ = compute_layout_strides(
         spec, shape.num_blocks, shape.num_layers, layout
@@ -68,8 +72,9 @@ def make_fake_kv_caches(shape: FakeKVShape, seed: int | None) -> dict[str, torch
         bits = torch.randint(-(2**15), 2**15, (size // 2,), dtype=torch.int16, generator=generator)
         raw = bits.view(torch.int8)
     names = [f"model.layers.{i}.self_attn.attn" for i in range(shape.num_layers)]
-    tensor = KVCacheTensor(size=size, layers=names, layer_stride=layer_stride,
-                           block_stride=block_stride)  # fmt: skip
+    tensor = KVCacheTensor(
+        size=size, layers=names, layer_stride=layer_stride, block_stride=block_stride
+    )
     views = create_kv_cache_views(raw, spec, shape.num_blocks, layout, tensor)
     return dict(zip(names, views, strict=True))
 
@@ -156,9 +161,13 @@ class PeerProcess:
         argv += [f"--raw={raw}"] if raw else []
         env = {**os.environ, "UCX_NET_DEVICES": os.environ.get("UCX_NET_DEVICES", "lo")}
         self._proc = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, env=env,
-        )  # fmt: skip
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
         self.pid = self._proc.pid
         self._lines: queue.Queue[str] = queue.Queue()
         self.log_tail: deque[str] = deque(maxlen=40)  # the child's own output, for error messages
