@@ -8,7 +8,7 @@ import uuid
 import pytest
 from opentelemetry.sdk.trace.export import SpanExportResult
 
-from .story import Process, load_story
+from ..story import Process, load_story
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -14,7 +14,7 @@ from kvscope.demo.replay import RECORDINGS, replay
 from kvscope.traces import names
 from kvscope.traces.sdk.processors import SequenceProcessor
 
-from .story import MS, Process, failure_story, load_story
+from ..story import MS, Process, failure_story, load_story
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -13,7 +13,7 @@ from kvscope.backend.ingest.body import PROTOBUF
 from kvscope.backend.main import create_app
 from kvscope.backend.settings import Settings
 
-from .story import Process, load_story
+from ..story import Process, load_story
 
 
 def _bodies(count: int) -> list[bytes]:

@@ -7,7 +7,7 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 
 from kvscope.backend.queries.clocks import MIN_SAMPLES
 
-from .story import MS, Process
+from ..story import MS, Process
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -15,7 +15,7 @@ from kvscope.backend.ingest.pipeline import Pipeline
 from kvscope.backend.live import Hub
 from kvscope.backend.settings import Settings
 
-from .story import Process, load_story
+from ..story import Process, load_story
 
 pytestmark = pytest.mark.timeout(60)
 

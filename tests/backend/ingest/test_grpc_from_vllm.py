@@ -13,7 +13,7 @@ import pytest
 from kvscope.demo.engine import engine_env, free_port
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(400)]
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TOKEN = "vllm-grpc-token"
 TTFT = "gen_ai.latency.time_to_first_token"
 
@@ -30,7 +30,7 @@ def _run_engine(model: Path, grpc_port: int, storage: Path) -> list[str]:
     cmd = [
         sys.executable,
         "-m",
-        "tests.backend.vllm_traced_run",
+        "tests.backend.ingest.vllm_traced_run",
         str(model),
         endpoint,
         str(storage),

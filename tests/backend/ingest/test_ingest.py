@@ -9,8 +9,8 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 
 from kvscope.traces import names
 
-from .conftest import otlp_json
-from .story import MS, Process, load_story
+from ..conftest import otlp_json
+from ..story import MS, Process, load_story
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -8,7 +8,7 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 
 from kvscope.traces import names
 
-from .story import MS, Process
+from ..story import MS, Process
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 
 from kvscope.traces import names
 
-from .story import Process, load_story
+from ..story import Process, load_story
 
 pytestmark = pytest.mark.timeout(60)
 PROTOBUF = {"Content-Type": "application/x-protobuf"}

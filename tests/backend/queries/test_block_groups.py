@@ -9,7 +9,7 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from kvscope.connector.cpu_offload.span_attributes import blocks_attributes
 from kvscope.traces import names
 
-from .story import MS, Process
+from ..story import MS, Process
 
 pytestmark = pytest.mark.timeout(60)
 

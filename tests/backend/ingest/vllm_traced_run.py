@@ -1,4 +1,4 @@
-"""python -m tests.backend.vllm_traced_run MODEL ENDPOINT STORAGE: a few prompts through an
+"""python -m tests.backend.ingest.vllm_traced_run MODEL ENDPOINT STORAGE: a few prompts through an
 in-process vLLM with its own OTLP tracing on (--otlp-traces-endpoint ENDPOINT) and the connector
 traced (TracedConnector over ExampleConnector); prints the request ids once spans are flushed."""
 

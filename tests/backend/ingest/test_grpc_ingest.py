@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 
 from kvscope.demo.engine import free_port
 
-from .story import Process, load_story
+from ..story import Process, load_story
 
 pytestmark = pytest.mark.timeout(60)
 TOKEN = "grpc-test-token"

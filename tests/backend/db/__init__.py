@@ -1,0 +1,1 @@
+"""Tests of the database: checkpoints, retention steps, rollups, query plans, PostgreSQL."""

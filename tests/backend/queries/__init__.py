@@ -1,0 +1,1 @@
+"""Tests of what the routes read: state, truth, clocks, tiers, block groups."""
