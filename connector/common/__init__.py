@@ -1,1 +1,1 @@
-"""Engine-agnostic parts shared by the connectors: host block pool, leases, copy engine, faults."""
+"""What two connectors or more use: layout names, lease ids, rank tally, tier health, stats."""
