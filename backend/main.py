@@ -33,8 +33,21 @@ from kvscope.backend.routes import (
 )
 from kvscope.backend.settings import Settings, check_bind_is_safe, get_settings
 
-ROUTERS = (health, metrics, ingest, requests, blocks, leases, failures, transfers, stats, streams,
-           ws, tiers, clocks)  # fmt: skip
+ROUTERS = (
+    health,
+    metrics,
+    ingest,
+    requests,
+    blocks,
+    leases,
+    failures,
+    transfers,
+    stats,
+    streams,
+    ws,
+    tiers,
+    clocks,
+)
 
 
 def create_app(settings: Settings | None = None, grpc_host: str | None = None) -> FastAPI:

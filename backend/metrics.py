@@ -25,18 +25,30 @@ class IngestMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.received = Counter(PREFIX + "spans_received", "Spans in export requests read.",
-                                registry=self.registry)  # fmt: skip
-        self.stored = Counter(PREFIX + "spans_stored", "Spans written to the database.",
-                              registry=self.registry)  # fmt: skip
-        self.dropped = Counter(PREFIX + "spans_dropped",
-                               "Spans rejected (invalid) by the backend, by reason.",
-                               ["reason"], registry=self.registry)  # fmt: skip
-        self.requests = Counter(PREFIX + "export_requests", "Export requests by outcome.",
-                                ["outcome"], registry=self.registry)  # fmt: skip
-        self.latency = Histogram(PREFIX + "ingest_seconds",
-                                 "From an export request's body to its spans committed.",
-                                 buckets=LATENCY_BUCKETS, registry=self.registry)  # fmt: skip
+        self.received = Counter(
+            PREFIX + "spans_received", "Spans in export requests read.", registry=self.registry
+        )
+        self.stored = Counter(
+            PREFIX + "spans_stored", "Spans written to the database.", registry=self.registry
+        )
+        self.dropped = Counter(
+            PREFIX + "spans_dropped",
+            "Spans rejected (invalid) by the backend, by reason.",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.requests = Counter(
+            PREFIX + "export_requests",
+            "Export requests by outcome.",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            PREFIX + "ingest_seconds",
+            "From an export request's body to its spans committed.",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
 
     def stored_batch(self, spans: int, rejected: int, seconds: float) -> None:
         self.received.inc(spans + rejected)

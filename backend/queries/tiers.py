@@ -66,8 +66,9 @@ def _fold(rows) -> list[TierHealth]:
             continue
         known = states.get(tier)
         if known is None:
-            states[tier] = _health(engine_id or "unknown", service_name, instance_id, end_ns,
-                                   attributes)  # fmt: skip
+            states[tier] = _health(
+                engine_id or "unknown", service_name, instance_id, end_ns, attributes
+            )
         elif known.state == state:
             known.since_ns = end_ns  # an earlier span of the same state: it began then
         else:

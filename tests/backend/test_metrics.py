@@ -32,16 +32,19 @@ def value(found: dict, name: str, **labels: str) -> float:
 def test_exports_are_counted_and_a_lost_span_shows_as_a_gap(make_backend):
     backend = make_backend(token="secret")
     engine_id = f"engine-{uuid.uuid4().hex[:6]}"
-    scheduler, worker, api = (Process("vllm-engine", engine_id, "scheduler"),
-                              Process("vllm-worker", engine_id, "worker"),
-                              Process("vllm-api", engine_id, "api"))  # fmt: skip
+    scheduler, worker, api = (
+        Process("vllm-engine", engine_id, "scheduler"),
+        Process("vllm-worker", engine_id, "worker"),
+        Process("vllm-api", engine_id, "api"),
+    )
     load_story(scheduler, worker, api, "cmpl-1", time.time_ns())
     sent = scheduler.spans()
     lost = sent.pop(1)  # a span the exporter never delivered: a hole in the stream's seq
     assert backend.export(sent + worker.spans()) == SpanExportResult.SUCCESS
     with backend.client() as client:
-        refused = client.post("/v1/traces", content=b"\x00garbage",
-                              headers={"content-type": "application/x-protobuf"})  # fmt: skip
+        refused = client.post(
+            "/v1/traces", content=b"\x00garbage", headers={"content-type": "application/x-protobuf"}
+        )
     assert refused.status_code == 400 and lost is not None
     found = scrape(backend)
     spans = len(sent) + len(worker.spans())

@@ -42,12 +42,19 @@ def _rows(rng: random.Random) -> dict[str, list[dict]]:
                     "child": None,
                     "time_ns": at,
                     "hit_tokens": rng.choice([0, 0, 16, 64, 256]),
-                }  # fmt: skip
+                }
             )
             found["lookup"].append(  # a child's lookup: not in the composite's hit rate
-                {**ids, "span_id": f"c{n:07x}{attempt:08x}", "engine_id": engine,
-                 "connector": "MultiConnector", "child": "p2p", "time_ns": at, "hit_tokens": 8}
-            )  # fmt: skip
+                {
+                    **ids,
+                    "span_id": f"c{n:07x}{attempt:08x}",
+                    "engine_id": engine,
+                    "connector": "MultiConnector",
+                    "child": "p2p",
+                    "time_ns": at,
+                    "hit_tokens": 8,
+                }
+            )
         found["request"].append(
             {
                 **ids,
@@ -57,7 +64,7 @@ def _rows(rng: random.Random) -> dict[str, list[dict]]:
                 "end_ns": start + 5 * S,
                 "status": "finished",
                 "prompt_tokens": rng.choice([None, 512, 1000]),
-            }  # fmt: skip
+            }
         )
         allocated = start + rng.randrange(S // 2)
         for point, at in [("blocks_allocated", allocated), ("resumed", allocated + 3 * S)] + (
@@ -71,7 +78,7 @@ def _rows(rng: random.Random) -> dict[str, list[dict]]:
                     "point": point,
                     "ordinal": 0,
                     "time_ns": at,
-                }  # fmt: skip
+                }
             )
         found["xfer"].append(
             {
@@ -83,7 +90,7 @@ def _rows(rng: random.Random) -> dict[str, list[dict]]:
                 "ok": True,
                 "start_ns": allocated,
                 "end_ns": allocated + S,
-            }  # fmt: skip
+            }
         )
         found["lat"].append(
             {**ids, "span_id": f"{n:016x}", "time_ns": start, "ttft_ms": rng.uniform(0.5, 900)}
@@ -103,8 +110,10 @@ def _write(engine, rows: dict[str, list[dict]], rng: random.Random) -> None:
     """Every row in shuffled batches of 40, a third of them sent twice (an exporter's retry);
     each request row once as a 'running' stub (no prompt yet) and once final."""
     items = [(kind, row) for kind, kinds in rows.items() for row in kinds]
-    items += [("stub", {**row, "end_ns": None, "status": "running", "prompt_tokens": None})
-              for row in rows["request"]]  # fmt: skip
+    items += [
+        ("stub", {**row, "end_ns": None, "status": "running", "prompt_tokens": None})
+        for row in rows["request"]
+    ]
     items += rng.sample(items, len(items) // 3)
     rng.shuffle(items)
     for first in range(0, len(items), 40):
@@ -112,8 +121,9 @@ def _write(engine, rows: dict[str, list[dict]], rng: random.Random) -> None:
             writer = BulkCursor(connection)
             for kind, row in items[first : first + 40]:
                 if kind in ("request", "stub"):
-                    updates = ", ".join(f"{c} = excluded.{c}" for c in ("end_ns", "status",
-                                        "prompt_tokens"))  # fmt: skip
+                    updates = ", ".join(
+                        f"{c} = excluded.{c}" for c in ("end_ns", "status", "prompt_tokens")
+                    )
                     on_conflict = _REQUEST_UPSERT.format(updates=updates)
                     if kind == "stub":
                         on_conflict = DO_NOTHING
@@ -130,7 +140,7 @@ def _raw_hits(connection) -> dict[int, tuple]:
         text(
             "SELECT engine_id, request_id, connector, time_ns, id, hit_tokens FROM lookup "
             "WHERE child IS NULL"
-        )  # fmt: skip
+        )
     ):
         key = (engine_id, request_id, connector)
         if key not in last or (at, row_id) > last[key][:2]:
@@ -142,7 +152,7 @@ def _raw_hits(connection) -> dict[int, tuple]:
                 "SELECT engine_id, request_id, MAX(prompt_tokens) FROM kv_request "
                 "GROUP BY engine_id, request_id"
             )
-        )  # fmt: skip
+        )
     )
     steps: dict[int, list[int]] = {}
     for (engine_id, request_id, _), (at, _, hit) in last.items():
@@ -250,8 +260,11 @@ def test_migration_6_brings_the_rollups_to_an_older_database(tmp_path):
         connection.exec_driver_sql(f"UPDATE {VERSION_TABLE} SET version = 5")
     assert migrate(engine) == 6
     rows = _rows(random.Random(6))
-    _write(engine, {"lookup": rows["lookup"][:1], **{k: [] for k in rows if k != "lookup"}},
-           random.Random(6))  # fmt: skip
+    _write(
+        engine,
+        {"lookup": rows["lookup"][:1], **{k: [] for k in rows if k != "lookup"}},
+        random.Random(6),
+    )
     with engine.connect() as connection:
         found = connection.execute(text("SELECT metric, samples FROM series_rollup")).all()
     engine.dispose()

@@ -127,13 +127,18 @@ def test_a_composite_childs_hooks_make_no_request_of_their_own(backend):
     t0 = time.time_ns()
     request = scheduler.start(names.SPAN_REQUEST, t0, **{names.REQUEST_ID: "multi-req"})
     lookup = scheduler.start(
-        names.SPAN_HOOK_PREFIX + "get_num_new_matched_tokens", t0 + MS, request,
+        names.SPAN_HOOK_PREFIX + "get_num_new_matched_tokens",
+        t0 + MS,
+        request,
         **{names.REQUEST_ID: "multi-req"},
-    )  # fmt: skip
+    )
     scheduler.hook(
-        "get_num_new_matched_tokens", lookup, t0 + MS, t0 + 2 * MS,
+        "get_num_new_matched_tokens",
+        lookup,
+        t0 + MS,
+        t0 + 2 * MS,
         **{names.REQUEST_ID: "multi-req", names.CONNECTOR_CHILD: "offload"},
-    )  # fmt: skip
+    )
     lookup.end(end_time=t0 + 2 * MS)
     assert backend.export(scheduler.spans()) == SpanExportResult.SUCCESS
     with backend.client() as client:

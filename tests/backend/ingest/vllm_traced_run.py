@@ -19,9 +19,11 @@ def main(model: str, endpoint: str, storage: str) -> int:
         "kv_connector": "TracedConnector",
         "kv_connector_module_path": "kvscope.connector.traced",
         "kv_role": "kv_both",
-        "kv_connector_extra_config": {"connector": "ExampleConnector",
-                                      "shared_storage_path": storage},
-    }  # fmt: skip
+        "kv_connector_extra_config": {
+            "connector": "ExampleConnector",
+            "shared_storage_path": storage,
+        },
+    }
     with in_process_llm(Path(model), config, otlp_traces_endpoint=endpoint) as llm:
         outputs = llm.generate(PROMPTS, greedy_params(4), use_tqdm=False)
         from kvscope.traces.sdk.configure import flush

@@ -49,11 +49,25 @@ def test_latest_state_per_engine_and_tier_with_since(backend):
     scheduler = Process("vllm-decode", engine_id, "scheduler")
     t0 = time.time_ns() - 60_000 * MS
     scheduler.hook("get_num_new_matched_tokens", None, t0, t0 + MS)  # names the engine
-    _tier_span(scheduler, t0 + 1 * MS, "cpu_offload", "bypassed", reason="timeout", failures=3,
-               bypass_s=5.0)  # fmt: skip
+    _tier_span(
+        scheduler,
+        t0 + 1 * MS,
+        "cpu_offload",
+        "bypassed",
+        reason="timeout",
+        failures=3,
+        bypass_s=5.0,
+    )
     _tier_span(scheduler, t0 + 2 * MS, "cpu_offload", "probing", bypass_s=5.0)
-    _tier_span(scheduler, t0 + 3 * MS, "cpu_offload", "bypassed", reason="load failed: boom",
-               failures=4, bypass_s=10.0)  # fmt: skip
+    _tier_span(
+        scheduler,
+        t0 + 3 * MS,
+        "cpu_offload",
+        "bypassed",
+        reason="load failed: boom",
+        failures=4,
+        bypass_s=10.0,
+    )
     _tier_span(scheduler, t0 + 4 * MS, "p2p:10.0.0.2:5600", "healthy")
     assert backend.export(scheduler.spans()) == SpanExportResult.SUCCESS
     mine = [t for t in _tiers(backend) if t["engine_id"] == engine_id]
