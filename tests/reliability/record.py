@@ -13,8 +13,10 @@ from tests.reliability.engine_ops import Batch, settle
 from tests.reliability.leaks import engine_leaks
 from tests.reliability.prefill_peer import PrefillPeer
 
-PEER_LEASE_S = 5.0
-"""The prefill side's lease: a reader that never comes frees its blocks after this."""
+PEER_LEASE_S = 10.0
+"""The prefill side's lease: a reader that never comes frees its blocks after this. Long enough
+for the preempted cells, whose requests wait for the decode side's 24 KV blocks before they read
+(at 5 s a full run on this 2-core machine saw leases expire in that queue)."""
 
 
 @dataclass
