@@ -5,7 +5,6 @@ from typing import Any, Final
 
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
-from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 from vllm.sampling_params import SamplingParams
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
@@ -13,6 +12,8 @@ from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import Request
+
+from tests.connector.multi.fake_children import SummedStats
 
 EXTERNAL_TOKENS: Final = 32
 """The external hit every recording connector reports: one block at block_size 32."""
@@ -23,25 +24,6 @@ class Token:
     """A value no wrapper makes up: it reaches the inner connector only if passed through."""
 
     name: str
-
-
-@dataclass
-class CountedStats(KVConnectorStats):
-    """Counters that add up, the simplest stats a connector reports."""
-
-    def reset(self) -> None:
-        self.data = {}
-
-    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
-        for key, value in other.data.items():
-            self.data[key] = self.data.get(key, 0) + value
-        return self
-
-    def reduce(self) -> dict[str, int | float]:
-        return dict(self.data)
-
-    def is_empty(self) -> bool:
-        return not self.data
 
 
 def request() -> Request:
@@ -95,7 +77,7 @@ def example_answers() -> dict[str, Any]:
         "get_finished": ({"req-2"}, {"req-3"}),
         "get_transfer_results": KVConnectorTransferResults({"req-2"}, {"req-3"}),
         "get_block_ids_with_load_errors": {7},
-        "get_kv_connector_stats": CountedStats(data={"loaded_blocks": 3}),
+        "get_kv_connector_stats": SummedStats(data={"loaded_blocks": 3}),
         "get_kv_connector_kv_cache_events": Token("kv_cache_events"),
         "build_connector_worker_meta": Token("worker_meta"),
         "get_handshake_metadata": Token("handshake_metadata"),

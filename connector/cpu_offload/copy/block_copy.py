@@ -1,6 +1,6 @@
 """Copies runs of whole blocks between per-layer KV tensors and host layers, batched per run."""
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -44,16 +44,8 @@ def store_runs(
     non_blocking: bool = False,
 ) -> int:
     """Device -> host, every layer of every run; returns the number of copies made."""
-    any_indexed = any(run.device_start is None for run in runs)
-    for device_layer, host_layer in zip(device_layers, host_layers, strict=True):
-        if any_indexed:
-            wide_device_layer, wide_host_layer = widest_views(device_layer, host_layer)
-        for run in runs:
-            if run.device_start is None:
-                _store_indexed(wide_device_layer, wide_host_layer, block_dim, run, non_blocking)
-            else:
-                _store_slice(device_layer, host_layer, block_dim, run, non_blocking)
-    return len(device_layers) * len(runs)
+    copies = (_store_indexed, _store_slice)
+    return _copy_runs(device_layers, host_layers, block_dim, runs, non_blocking, *copies)
 
 
 def load_runs(
@@ -64,15 +56,29 @@ def load_runs(
     non_blocking: bool = False,
 ) -> int:
     """Host -> device, every layer of every run; returns the number of copies made."""
+    copies = (_load_indexed, _load_slice)
+    return _copy_runs(device_layers, host_layers, block_dim, runs, non_blocking, *copies)
+
+
+def _copy_runs(
+    device_layers: Sequence[torch.Tensor],
+    host_layers: Sequence[torch.Tensor],
+    block_dim: int,
+    runs: Sequence[CopyRun],
+    non_blocking: bool,
+    copy_indexed: Callable[..., None],
+    copy_slice: Callable[..., None],
+) -> int:
+    """Each run of each layer by slice, or by index over the widest views the layers allow."""
     any_indexed = any(run.device_start is None for run in runs)
     for device_layer, host_layer in zip(device_layers, host_layers, strict=True):
         if any_indexed:
             wide_device_layer, wide_host_layer = widest_views(device_layer, host_layer)
         for run in runs:
             if run.device_start is None:
-                _load_indexed(wide_device_layer, wide_host_layer, block_dim, run, non_blocking)
+                copy_indexed(wide_device_layer, wide_host_layer, block_dim, run, non_blocking)
             else:
-                _load_slice(device_layer, host_layer, block_dim, run, non_blocking)
+                copy_slice(device_layer, host_layer, block_dim, run, non_blocking)
     return len(device_layers) * len(runs)
 
 
