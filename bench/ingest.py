@@ -27,7 +27,7 @@ import httpx
 from kvscope.bench.ingest_clients import CHUNK_SPANS, fill
 from kvscope.bench.pd_pair import pid_cpu_seconds
 from kvscope.bench.results import record
-from kvscope.demo.engine import free_port
+from kvscope.harness.engine import free_port
 
 BENCH = "ingest"
 TARGET_SPANS_PER_S = 20_000

@@ -36,7 +36,7 @@ def offload_config(pool_bytes: int = 256 << 20) -> dict:
 
 def ttft_s(llm, prompt_ids: list[int]) -> float:
     """Wall time of a one-token generation: the prefill (and any KV load) plus one step."""
-    from kvscope.demo.oracle import greedy_params
+    from kvscope.harness.oracle import greedy_params
 
     start = time.perf_counter()
     llm.generate([{"prompt_token_ids": prompt_ids}], greedy_params(1), use_tqdm=False)
@@ -47,7 +47,7 @@ def measure(
     model: Path, config: dict | None, lengths: list[int], repeats: int
 ) -> dict[int, list[float]]:
     """TTFTs per prefix length of prompts sharing that prefix; one engine for all lengths."""
-    from kvscope.demo.engine import in_process_llm
+    from kvscope.harness.engine import in_process_llm
     from kvscope.model.prompts import encode, token_prompt
 
     times: dict[int, list[float]] = {}
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args(argv)
 
-    from kvscope.demo.engine import use_in_process_engine
+    from kvscope.harness.engine import use_in_process_engine
     from kvscope.model.build import ensure_model
     from kvscope.model.shapes import SHAPES
 

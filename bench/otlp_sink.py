@@ -10,7 +10,7 @@ import time
 from concurrent import futures
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from kvscope.demo.engine import free_port
+from kvscope.harness.engine import free_port
 
 
 class HttpSink:

@@ -69,8 +69,8 @@ def _serve(
     """Worker process: one engine; answers ('batch', i[, arm]) with a BatchTiming, ('stats',)
     with the span export counters, ('stop',) by exiting. Its environment was set before it
     started."""
-    from kvscope.demo.engine import in_process_llm
-    from kvscope.demo.oracle import greedy_params
+    from kvscope.harness.engine import in_process_llm
+    from kvscope.harness.oracle import greedy_params
     from kvscope.traces.sdk.configure import configure_tracing, export_counters, flush
 
     configure_tracing(service_name=f"kvscope-bench-{spec.name}")
@@ -112,7 +112,7 @@ def _serve(
 @contextlib.contextmanager
 def _environment(extra: dict[str, str]):
     """os.environ with the in-process engine settings and `extra`, restored afterwards."""
-    from kvscope.demo.engine import ENGINE_ENV
+    from kvscope.harness.engine import ENGINE_ENV
 
     saved = dict(os.environ)
     os.environ.update({**ENGINE_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", **extra})

@@ -3,7 +3,7 @@
 Same tiny model, prompts and proxy for every pair. The stock pair is pinned one core per
 server (unpinned it takes tens of seconds per request, PLATFORM.md) and runs as vLLM does by
 default; a second stock pair ("uniproc") gets the setting kvscope's servers use, the model in
-the engine-core process (demo/engine.py ENGINE_ENV), to show what that setting alone gives.
+the engine-core process (harness/engine.py ENGINE_ENV), to show what that setting alone gives.
 Ours runs pinned and unpinned. Also the idle CPU of each pair in % of one core, over
 consecutive 10 s windows from the end of the last request, and that of a plain pair (two
 servers without any connector, each request prefilled on one and then run whole on the
@@ -36,7 +36,7 @@ from kvscope.bench.pd_pair import PDPair, ProxyThread, pid_cpu_seconds
 from kvscope.bench.pd_phases import TimedRequest, report_phases
 from kvscope.bench.pd_report import PairFigures, report
 from kvscope.bench.results import HEADLINE_TOKENS
-from kvscope.demo.prompts import long_prompt
+from kvscope.harness.prompts import long_prompt
 
 ROOM_TOKENS = 512
 """max_model_len above the longest prompt: the output and the request's head."""

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvscope.demo.engine import ServerProcess, engine_env, free_port, serve_command
+from kvscope.harness.engine import ServerProcess, engine_env, free_port, serve_command
 
 P2P_MODULE = "kvscope.connector.p2p.connector"
 
@@ -45,7 +45,7 @@ class PDPair:
     env: dict[str, str] = field(default_factory=dict)
     spans_to_files: bool = False  # each server writes its spans to <workdir>/<role>_spans.jsonl
     # The stock pair runs as vLLM does by default, the model in a worker process of its own;
-    # True gives it the setting kvscope's servers use (demo/engine.py ENGINE_ENV).
+    # True gives it the setting kvscope's servers use (harness/engine.py ENGINE_ENV).
     stock_uniproc: bool = False
     max_model_len: int | None = None  # over serve_command's 1024 (long prompts, mid model)
     servers: list[ServerProcess] = field(default_factory=list)
@@ -107,7 +107,7 @@ class ProxyThread:
     def __init__(self, prefill_url: str, decode_url: str) -> None:
         import uvicorn
 
-        from kvscope.demo.proxy import create_app
+        from kvscope.harness.proxy import create_app
 
         self.port = free_port()
         config = uvicorn.Config(create_app(prefill_url, decode_url), host="127.0.0.1",

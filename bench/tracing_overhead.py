@@ -83,7 +83,7 @@ def span_costs_us(samples: int = 20000) -> dict[str, float]:
 
 
 def prompts_for(count: int) -> list[str]:
-    from kvscope.demo.prompts import long_prompt
+    from kvscope.harness.prompts import long_prompt
 
     return [long_prompt(i, sentences=2 + i % 3) for i in range(count)]
 

@@ -69,7 +69,7 @@ def _dashboard(args: argparse.Namespace) -> int:
 
 
 def _proxy(args: argparse.Namespace) -> int:
-    from kvscope.demo.proxy import run
+    from kvscope.harness.proxy import run
 
     run(args.host, args.port, args.prefill_url, args.decode_url)
     return 0

@@ -44,7 +44,7 @@ def run_verify(args: argparse.Namespace) -> int:
     """0 when every check passed, 1 when one failed, 2 for bad input. Only the report goes to
     stdout (vLLM's log goes to stderr with the progress lines), so --json output parses."""
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
-    from kvscope.demo.engine import use_in_process_engine
+    from kvscope.harness.engine import use_in_process_engine
     from kvscope.model.build import build_model, default_model_dir
     from kvscope.verify.connectors import parse_connector
     from kvscope.verify.report import as_json, as_table

@@ -30,13 +30,13 @@ def traced_example_config(storage: Path, **tracing: str) -> dict:
 
 
 def run_quickstart(model_dir: Path | None, num_prompts: int = 4) -> int:
-    from kvscope.demo.engine import in_process_llm, use_in_process_engine
+    from kvscope.harness.engine import in_process_llm, use_in_process_engine
     from kvscope.model.build import build_model, default_model_dir
 
     use_in_process_engine()
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from kvscope.demo.oracle import greedy_tokens
+    from kvscope.harness.oracle import greedy_tokens
     from kvscope.traces.sdk.configure import configure_tracing, flush
 
     model_dir = model_dir or default_model_dir()

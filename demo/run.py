@@ -12,11 +12,11 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvscope.demo.engine import engine_env, free_port, serve_command
 from kvscope.demo.fault_schedule import FaultSchedule
 from kvscope.demo.stack import Service, Stack
-from kvscope.demo.topology import engine_config
 from kvscope.demo.workload import WorkloadStats, run_workload
+from kvscope.harness.configs import demo_config
+from kvscope.harness.engine import engine_env, free_port, serve_command
 
 
 @dataclass
@@ -56,7 +56,7 @@ def start_stack(options: DemoOptions, workdir: Path, stack: Stack) -> dict[str, 
     endpoints = ",".join(filter(None, [backend + "/v1/traces", options.otlp_endpoint]))
     for role in ("prefill", "decode"):
         port = free_port()
-        config = engine_config(free_port(), workdir / "faults.json")
+        config = demo_config(free_port(), workdir / "faults.json")
         cmd = serve_command(options.model, port, config)
         # A small KV cache, so vLLM's own prefix cache evicts and the offload pool gets hits.
         cmd += ["--otlp-traces-endpoint", backend + "/v1/traces", "--served-model-name",
@@ -69,7 +69,7 @@ def start_stack(options: DemoOptions, workdir: Path, stack: Stack) -> dict[str, 
         stack.start(Service(role, cmd, server_env, url + "/health", workdir / f"{role}.log"))
         urls[role] = url
     proxy = f"http://127.0.0.1:{options.proxy_port}"
-    cmd = python("kvscope.demo.proxy", "--port", str(options.proxy_port),
+    cmd = python("kvscope.harness.proxy", "--port", str(options.proxy_port),
                  "--prefill-url", urls["prefill"], "--decode-url", urls["decode"])  # fmt: skip
     proxy_env = {**os.environ, "KVSCOPE_OTLP_ENDPOINTS": endpoints, "KVSCOPE_BACKEND_URL": backend,
                  "OTEL_SERVICE_NAME": "kvscope-proxy"}  # fmt: skip

@@ -28,8 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    from kvscope.demo.engine import ENGINE_ENV, in_process_llm
-    from kvscope.demo.oracle import greedy_tokens
+    from kvscope.harness.engine import ENGINE_ENV, in_process_llm
+    from kvscope.harness.oracle import greedy_tokens
 
     os.environ.update(ENGINE_ENV)
     overrides = {"distributed_executor_backend": args.executor} if args.executor else {}
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
             results.append(greedy_tokens(llm, args.prompts, args.max_tokens))
             llm.reset_prefix_cache()
         if args.dump_offload_state:
-            from kvscope.demo.inspect import offload_state
+            from kvscope.harness.engine_state import offload_state
 
             for _ in range(5):  # let the last stores commit
                 llm.llm_engine.step()

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from kvscope.demo.prompts import SENTENCES, long_prompt
+from kvscope.harness.prompts import SENTENCES, long_prompt
 
 
 @dataclass

@@ -1,1 +1,1 @@
-"""What tests, bench, verify and the demo share to drive engines and stand-in peers."""
+"""The engine harness for tests, bench, verify and the demo: engines, configs, state, oracle."""

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from kvscope.demo.engine import use_in_process_engine
+from kvscope.harness.engine import use_in_process_engine
 
 # Engines in tests run in-process unless a test starts a subprocess on purpose.
 use_in_process_engine()

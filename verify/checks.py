@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from kvscope.demo.engine import BLOCK_SIZE
+from kvscope.harness.engine import BLOCK_SIZE
 from kvscope.traces import names
 from kvscope.verify import rules
 from kvscope.verify.hooklog import LoadFacts, hook_calls, load_facts

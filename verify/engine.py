@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvscope.demo.inspect import engine_scheduler
+from kvscope.harness.engine_state import engine_scheduler
 
 STEP_TIMEOUT_S = 90.0
 """No batch may take longer: a hang fails its scenario instead of the whole run."""

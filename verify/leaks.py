@@ -4,7 +4,7 @@ the own state of kvscope's connectors (alone, wrapped in tracing, or as a Multi'
 import time
 from typing import Any
 
-from kvscope.demo.inspect import engine_scheduler, leaked_device_blocks, worker_leaks
+from kvscope.harness.engine_state import engine_scheduler, leaked_device_blocks, worker_leaks
 
 
 def unwrap(connector: Any) -> Any:

@@ -98,7 +98,7 @@ starts the no-connector engine once per new prompt set."""
 
 
 def oracle_tokens(model: Path, chosen: list[Scenario], tp: int, progress: Progress) -> Oracle:
-    from kvscope.demo.engine import in_process_llm
+    from kvscope.harness.engine import in_process_llm
     from kvscope.verify.engine import run
 
     wanted = {(w.prompts[i], w.max_tokens) for s in chosen for w in s.waves
@@ -127,7 +127,7 @@ class _Engines:
 
     def get(self) -> Any:
         if self.llm is None:
-            from kvscope.demo.engine import in_process_llm
+            from kvscope.harness.engine import in_process_llm
 
             policy = self.config["kv_load_failure_policy"]
             self.progress(f"starting an engine (policy {policy})")

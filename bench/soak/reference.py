@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kvscope.demo.engine import engine_env
+from kvscope.harness.engine import engine_env
 
 
 def reference_command(model: Path, prompts_path: Path, out_path: Path, max_tokens: int) -> list:
@@ -53,8 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=32)
     args = parser.parse_args(argv)
 
-    from kvscope.demo.engine import in_process_llm
-    from kvscope.demo.oracle import greedy_tokens
+    from kvscope.harness.engine import in_process_llm
+    from kvscope.harness.oracle import greedy_tokens
 
     prompts = json.loads(args.prompts.read_text())
     with in_process_llm(args.model) as llm:

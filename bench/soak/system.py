@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvscope.bench.soak.probe import STATE_FILE_ENV
-from kvscope.demo.engine import engine_env, free_port, serve_command
 from kvscope.demo.stack import Service, Stack
-from kvscope.demo.topology import engine_config
+from kvscope.harness.configs import demo_config
+from kvscope.harness.engine import engine_env, free_port, serve_command
 
 SERVERS = ("prefill", "decode")
 NUM_DEVICE_BLOCKS = 64
@@ -40,7 +40,7 @@ def probe_config(side_channel_port: int, faults_path: Path, policy: str,
                  tier_health: dict | None = None) -> dict:  # fmt: skip
     """The demo's engine config, loaded through the soak's probe subclass; tier_health, when
     given, replaces the offload pool's breaker settings (connector/common/tier_health.py)."""
-    config = engine_config(side_channel_port, faults_path, policy)
+    config = demo_config(side_channel_port, faults_path, policy)
     if tier_health is not None:
         for child in config["kv_connector_extra_config"]["connectors"]:
             if child["name"] == "offload":
@@ -83,7 +83,7 @@ def start_system(
                                workdir / f"{role}.log"))  # fmt: skip
     start_together(stack, servers, timeout_s)
     proxy = f"http://127.0.0.1:{proxy_port}"
-    cmd = [*python, "kvscope.demo.proxy", "--port", str(proxy_port),
+    cmd = [*python, "kvscope.harness.proxy", "--port", str(proxy_port),
            "--prefill-url", urls["prefill"], "--decode-url", urls["decode"]]  # fmt: skip
     proxy_env = {**os.environ, "KVSCOPE_OTLP_ENDPOINTS": backend + "/v1/traces",
                  "OTEL_SERVICE_NAME": "kvscope-proxy"}  # fmt: skip

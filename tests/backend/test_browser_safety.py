@@ -18,7 +18,7 @@ from websockets.sync.client import connect
 
 from kvscope.backend.routes.ws import SUBPROTOCOL, token_subprotocol
 from kvscope.backend.settings import Settings, check_bind_is_safe
-from kvscope.demo.engine import free_port
+from kvscope.harness.engine import free_port
 from kvscope.traces import names
 from tests.backend.conftest import otlp_json
 from tests.backend.story import Process

@@ -3,10 +3,10 @@
 import pytest
 
 from kvscope.bench.tracing_switch import set_traced, traced_connectors
-from kvscope.demo.engine import in_process_llm
-from kvscope.demo.oracle import greedy_tokens
-from kvscope.demo.prompts import DISTINCT
 from kvscope.demo.quickstart import traced_example_config
+from kvscope.harness.engine import in_process_llm
+from kvscope.harness.oracle import greedy_tokens
+from kvscope.harness.prompts import DISTINCT
 from kvscope.traces import names
 
 pytestmark = pytest.mark.engine

@@ -8,9 +8,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1 import simple_cpu_offload_conn
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
 from kvscope.connector.multi.connector import KvscopeMultiConnector
-from kvscope.demo.engine import in_process_llm
-from kvscope.demo.oracle import greedy_tokens, token_mismatches
-from kvscope.demo.prompts import DISTINCT
+from kvscope.harness.engine import in_process_llm
+from kvscope.harness.oracle import greedy_tokens, token_mismatches
+from kvscope.harness.prompts import DISTINCT
 from tests.conformance.recording import MODULE, RECORDING
 from tests.conformance.wrappers import build, vllm_config
 

@@ -6,9 +6,9 @@ import prometheus_client
 import pytest
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
-from kvscope.demo.engine import in_process_llm
-from kvscope.demo.oracle import greedy_tokens
-from kvscope.demo.prompts import long_prompt
+from kvscope.harness.engine import in_process_llm
+from kvscope.harness.oracle import greedy_tokens
+from kvscope.harness.prompts import long_prompt
 from tests.connector.cpu_offload.test_offload_serve_metrics import OFFLOAD
 from tests.connector.prom_scrape import parsed
 

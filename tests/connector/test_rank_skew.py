@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from kvscope.demo.engine import in_process_llm
-from kvscope.demo.inspect import leaked_device_blocks, scheduler_connector, worker_leaks
-from kvscope.demo.oracle import greedy_tokens, token_mismatches
-from kvscope.demo.prompts import DISTINCT
+from kvscope.harness.engine import in_process_llm
+from kvscope.harness.engine_state import leaked_device_blocks, scheduler_connector, worker_leaks
+from kvscope.harness.oracle import greedy_tokens, token_mismatches
+from kvscope.harness.prompts import DISTINCT
 from tests.topology.runs import environ
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
@@ -19,7 +19,7 @@ PROMPTS = DISTINCT[:3]
 TP2_ENV = {
     # One core per rank: vLLM refuses two CPU workers on one NUMA node otherwise.
     "VLLM_CPU_OMP_THREADS_BIND": "0|1",
-    # llm.collective_rpc sends demo.inspect's functions to the worker processes.
+    # llm.collective_rpc sends harness.engine_state's functions to the worker processes.
     "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
 }
 

@@ -10,7 +10,7 @@ import pytest
 
 from kvscope.backend.settings import Settings
 from kvscope.dashboard.launch import start
-from kvscope.demo.engine import free_port
+from kvscope.harness.engine import free_port
 from tests.backend.conftest import RunningBackend
 from tests.backend.story import MS, Process, failure_story, load_story
 

@@ -16,8 +16,8 @@ from kvscope.cli.main import build_parser
 from kvscope.connector.p2p.config import HOST_ENV, PORT_ENV, P2PConfig
 from kvscope.dashboard.settings import DashboardSettings
 from kvscope.demo import workload_cli
-from kvscope.demo.engine import ENGINE_ENV, serve_command
-from kvscope.demo.topology import engine_config
+from kvscope.harness.configs import demo_config
+from kvscope.harness.engine import ENGINE_ENV, serve_command
 from kvscope.traces.sdk.settings import TracingSettings, parse_endpoint
 from tests.demo.compose_files import (
     COMPOSE,
@@ -155,11 +155,11 @@ def test_dashboard_command_reads_the_backend(services, env_file, monkeypatch):
 
 def test_proxy_command_starts_the_proxy(services, env_file, monkeypatch):
     argv = command_of(services, "proxy")
-    assert argv[:3] == ["python", "-m", "kvscope.demo.proxy"]
+    assert argv[:3] == ["python", "-m", "kvscope.harness.proxy"]
     served = {}
     monkeypatch.setattr(sys, "argv", ["proxy", *argv[3:]])
     monkeypatch.setattr("uvicorn.run", lambda app, **kwargs: served.update(app=app, **kwargs))
-    runpy.run_module("kvscope.demo.proxy", run_name="__main__")
+    runpy.run_module("kvscope.harness.proxy", run_name="__main__")
     assert served["host"] == "0.0.0.0" and served["port"] in published(services["proxy"])
     assert option(argv, "--prefill-url") == f"http://prefill:{env_file['PREFILL_PORT']}"
     assert option(argv, "--decode-url") == f"http://decode:{env_file['DECODE_PORT']}"
@@ -192,7 +192,7 @@ def model_path() -> Path:
 def test_engine_command_is_the_demos_serve_command(services, env_file, role):
     argv = command_of(services, role)
     port = int(env_file[f"{role.upper()}_PORT"])
-    expected = serve_command(model_path(), port, engine_config(SIDE_CHANNEL_PORT, FAULTS_FILE))
+    expected = serve_command(model_path(), port, demo_config(SIDE_CHANNEL_PORT, FAULTS_FILE))
     expected[0] = "python"  # the image's interpreter
     expected[expected.index("--host") + 1] = "0.0.0.0"
     config_at = expected.index("--kv-transfer-config") + 1
@@ -223,7 +223,7 @@ def test_engine_environment_matches_the_demos(services, env_file, role, monkeypa
     }
     assert not any(key.endswith("_HEADERS") for key in environment), "headers reach Jaeger too"
     monkeypatch.setenv(HOST_ENV, environment[HOST_ENV])
-    extra = engine_config(SIDE_CHANNEL_PORT, FAULTS_FILE)["kv_connector_extra_config"]
+    extra = demo_config(SIDE_CHANNEL_PORT, FAULTS_FILE)["kv_connector_extra_config"]
     p2p = P2PConfig.from_extra_config(extra["connectors"][0]["kv_connector_extra_config"])
     assert p2p.side_channel_host == role, "peers must reach the side channel by service name"
     assert "faults:/faults" in services[role]["volumes"]

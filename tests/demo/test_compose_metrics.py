@@ -11,8 +11,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from vllm.distributed.kv_events import BlockStored
 
 from kvscope.backend.settings import Settings
-from kvscope.demo.engine import ServerProcess, engine_env, free_port, serve_command
-from kvscope.demo.topology import engine_config
+from kvscope.harness.configs import demo_config
+from kvscope.harness.engine import ServerProcess, engine_env, free_port, serve_command
 from tests.backend.conftest import RunningBackend
 from tests.connector.cpu_offload.test_offload_serve_metrics import TOPIC, EventSubscriber, complete
 from tests.demo.compose_files import dashboard_metrics
@@ -29,7 +29,7 @@ def stack(tiny_model, tmp_path_factory):
     events_port, port = free_port(), free_port()
     events = {"enable_kv_cache_events": True, "publisher": "zmq",
               "endpoint": f"tcp://*:{events_port}", "topic": TOPIC}  # fmt: skip
-    config = engine_config(free_port(), workdir / "faults.json")
+    config = demo_config(free_port(), workdir / "faults.json")
     cmd = serve_command(tiny_model, port, config) + ["--kv-events-config", json.dumps(events)]
     subscriber = EventSubscriber(events_port)
     with RunningBackend(settings) as backend:

@@ -34,7 +34,7 @@ from kvscope.connector.p2p import core as p2p_core  # noqa: E402
 from kvscope.connector.p2p import vllm_layout  # noqa: E402
 from kvscope.connector.p2p.metadata import BlockPull, HeldBlocks, P2PMetadata  # noqa: E402
 from kvscope.connector.p2p.params import RemotePrefill  # noqa: E402
-from kvscope.demo.engine import free_port  # noqa: E402
+from kvscope.harness.engine import free_port  # noqa: E402
 from tests.gpu_handoff.builder import HandOff, build_worker_kv_caches, handoff_cases  # noqa: E402
 
 SENTINEL = 0xA5  # every decode block's byte before the read

@@ -9,8 +9,8 @@ import time
 import httpx
 import pytest
 
-from kvscope.demo.engine import engine_env, free_port
-from kvscope.demo.prompts import DISTINCT
+from kvscope.harness.engine import engine_env, free_port
+from kvscope.harness.prompts import DISTINCT
 
 pytestmark = pytest.mark.engine
 

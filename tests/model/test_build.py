@@ -88,8 +88,8 @@ def test_tokenizer_round_trips_text(tiny_model):
 
 @pytest.mark.engine
 def test_vllm_generates_from_both_shapes(tmp_path, tiny_model):
-    from kvscope.demo.engine import in_process_llm
-    from kvscope.demo.oracle import greedy_tokens
+    from kvscope.harness.engine import in_process_llm
+    from kvscope.harness.oracle import greedy_tokens
 
     prompts = ["A quick brown fox jumps over the lazy dog", "Cache block layer token"]
     for model in (tiny_model, build_model(tmp_path / "deep", shape="tiny-deep")):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from kvscope.demo.engine import free_port
+from kvscope.harness.engine import free_port
 
 
 class BackendProcess:

@@ -3,7 +3,7 @@
 import random
 from dataclasses import dataclass
 
-from kvscope.demo.prompts import long_prompt
+from kvscope.harness.prompts import long_prompt
 
 RECOMPUTE, FAIL = "recompute", "fail"
 CHECKS = ("outcome", "leaks", "backend")

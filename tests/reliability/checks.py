@@ -4,7 +4,7 @@ import re
 import time
 from dataclasses import dataclass, field
 
-from kvscope.demo.oracle import token_mismatches
+from kvscope.harness.oracle import token_mismatches
 from tests.reliability.backend_proc import BackendProcess
 from tests.reliability.cases import Case
 from tests.reliability.engine_ops import Batch

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from kvscope.demo.engine import free_port
+from kvscope.harness.engine import free_port
 from tests.reliability.record import PEER_LEASE_S
 
 OFFLOAD_EXTRA = {"cpu_bytes_to_use": 8 << 20, "load_timeout_s": 1.5}

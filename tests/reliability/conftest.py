@@ -3,8 +3,8 @@
 import pytest
 
 from kvscope.bench.pd_pair import p2p_transfer_config
-from kvscope.demo.engine import engine_env, free_port, in_process_llm
-from kvscope.demo.oracle import greedy_tokens
+from kvscope.harness.engine import engine_env, free_port, in_process_llm
+from kvscope.harness.oracle import greedy_tokens
 from tests.reliability.backend_proc import BackendProcess
 from tests.reliability.cases import CASES
 from tests.reliability.prefill_peer import PrefillPeer

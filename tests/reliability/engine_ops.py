@@ -5,7 +5,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kvscope.demo.inspect import scheduler_connector
+from kvscope.harness.engine_state import scheduler_connector
 from kvscope.verify.engine import Batch, run, settle  # noqa: F401 (imported from here too)
 
 
@@ -52,7 +52,7 @@ class EngineSlot:
     def get(self, policy: str) -> Any:
         if policy != self.policy:
             self.close()
-            from kvscope.demo.engine import in_process_llm
+            from kvscope.harness.engine import in_process_llm
 
             self._context = in_process_llm(self.model, self.make(policy), **self.overrides)
             self.llm, self.policy = self._context.__enter__(), policy

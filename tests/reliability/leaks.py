@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from kvscope.demo.inspect import worker_connector
+from kvscope.harness.engine_state import worker_connector
 from kvscope.verify.leaks import engine_leaks  # noqa: F401 (the matrix imports it from here)
 
 

@@ -42,7 +42,7 @@ def _prefill(llm: Any, prompts: list[str], tag: str) -> list[dict]:
 
 
 def _state(llm: Any) -> dict:
-    from kvscope.demo.inspect import leaked_device_blocks, scheduler_connector
+    from kvscope.harness.engine_state import leaked_device_blocks, scheduler_connector
 
     p2p = scheduler_connector(llm).scheduler
     return {"held": sorted(p2p.held), "leaked_blocks": leaked_device_blocks(llm),
@@ -50,8 +50,8 @@ def _state(llm: Any) -> dict:
 
 
 def _serve(model: Path, config: dict) -> None:
-    from kvscope.demo.engine import in_process_llm, use_in_process_engine
-    from kvscope.demo.inspect import engine_scheduler
+    from kvscope.harness.engine import in_process_llm, use_in_process_engine
+    from kvscope.harness.engine_state import engine_scheduler
 
     use_in_process_engine()
     commands: queue.Queue[dict | None] = queue.Queue()

@@ -1,6 +1,6 @@
 """Assertions both topology modules make on the recorded runs."""
 
-from kvscope.demo.oracle import token_mismatches
+from kvscope.harness.oracle import token_mismatches
 from tests.topology.runs import Passes, Pulls
 
 

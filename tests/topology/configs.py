@@ -2,7 +2,7 @@
 
 import socket
 
-from kvscope.demo.engine import free_port
+from kvscope.harness.engine import free_port
 
 OFFLOAD = "kvscope.connector.cpu_offload.connector"
 P2P = "kvscope.connector.p2p.connector"

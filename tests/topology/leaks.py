@@ -4,7 +4,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kvscope.demo.inspect import (
+from kvscope.harness.engine_state import (
     engine_scheduler,
     leaked_device_blocks,
     scheduler_connector,

@@ -5,7 +5,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvscope.demo.oracle import greedy_tokens
+from kvscope.harness.oracle import greedy_tokens
 from kvscope.verify.engine import environ  # noqa: F401 (the topology tests take it from here)
 
 MAX_TOKENS = 8
@@ -93,7 +93,7 @@ class Pulls:
 
 
 def prefill_then_decode(prefill_llm: Any, decode_llm: Any, prompts: list[str]) -> Pulls:
-    from kvscope.demo.inspect import worker_stats
+    from kvscope.harness.engine_state import worker_stats
 
     transfer, lengths = prefill(prefill_llm, prompts)
     assert all(transfer), f"the prefill engine returned no kv_transfer_params: {transfer}"

@@ -4,9 +4,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvscope.demo.engine import in_process_llm
-from kvscope.demo.inspect import worker_stats
-from kvscope.demo.oracle import greedy_tokens
+from kvscope.harness.engine import in_process_llm
+from kvscope.harness.engine_state import worker_stats
+from kvscope.harness.oracle import greedy_tokens
 from tests.topology.configs import multi_config, p2p_config
 from tests.topology.leaks import engine_leaks, in_process
 from tests.topology.runs import (

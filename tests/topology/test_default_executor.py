@@ -3,7 +3,7 @@ model's worker each in a process of their own, as `vllm serve` runs by default."
 
 import pytest
 
-from kvscope.demo.prompts import DISTINCT
+from kvscope.harness.prompts import DISTINCT
 from tests.topology.checks import assert_pulled, assert_store_then_hit, p2p_stats
 from tests.topology.configs import offload_config, traced_example_config
 from tests.topology.runs import environ

@@ -3,8 +3,8 @@ each), the scheduler in this process, so both halves are checked directly, rank 
 
 import pytest
 
-from kvscope.demo.oracle import token_mismatches
-from kvscope.demo.prompts import DISTINCT
+from kvscope.harness.oracle import token_mismatches
+from kvscope.harness.prompts import DISTINCT
 from tests.topology.checks import assert_pulled, assert_store_then_hit, p2p_stats
 from tests.topology.configs import offload_config, traced_example_config
 from tests.topology.runs import environ

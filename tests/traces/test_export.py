@@ -10,9 +10,9 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from kvscope.demo.engine import engine_env
-from kvscope.demo.prompts import DISTINCT
 from kvscope.demo.quickstart import traced_example_config
+from kvscope.harness.engine import engine_env
+from kvscope.harness.prompts import DISTINCT
 from kvscope.traces.sdk.processors import BoundedBatchProcessor
 from kvscope.traces.sdk.settings import Destination, TracingSettings, parse_endpoint
 

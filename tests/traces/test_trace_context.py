@@ -8,10 +8,10 @@ from collections import defaultdict
 
 import pytest
 
-from kvscope.demo.engine import engine_env, in_process_llm
-from kvscope.demo.oracle import greedy_params
-from kvscope.demo.prompts import DISTINCT
 from kvscope.demo.quickstart import traced_example_config
+from kvscope.harness.engine import engine_env, in_process_llm
+from kvscope.harness.oracle import greedy_params
+from kvscope.harness.prompts import DISTINCT
 from kvscope.traces import names
 from kvscope.traces.sdk.otlp_json import read_spans_file
 

@@ -4,10 +4,10 @@ from collections import defaultdict
 
 import pytest
 
-from kvscope.demo.engine import in_process_llm
-from kvscope.demo.oracle import greedy_tokens, token_mismatches
-from kvscope.demo.prompts import DISTINCT
 from kvscope.demo.quickstart import traced_example_config
+from kvscope.harness.engine import in_process_llm
+from kvscope.harness.oracle import greedy_tokens, token_mismatches
+from kvscope.harness.prompts import DISTINCT
 from kvscope.traces import names
 
 pytestmark = pytest.mark.engine

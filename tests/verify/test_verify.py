@@ -47,7 +47,7 @@ def test_multi_of_two_offloads_passes(tiny_model):
 def test_p2p_connector_without_a_peer_passes(tiny_model):
     """The P2P connector with no prefill peer (no request names one): it must stay out of the
     way in every scenario. Its pulls need a P/D pair (tests/reliability covers them)."""
-    from kvscope.demo.engine import free_port
+    from kvscope.harness.engine import free_port
 
     report = verify(parse_connector("P2PConnector", {"side_channel_port": free_port()}),
                     tiny_model)  # fmt: skip

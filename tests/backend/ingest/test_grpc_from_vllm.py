@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kvscope.demo.engine import engine_env, free_port
+from kvscope.harness.engine import engine_env, free_port
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(400)]
 ROOT = Path(__file__).resolve().parents[3]

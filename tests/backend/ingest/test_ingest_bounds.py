@@ -17,7 +17,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as pb
 from opentelemetry.sdk.trace.export import SpanExportResult
 
 from kvscope.backend.ingest.body import PROTOBUF
-from kvscope.demo.engine import free_port
+from kvscope.harness.engine import free_port
 from kvscope.traces import names
 from tests.backend.story import Process
 

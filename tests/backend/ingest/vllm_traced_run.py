@@ -11,8 +11,8 @@ PROMPTS = ["The KV cache of a long shared prefix", "Blocks move from host memory
 
 
 def main(model: str, endpoint: str, storage: str) -> int:
-    from kvscope.demo.engine import ENGINE_ENV, in_process_llm
-    from kvscope.demo.oracle import greedy_params
+    from kvscope.harness.engine import ENGINE_ENV, in_process_llm
+    from kvscope.harness.oracle import greedy_params
 
     os.environ.update(ENGINE_ENV, VLLM_ENABLE_V1_MULTIPROCESSING="0")
     config = {

@@ -9,10 +9,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvscope.connector.common.tier_health import TierState
-from kvscope.demo.engine import in_process_llm
-from kvscope.demo.inspect import scheduler_connector, worker_connector
-from kvscope.demo.oracle import greedy_tokens, token_mismatches
-from kvscope.demo.prompts import DISTINCT
+from kvscope.harness.engine import in_process_llm
+from kvscope.harness.engine_state import scheduler_connector, worker_connector
+from kvscope.harness.oracle import greedy_tokens, token_mismatches
+from kvscope.harness.prompts import DISTINCT
 from kvscope.traces import names
 from tests.reliability.engine_ops import set_faults
 

@@ -3,9 +3,9 @@ load runs: freed once (vLLM's own wait for finished_recving), tokens of the othe
 
 import pytest
 
-from kvscope.demo.engine import in_process_llm
-from kvscope.demo.inspect import engine_scheduler, scheduler_connector
-from kvscope.demo.prompts import long_prompt
+from kvscope.harness.engine import in_process_llm
+from kvscope.harness.engine_state import engine_scheduler, scheduler_connector
+from kvscope.harness.prompts import long_prompt
 from tests.reliability.engine_ops import SMALL_ENGINE, Batch, run, set_faults, settle
 from tests.reliability.leaks import engine_leaks
 

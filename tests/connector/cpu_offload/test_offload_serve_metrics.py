@@ -11,8 +11,8 @@ import pytest
 import zmq
 from vllm.distributed.kv_events import BlockStored, KVEventBatch
 
-from kvscope.demo.engine import ServerProcess, engine_env, free_port, serve_command
-from kvscope.demo.prompts import long_prompt
+from kvscope.harness.engine import ServerProcess, engine_env, free_port, serve_command
+from kvscope.harness.prompts import long_prompt
 from tests.connector.prom_scrape import total, wait_for
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(400)]

@@ -2,10 +2,10 @@
 
 import pytest
 
-from kvscope.demo.engine import in_process_llm
-from kvscope.demo.inspect import leaked_device_blocks, scheduler_connector
-from kvscope.demo.oracle import greedy_tokens, token_mismatches
-from kvscope.demo.prompts import DISTINCT
+from kvscope.harness.engine import in_process_llm
+from kvscope.harness.engine_state import leaked_device_blocks, scheduler_connector
+from kvscope.harness.oracle import greedy_tokens, token_mismatches
+from kvscope.harness.prompts import DISTINCT
 from kvscope.traces import names
 
 pytestmark = pytest.mark.engine

@@ -8,9 +8,15 @@ import httpx
 import pytest
 
 from kvscope.bench.pd_pair import metric
-from kvscope.demo.engine import ServerProcess, engine_env, free_port, in_process_llm, serve_command
-from kvscope.demo.oracle import greedy_tokens
-from kvscope.demo.prompts import long_prompt
+from kvscope.harness.engine import (
+    ServerProcess,
+    engine_env,
+    free_port,
+    in_process_llm,
+    serve_command,
+)
+from kvscope.harness.oracle import greedy_tokens
+from kvscope.harness.prompts import long_prompt
 from kvscope.traces import names
 from kvscope.traces.sdk.otlp_json import read_spans_file
 from tests.connector.p2p.pd_client import (

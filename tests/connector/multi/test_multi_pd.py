@@ -7,10 +7,16 @@ import httpx
 import pytest
 
 from kvscope.bench.pd_pair import ProxyThread
-from kvscope.demo.engine import ServerProcess, engine_env, free_port, in_process_llm, serve_command
-from kvscope.demo.oracle import greedy_tokens
-from kvscope.demo.prompts import long_prompt
-from kvscope.demo.topology import engine_config
+from kvscope.harness.configs import demo_config
+from kvscope.harness.engine import (
+    ServerProcess,
+    engine_env,
+    free_port,
+    in_process_llm,
+    serve_command,
+)
+from kvscope.harness.oracle import greedy_tokens
+from kvscope.harness.prompts import long_prompt
 from kvscope.traces import names
 from kvscope.traces.sdk.otlp_json import read_spans_file
 from tests.connector.p2p.pd_client import wait_until_no_blocks_held
@@ -34,7 +40,7 @@ def pair(tiny_model, tmp_path_factory):
     servers = []
     try:
         for role in ("prefill", "decode"):
-            config = engine_config(free_port(), workdir / "faults.json")
+            config = demo_config(free_port(), workdir / "faults.json")
             env = engine_env(KVSCOPE_TRACES_FILE=str(workdir / f"{role}.jsonl"),
                              OTEL_BSP_SCHEDULE_DELAY="100", VLLM_SERVER_DEV_MODE="1")  # fmt: skip
             port = free_port()

@@ -30,7 +30,7 @@ from vllm.v1.structured_output import StructuredOutputManager
 os.environ.setdefault("UCX_NET_DEVICES", "lo")
 
 from kvscope.connector.p2p.connector import P2PConnector  # noqa: E402
-from kvscope.demo.engine import free_port  # noqa: E402
+from kvscope.harness.engine import free_port  # noqa: E402
 from tests.connector.cpu_offload.hma_harness import (  # noqa: E402
     BLOCK,
     GROUPS,

@@ -11,9 +11,9 @@ from kvscope.connector.common.tier_health import TierHealthConfig, TierState
 from kvscope.connector.p2p.config import P2PConfig
 from kvscope.connector.p2p.metadata import P2PWorkerMeta
 from kvscope.connector.p2p.scheduler import P2PScheduler
-from kvscope.demo.engine import in_process_llm
-from kvscope.demo.oracle import greedy_tokens
-from kvscope.demo.prompts import long_prompt
+from kvscope.harness.engine import in_process_llm
+from kvscope.harness.oracle import greedy_tokens
+from kvscope.harness.prompts import long_prompt
 from kvscope.traces import names
 from kvscope.traces.sdk.otlp_json import read_spans_file
 from tests.connector.p2p.pd_client import (

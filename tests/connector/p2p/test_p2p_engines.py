@@ -9,9 +9,9 @@ import httpx
 import pytest
 
 from kvscope.bench.pd_pair import PDPair, ProxyThread, free_port, metric, p2p_transfer_config
-from kvscope.demo.engine import ServerProcess, engine_env, in_process_llm, serve_command
-from kvscope.demo.oracle import greedy_tokens
-from kvscope.demo.prompts import long_prompt
+from kvscope.harness.engine import ServerProcess, engine_env, in_process_llm, serve_command
+from kvscope.harness.oracle import greedy_tokens
+from kvscope.harness.prompts import long_prompt
 from kvscope.traces import names
 from kvscope.traces.sdk.otlp_json import read_spans_file
 from tests.connector.p2p.pd_client import (

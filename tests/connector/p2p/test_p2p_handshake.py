@@ -32,7 +32,7 @@ from kvscope.connector.p2p.metadata import (  # noqa: E402
 )
 from kvscope.connector.p2p.params import RemotePrefill  # noqa: E402
 from kvscope.connector.p2p.worker import P2PWorker  # noqa: E402
-from kvscope.demo.engine import free_port  # noqa: E402
+from kvscope.harness.engine import free_port  # noqa: E402
 from kvscope.harness.nixl_peer import FakeKVShape, make_fake_kv_caches  # noqa: E402
 
 SHAPE = FakeKVShape(num_layers=2, num_blocks=8, num_kv_heads=2, block_size=32, head_dim=32)

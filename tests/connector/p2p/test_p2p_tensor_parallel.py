@@ -10,7 +10,7 @@ from kvscope.connector.p2p.params import RemotePrefill
 from kvscope.connector.p2p.puller import BlockPuller
 from kvscope.connector.p2p.transport.layout import KVLayout
 from kvscope.connector.p2p.transport.side_channel import PeerInfo, SideChannelServer
-from kvscope.demo.engine import free_port
+from kvscope.harness.engine import free_port
 from kvscope.harness.nixl_peer import FakeKVShape, make_fake_kv_caches
 
 

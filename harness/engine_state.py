@@ -1,4 +1,4 @@
-"""Looks inside an in-process vLLM engine: its scheduler, its KV connector, leaked blocks."""
+"""Reads an engine's state: its scheduler, its KV connector halves, what they still hold."""
 
 from typing import Any
 

@@ -17,7 +17,7 @@ from opentelemetry import propagate, trace
 logger = logging.getLogger(__name__)
 
 SPAN_PROXY: Final = "kvscope.proxy.request"
-_TRACER_NAME: Final = "kvscope.demo.proxy"
+_TRACER_NAME: Final = "kvscope.harness.proxy"
 
 
 def create_app(prefill_url: str, decode_url: str, timeout_s: float = 300.0) -> FastAPI:
