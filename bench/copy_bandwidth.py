@@ -175,12 +175,20 @@ def print_table(config: BenchConfig, rows: list[tuple[str, list[Measurement]]]) 
             best = best_of_ratio(engine, raw)
             copy_ratio = Ratio.of(by_name[f"copy only {direction}"], raw).median
             verdict = "ok" if ratio.median >= TARGET_RATIO else f"below {TARGET_RATIO}"
-            note = (f"{engine.gib_per_s:.2f} vs {raw.gib_per_s:.2f} GiB/s, {config.device}, "
-                    f"{config.mib} MiB per job, {config.repeats} rounds (middle half "
-                    f"{ratio.spread()}, best-of {best:.2f}); the copy alone "
-                    f"{copy_ratio:.2f}x raw")  # fmt: skip
-            record("copy_bandwidth", f"{direction}_over_raw_{pattern}", ratio.median, "ratio",
-                   f">= {TARGET_RATIO}", note)  # fmt: skip
+            note = (
+                f"{engine.gib_per_s:.2f} vs {raw.gib_per_s:.2f} GiB/s, {config.device}, "
+                f"{config.mib} MiB per job, {config.repeats} rounds (middle half "
+                f"{ratio.spread()}, best-of {best:.2f}); the copy alone "
+                f"{copy_ratio:.2f}x raw"
+            )
+            record(
+                "copy_bandwidth",
+                f"{direction}_over_raw_{pattern}",
+                ratio.median,
+                "ratio",
+                f">= {TARGET_RATIO}",
+                note,
+            )
             print(
                 f"{pattern:<11} {direction:<9} {engine.gib_per_s:>12.2f} {raw.gib_per_s:>10.2f} "
                 f"{ratio.median:>6.2f} {ratio.spread():>11} {best:>5.2f}  {verdict:<10} "
@@ -200,15 +208,22 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, list[str]]:
     parser.add_argument("--threads", type=int, default=defaults.threads)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument(
-        "--pattern", choices=["contiguous", "scattered", "both"], default="both",
+        "--pattern",
+        choices=["contiguous", "scattered", "both"],
+        default="both",
         help="device block ids of a job: consecutive, shuffled, or one row of each",
-    )  # fmt: skip
+    )
     args = parser.parse_args(argv)
     config = BenchConfig(
-        mib=args.mib, num_layers=args.layers, num_kv_heads=args.kv_heads,
-        block_size=args.block_size, head_dim=args.head_dim, repeats=args.repeats,
-        device=args.device, threads=args.threads,
-    )  # fmt: skip
+        mib=args.mib,
+        num_layers=args.layers,
+        num_kv_heads=args.kv_heads,
+        block_size=args.block_size,
+        head_dim=args.head_dim,
+        repeats=args.repeats,
+        device=args.device,
+        threads=args.threads,
+    )
     patterns = ["contiguous", "scattered"] if args.pattern == "both" else [args.pattern]
     return config, patterns
 

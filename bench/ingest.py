@@ -111,8 +111,11 @@ def run_one(
     """Stores `spans` spans and prints the figures; returns each round's rate and the spans
     per backend CPU-second."""
     setting = "its default ingest workers" if workers is None else f"{workers} ingest workers"
-    print(f"{label}: storing {spans:,} spans from {clients} {kind} client processes, backend "
-          f"with {setting}", flush=True)  # fmt: skip
+    print(
+        f"{label}: storing {spans:,} spans from {clients} {kind} client processes, backend "
+        f"with {setting}",
+        flush=True,
+    )
     with backend(database_url, workers, group_commit) as (url, pid):
         cpu_before = pid_cpu_seconds(pid)  # the server and its ingest workers
         sent, seconds, rates, client_cpu = fill(kind, url, spans, clients)
@@ -156,8 +159,9 @@ def run_one(
 def compare(database: str, url_of, arguments) -> None:
     """The backend as deployed by default, with the full span count and query timings; then
     2 ingest workers against none, with each kind of client, on fresh databases."""
-    run_one(database, url_of("default"), arguments.spans, arguments.clients,
-            arguments.samples, None)  # fmt: skip
+    run_one(
+        database, url_of("default"), arguments.spans, arguments.clients, arguments.samples, None
+    )
     spans = max(CHUNK_SPANS, arguments.compare_spans)
     if database == "sqlite":
         group_commit(database, url_of, arguments, spans)
@@ -169,10 +173,18 @@ def compare(database: str, url_of, arguments) -> None:
                 label, url_of(label), spans, arguments.clients, 0, workers, kind
             )
         ratio = statistics.median(rates["workers"]) / statistics.median(rates["in_process"])
-        print(f"{database}, {kind} clients: 2 ingest workers over decoding in the server "
-              f"process: {ratio:.2f}x (median rounds of {spans:,} spans each)")  # fmt: skip
-        record(BENCH, f"{database}_{kind}_workers_over_in_process", ratio, "ratio", "",
-               f"{spans} spans each, {kind} clients")  # fmt: skip
+        print(
+            f"{database}, {kind} clients: 2 ingest workers over decoding in the server "
+            f"process: {ratio:.2f}x (median rounds of {spans:,} spans each)"
+        )
+        record(
+            BENCH,
+            f"{database}_{kind}_workers_over_in_process",
+            ratio,
+            "ratio",
+            "",
+            f"{spans} spans each, {kind} clients",
+        )
 
 
 def group_commit(database: str, url_of, arguments, spans: int) -> None:
@@ -181,14 +193,30 @@ def group_commit(database: str, url_of, arguments, spans: int) -> None:
     capacity: dict[bool, list[float]] = {True: [], False: []}
     for grouped in (False, True, False, True):
         label = f"{database}_{'group_commit' if grouped else 'commit_per_batch'}"
-        _, found = run_one(label, url_of(f"{label}_{len(capacity[grouped])}"), spans,
-                           arguments.clients, 0, None, "otel", grouped)  # fmt: skip
+        _, found = run_one(
+            label,
+            url_of(f"{label}_{len(capacity[grouped])}"),
+            spans,
+            arguments.clients,
+            0,
+            None,
+            "otel",
+            grouped,
+        )
         capacity[grouped].append(found)
     ratio = statistics.median(capacity[True]) / statistics.median(capacity[False])
-    print(f"{database}: group commit over a commit per batch: {ratio:.2f}x spans per backend "
-          f"CPU-second (load average {os.getloadavg()[0]:.1f})")  # fmt: skip
-    record(BENCH, f"{database}_group_commit_over_commit_per_batch", ratio, "ratio", "",
-           f"{spans} spans each, twice each, alternating")  # fmt: skip
+    print(
+        f"{database}: group commit over a commit per batch: {ratio:.2f}x spans per backend "
+        f"CPU-second (load average {os.getloadavg()[0]:.1f})"
+    )
+    record(
+        BENCH,
+        f"{database}_group_commit_over_commit_per_batch",
+        ratio,
+        "ratio",
+        "",
+        f"{spans} spans each, twice each, alternating",
+    )
 
 
 def main() -> None:
@@ -208,8 +236,9 @@ def main() -> None:
     )
     parser.add_argument("--clients", type=int, default=4, help="exporter processes")
     parser.add_argument("--samples", type=int, default=200, help="timeline queries timed")
-    parser.add_argument("--compare-spans", type=int, default=60_000,
-                        help="spans each compared backend stores")  # fmt: skip
+    parser.add_argument(
+        "--compare-spans", type=int, default=60_000, help="spans each compared backend stores"
+    )
     arguments = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         compare("sqlite", lambda name: f"sqlite:///{folder}/{name}.db", arguments)

@@ -155,8 +155,10 @@ def fill(
     context = multiprocessing.get_context("spawn")
     # Two queues: one process's messages may overtake another's on a shared queue.
     barrier, counts, ends = context.Barrier(clients + 1), context.Queue(), context.Queue()
-    share = [min(CHUNK_SPANS, total_spans - sent) // clients
-             for sent in range(0, total_spans, CHUNK_SPANS)]  # fmt: skip
+    share = [
+        min(CHUNK_SPANS, total_spans - sent) // clients
+        for sent in range(0, total_spans, CHUNK_SPANS)
+    ]
     processes = [
         context.Process(
             target=client_process, args=(kind, url, share, n * 10**7, barrier, counts, ends)

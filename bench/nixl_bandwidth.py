@@ -207,8 +207,11 @@ def main() -> None:
     print(f"  kvscope owner (agent + poller + side channel):   {idle_owner:6.1%}")
     print(f"  raw NIXL owner as shipped (progress thread, 1 s): {shipped_idle:6.1%}")
     print(f"  kvscope owner while a read is due (1-10 ms polls): {hot_owner:6.1%}")
-    for who, share in (("reader", idle_reader), ("owner", idle_owner),
-                       ("raw_owner_progress_thread", shipped_idle)):  # fmt: skip
+    for who, share in (
+        ("reader", idle_reader),
+        ("owner", idle_owner),
+        ("raw_owner_progress_thread", shipped_idle),
+    ):
         record("nixl_bandwidth", f"idle_cpu_{who}_pct", share * 100, "% of a core")
 
 

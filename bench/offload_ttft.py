@@ -75,8 +75,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="tiny", help="model shape (model/shapes.py)")
     parser.add_argument("--model", type=Path, default=None, help="model dir (over --shape)")
-    parser.add_argument("--prefix-tokens", type=parse_lengths, default=[1024],
-                        help="shared prefix lengths in tokens, comma-separated")  # fmt: skip
+    parser.add_argument(
+        "--prefix-tokens",
+        type=parse_lengths,
+        default=[1024],
+        help="shared prefix lengths in tokens, comma-separated",
+    )
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args(argv)
@@ -94,8 +98,11 @@ def main(argv: list[str] | None = None) -> int:
         for arm, config in (("recompute", None), ("offload", offload_config(pool))):
             for tokens, times in measure(model, config, lengths, args.repeats).items():
                 results[arm][tokens] += times
-                print(f"round {round_index + 1}: {arm:9s} {tokens:5d} tokens: median TTFT "
-                      f"{statistics.median(times) * 1000:8.1f} ms", flush=True)  # fmt: skip
+                print(
+                    f"round {round_index + 1}: {arm:9s} {tokens:5d} tokens: median TTFT "
+                    f"{statistics.median(times) * 1000:8.1f} ms",
+                    flush=True,
+                )
     report(results, args.shape, len(lengths))
     return 0
 
@@ -111,9 +118,11 @@ def report(results: dict[str, dict[int, list[float]]], shape: str, count: int) -
         print(f"| {tokens} | {recompute * 1000:.1f} | {offload * 1000:.1f} | {ratio:.3f} |")
         metric = length_metric("ttft_hit_over_recompute", shape, tokens, count)
         headline = metric.endswith("_mid") or metric == "ttft_hit_over_recompute"
-        note = (f"{offload * 1000:.1f} vs {recompute * 1000:.1f} ms, {shape} model, {tokens}-token"
-                f" prefix, median of {len(results['offload'][tokens])}; 1-min load at the end"
-                f" {os.getloadavg()[0]:.1f}")  # fmt: skip
+        note = (
+            f"{offload * 1000:.1f} vs {recompute * 1000:.1f} ms, {shape} model, {tokens}-token"
+            f" prefix, median of {len(results['offload'][tokens])}; 1-min load at the end"
+            f" {os.getloadavg()[0]:.1f}"
+        )
         record("offload_ttft", metric, ratio, "ratio", TARGET if headline else "", note)
         record("offload_ttft", f"ttft_recompute_{shape}_{tokens}_ms", recompute * 1000, "ms")
         record("offload_ttft", f"ttft_hit_{shape}_{tokens}_ms", offload * 1000, "ms")

@@ -141,8 +141,11 @@ class PairedEngines:
     ):
         self.specs = specs
         # (label, engine, arm) for each timed configuration, in the order specs give them.
-        self.arms = [(label, spec.name, label if spec.arms else None)
-                     for spec in specs for label in spec.labels()]  # fmt: skip
+        self.arms = [
+            (label, spec.name, label if spec.arms else None)
+            for spec in specs
+            for label in spec.labels()
+        ]
         labels = [label for label, _, _ in self.arms]
         if len(set(labels)) != len(labels):
             raise ValueError(f"arm and engine names must be unique: {labels}")

@@ -69,8 +69,9 @@ def measure(group: list[tuple[str, PDPair]], args: argparse.Namespace) -> list[P
     names = " + ".join(name for name, _ in group)
     try:
         for (name, pair), mine in zip(group, figures, strict=True):
-            print(f"[{name}] starting two servers (timeout {args.start_timeout:.0f} s)...",
-                  flush=True)  # fmt: skip
+            print(
+                f"[{name}] starting two servers (timeout {args.start_timeout:.0f} s)...", flush=True
+            )
             start = time.perf_counter()
             pair.start(args.start_timeout)
             mine.start_s = time.perf_counter() - start
@@ -114,8 +115,11 @@ def _idle_windows(name: str, pair: PDPair, figures: PairFigures, args) -> None:
     for window in range(args.idle_windows):
         idle = idle_cpu_percent(pair, args.idle_s)
         figures.idle_cpu_pct.append(idle)
-        print(f"[{name}] idle CPU, window {window + 1} of {args.idle_windows}"
-              f" ({args.idle_s:.0f} s): {idle:.1f} %", flush=True)  # fmt: skip
+        print(
+            f"[{name}] idle CPU, window {window + 1} of {args.idle_windows}"
+            f" ({args.idle_s:.0f} s): {idle:.1f} %",
+            flush=True,
+        )
 
 
 def headline(lengths: list[int]) -> int:
@@ -130,17 +134,23 @@ def _requests(client: httpx.Client, runs: list, args: argparse.Namespace) -> Non
     for tokens in args.prefix_tokens or [0]:
         for i in range(args.warmup + args.requests):
             for (name, pair), (url, prefill_first), figures in runs[:: 1 if i % 2 == 0 else -1]:
-                body = {"model": str(pair.model), "prompt": _prompt(pair.model, name, i, tokens),
-                        "max_tokens": args.max_tokens, "temperature": 0,
-                        "ignore_eos": True}  # fmt: skip
+                body = {
+                    "model": str(pair.model),
+                    "prompt": _prompt(pair.model, name, i, tokens),
+                    "max_tokens": args.max_tokens,
+                    "temperature": 0,
+                    "ignore_eos": True,
+                }
                 if prefill_first:  # a plain pair's prefill server works as a P/D pair's does
                     timed_stream(client, prefill_first, {**body, "max_tokens": 1})
                 sent = time.time()
                 ttft, total = timed_stream(client, url, body)
                 warm = " (warm-up, untimed)" if i < args.warmup else ""
                 at = f" at {tokens} tokens" if tokens else ""
-                print(f"[{name}] request {i}{at}: TTFT {ttft:.3f} s, total {total:.3f} s{warm}",
-                      flush=True)  # fmt: skip
+                print(
+                    f"[{name}] request {i}{at}: TTFT {ttft:.3f} s, total {total:.3f} s{warm}",
+                    flush=True,
+                )
                 if i >= args.warmup:
                     samples = figures.samples(tokens)
                     samples.timed.append(TimedRequest(sent, sent + ttft, sent + total))
@@ -179,8 +189,11 @@ def main() -> None:
         "--pairs",
         default="plain unpinned,ours unpinned,ours pinned,stock pinned,stock uniproc pinned",
     )
-    parser.add_argument("--together", default="plain unpinned,ours unpinned",
-                        help="pairs started together, their requests alternating")  # fmt: skip
+    parser.add_argument(
+        "--together",
+        default="plain unpinned,ours unpinned",
+        help="pairs started together, their requests alternating",
+    )
     parser.add_argument("--phases", action="store_true", help="where our pairs' time went")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="kvscope-pd-bench-"))
@@ -195,11 +208,11 @@ def main() -> None:
         "ours unpinned": lambda: pair_of(model, workdir / "ours-unpinned", spans_to_files=spans),
         "ours pinned": lambda: pair_of(
             model, workdir / "ours-pinned", cores=(0, 1), spans_to_files=spans
-        ),  # fmt: skip
+        ),
         "stock pinned": lambda: pair_of(model, workdir / "stock-pinned", stock=True, cores=(0, 1)),
         "stock uniproc pinned": lambda: pair_of(
             model, workdir / "stock-uniproc-pinned", stock=True, cores=(0, 1), stock_uniproc=True
-        ),  # fmt: skip
+        ),
     }
     names = [n.strip() for n in args.pairs.split(",")]
     together = [n for n in (n.strip() for n in args.together.split(",")) if n in names]

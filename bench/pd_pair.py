@@ -71,8 +71,9 @@ class PDPair:
             config = stock_transfer_config()
             if not self.stock_uniproc:
                 env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
-            env.update(VLLM_NIXL_SIDE_CHANNEL_PORT=str(side_port),
-                       VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1")  # fmt: skip
+            env.update(
+                VLLM_NIXL_SIDE_CHANNEL_PORT=str(side_port), VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1"
+            )
         else:
             config = p2p_transfer_config(side_port, **self.extra)
             if self.spans_to_files:
@@ -110,8 +111,12 @@ class ProxyThread:
         from kvscope.harness.proxy import create_app
 
         self.port = free_port()
-        config = uvicorn.Config(create_app(prefill_url, decode_url), host="127.0.0.1",
-                                port=self.port, log_level="warning")  # fmt: skip
+        config = uvicorn.Config(
+            create_app(prefill_url, decode_url),
+            host="127.0.0.1",
+            port=self.port,
+            log_level="warning",
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, daemon=True)
         self._thread.start()

@@ -105,14 +105,17 @@ def report_phases(requests: list[TimedRequest], workdir: Path, label: str) -> No
     rows = sorted((r.first_token - r.sent, request_gaps(r, points)) for r in requests)
     fast, slow = rows[: len(rows) // 2] or rows, rows[len(rows) // 2 :]
     ttft_ms = [ttft * 1000 for ttft, _ in rows]
-    print(f"[{label}] where the time goes, ms: TTFT of the faster half up to"
-          f" {ttft_ms[len(fast) - 1]:.0f}, of the slower half from {ttft_ms[len(rows) // 2]:.0f},"
-          f" worst {ttft_ms[-1]:.0f}")  # fmt: skip
+    print(
+        f"[{label}] where the time goes, ms: TTFT of the faster half up to"
+        f" {ttft_ms[len(fast) - 1]:.0f}, of the slower half from {ttft_ms[len(rows) // 2]:.0f},"
+        f" worst {ttft_ms[-1]:.0f}"
+    )
     print(f"  {'from -> to':<54}{'faster':>8}{'slower':>8}{'worst':>8}")
     for index, (a, b) in enumerate(gap_names()):
         columns = [_median(g[index] for _, g in half) for half in (fast, slow)]
-        print(f"  {a + ' -> ' + b:<54}{columns[0]:>8.1f}{columns[1]:>8.1f}"
-              f"{rows[-1][1][index]:>8.1f}")  # fmt: skip
+        print(
+            f"  {a + ' -> ' + b:<54}{columns[0]:>8.1f}{columns[1]:>8.1f}{rows[-1][1][index]:>8.1f}"
+        )
 
 
 def _median(values) -> float:

@@ -48,14 +48,18 @@ class PairFigures:
 
 
 def report(results: list[PairFigures], shape: str = "tiny") -> None:
-    print(f"\n{'pair':<22}{'start s':>9}{'TTFT s':>9}{'TTFT IQR':>15}{'total s':>9}"
-          f"{'idle CPU %':>12}{'(windows)':>22}{'load':>11}  note")  # fmt: skip
+    print(
+        f"\n{'pair':<22}{'start s':>9}{'TTFT s':>9}{'TTFT IQR':>15}{'total s':>9}"
+        f"{'idle CPU %':>12}{'(windows)':>22}{'load':>11}  note"
+    )
     for r in results:
         ttft, total = Spread.of(r.ttft_s), Spread.of(r.total_s)
         windows = " ".join(f"{w:.1f}" for w in r.idle_cpu_pct)
         iqr = f"{ttft.q1:.3f}-{ttft.q3:.3f}"
-        print(f"{r.name:<22}{r.start_s:>9.1f}{ttft.median:>9.3f}{iqr:>15}{total.median:>9.3f}"
-              f"{r.idle_median:>12.1f}{windows:>22}{_load_text(r):>11}  {r.error}")  # fmt: skip
+        print(
+            f"{r.name:<22}{r.start_s:>9.1f}{ttft.median:>9.3f}{iqr:>15}{total.median:>9.3f}"
+            f"{r.idle_median:>12.1f}{windows:>22}{_load_text(r):>11}  {r.error}"
+        )
         if r.idle_cpu_pct:
             pinned = "" if r.name.endswith("unpinned") else "_pinned"
             kind = "_".join(r.name.split()[:-1]) + pinned
@@ -64,8 +68,10 @@ def report(results: list[PairFigures], shape: str = "tiny") -> None:
             record("pd_latency", f"idle_cpu_{kind}_pct", r.idle_median, "% of a core", target, note)
     for r in results:
         if r.ttft_s:
-            print(f"{r.name}: TTFT {Spread.of(r.ttft_s).text(1000, ' ms')};"
-                  f" total {Spread.of(r.total_s).text(1000, ' ms')}")  # fmt: skip
+            print(
+                f"{r.name}: TTFT {Spread.of(r.ttft_s).text(1000, ' ms')};"
+                f" total {Spread.of(r.total_s).text(1000, ' ms')}"
+            )
     by_name = {r.name: r for r in results}
     _report_floor(by_name)
     _report_single(by_name, shape)
@@ -79,20 +85,29 @@ def report(results: list[PairFigures], shape: str = "tiny") -> None:
             if stock and mine and stock.ttft_s and mine.ttft_s:
                 _report_ratios(ours, mine, stock_name, stock, metric_suffix, target, shape)
             elif mine and (stock or stock_name == "stock pinned"):
-                print(f"{ours} / {stock_name}: no ratio, the stock pair has no figures"
-                      f" ({stock.error if stock else 'not run'})")  # fmt: skip
+                print(
+                    f"{ours} / {stock_name}: no ratio, the stock pair has no figures"
+                    f" ({stock.error if stock else 'not run'})"
+                )
 
 
 def _report_ratios(
-    ours: str, mine: PairFigures, stock_name: str, stock: PairFigures, metric_suffix: str,
-    target: str, shape: str,
-) -> None:  # fmt: skip
+    ours: str,
+    mine: PairFigures,
+    stock_name: str,
+    stock: PairFigures,
+    metric_suffix: str,
+    target: str,
+    shape: str,
+) -> None:
     """Ratios of medians, each with its 90 % bootstrap interval and both pairs' load."""
     suffix = "" if ours == "ours unpinned" else "_pinned"
     loads = f"load {_load_text(mine)} vs {_load_text(stock)}"
     parts = []
-    for what, theirs_s, mine_s in (("ttft", stock.ttft_s, mine.ttft_s),
-                                   ("total", stock.total_s, mine.total_s)):  # fmt: skip
+    for what, theirs_s, mine_s in (
+        ("ttft", stock.ttft_s, mine.ttft_s),
+        ("total", stock.total_s, mine.total_s),
+    ):
         ratio = _ratio(mine_s, theirs_s)
         low, high = median_ratio_interval(mine_s, theirs_s)
         interval = f"90% interval {low:.2f}-{high:.2f}"
@@ -116,8 +131,10 @@ def _report_floor(by_name: dict[str, PairFigures]) -> None:
         return
     above = mine.idle_median - plain.idle_median
     ratio = mine.idle_median / plain.idle_median if plain.idle_median else float("nan")
-    print(f"idle CPU, ours unpinned - plain vLLM pair: {above:+.1f} points; ours / plain: "
-          f"{ratio:.2f} (plain vLLM's floor: {plain.idle_median:.1f} %)")  # fmt: skip
+    print(
+        f"idle CPU, ours unpinned - plain vLLM pair: {above:+.1f} points; ours / plain: "
+        f"{ratio:.2f} (plain vLLM's floor: {plain.idle_median:.1f} %)"
+    )
     record("pd_latency", "idle_cpu_ours_minus_plain_pct", above, "% of a core")
     record("pd_latency", "idle_cpu_ours_over_plain", ratio, "ratio")
 
@@ -138,9 +155,11 @@ def _report_single(by_name: dict[str, PairFigures], shape: str) -> None:
         headline = tokens == mine.headline_tokens
         target = ("<= 1.5" if shape == "tiny" else "<= 1.2") if headline else ""
         at = f" at {tokens} tokens" if tokens else ""
-        print(f"ours unpinned / one server alone{at}: TTFT {ttft:.2f} (90% interval {low:.2f}-"
-              f"{high:.2f}; target {target or 'none'}; load {_load_text(mine)} vs"
-              f" {_load_text(plain)})")  # fmt: skip
+        print(
+            f"ours unpinned / one server alone{at}: TTFT {ttft:.2f} (90% interval {low:.2f}-"
+            f"{high:.2f}; target {target or 'none'}; load {_load_text(mine)} vs"
+            f" {_load_text(plain)})"
+        )
         note = (
             f"{shape} model, {tokens or 'short'}-token prompts; 90% interval {low:.2f}-{high:.2f}"
         )

@@ -66,8 +66,11 @@ def fill(
             started = time.perf_counter()
         if time.monotonic() - last_report > 10:
             last_report = time.monotonic()
-            print(f"  {sent:>10,} spans stored, this stretch {rates[-1] if rates else 0:,.0f}/s,"
-                  f" load {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
+            print(
+                f"  {sent:>10,} spans stored, this stretch {rates[-1] if rates else 0:,.0f}/s,"
+                f" load {os.getloadavg()[0]:.1f}",
+                flush=True,
+            )
     return rates[0], rates[-1] if len(rates) > 1 else rates[0], sent
 
 
@@ -131,14 +134,26 @@ def run(
         load = "/".join(f"{x:.1f}" for x in os.getloadavg())
         note = f"{sent:,} spans; first and last {CHUNK:,}-span stretch of one run; load {load}"
         print(f"  ingest: empty {empty_rate:,.0f}/s, at {sent:,} {full_rate:,.0f}/s ({ratio:.2f})")
-        record(BENCH, label.format("ingest") + "_over_empty", ratio, "ratio",
-               f">= {TARGET_INGEST_RATIO}", note)  # fmt: skip
+        record(
+            BENCH,
+            label.format("ingest") + "_over_empty",
+            ratio,
+            "ratio",
+            f">= {TARGET_INGEST_RATIO}",
+            note,
+        )
         record(BENCH, label.format("ingest_spans_per_s"), full_rate, "spans/s", "", note)
         for name, (p50, p95) in reads(client, samples, batches.end_ns).items():
             print(f"  {name}: p50 {p50:.1f} ms, p95 {p95:.1f} ms")
             stored = f"{sent:,} spans stored; p50 {p50:.1f} ms"
-            record(BENCH, label.format(f"{name}_p95_ms"), p95, "ms",
-                   f"<= {TARGET_P95_MS:.0f} ms", stored)  # fmt: skip
+            record(
+                BENCH,
+                label.format(f"{name}_p95_ms"),
+                p95,
+                "ms",
+                f"<= {TARGET_P95_MS:.0f} ms",
+                stored,
+            )
     size = database_bytes(url)
     if size is not None:
         print(f"  database: {size / 2**20:,.0f} MiB, {size / sent:,.0f} bytes per span")
@@ -152,9 +167,11 @@ def main() -> None:
     parser.add_argument("--postgres", help="also a PostgreSQL database URL (emptied first)")
     parser.add_argument("--workdir", help="where the SQLite file goes (default: a temp dir)")
     parser.add_argument(
-        "--stop-after-s", type=float, default=float("inf"),
+        "--stop-after-s",
+        type=float,
+        default=float("inf"),
         help="stop filling after this long and measure at the size reached (a busy machine)",
-    )  # fmt: skip
+    )
     arguments = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=arguments.workdir) as folder:
         url = f"sqlite:///{folder}/scale.db"

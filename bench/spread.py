@@ -28,8 +28,10 @@ class Spread:
     def text(self, scale: float = 1.0, unit: str = "") -> str:
         """'0.123 (IQR 0.100-0.150, 0.090-0.400, n=15)' in the given unit."""
         s = scale
-        return (f"{self.median * s:.3f}{unit} (IQR {self.q1 * s:.3f}-{self.q3 * s:.3f},"
-                f" range {self.low * s:.3f}-{self.high * s:.3f}, n={self.count})")  # fmt: skip
+        return (
+            f"{self.median * s:.3f}{unit} (IQR {self.q1 * s:.3f}-{self.q3 * s:.3f},"
+            f" range {self.low * s:.3f}-{self.high * s:.3f}, n={self.count})"
+        )
 
 
 def median_ratio_interval(

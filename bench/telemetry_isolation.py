@@ -51,8 +51,10 @@ def main(argv: list[str] | None = None) -> int:
     if not (model / "config.json").exists():
         build_model(model)
     endpoints, sinks = destinations(args.slow_s)
-    specs = [EngineSpec(name, offload_config(), {"KVSCOPE_OTLP_ENDPOINTS": endpoint})
-             for name, endpoint in endpoints.items()]  # fmt: skip
+    specs = [
+        EngineSpec(name, offload_config(), {"KVSCOPE_OTLP_ENDPOINTS": endpoint})
+        for name, endpoint in endpoints.items()
+    ]
     print(f"starting {len(specs)} engines ...", flush=True)
     prompts = prompts_for(args.prompts)
     with PairedEngines(specs, model, prompts, args.max_tokens, reuse=True) as engines:
@@ -61,23 +63,33 @@ def main(argv: list[str] | None = None) -> int:
     for sink in sinks:
         sink.close()
 
-    print("\n| destinations | tokens/s (median) | ratio to up, median of rounds (min-max) "
-          "| per CPU-second | spans exported | spans dropped | still queued |")  # fmt: skip
+    print(
+        "\n| destinations | tokens/s (median) | ratio to up, median of rounds (min-max) "
+        "| per CPU-second | spans exported | spans dropped | still queued |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for name, counts in counters.items():
         wall = engines.ratios(name, "up")
         cpu = engines.ratios(name, "up", cpu=True)
         dropped = counts["dropped_queue_full"] + counts["dropped_export_failed"]
         pending = counts["queued"] - counts["exported"] - counts["dropped_export_failed"]
-        print(f"| {name} | {engines.median_rate(name):.1f} | {statistics.median(wall):.3f} "
-              f"({min(wall):.3f}-{max(wall):.3f}) | {statistics.median(cpu):.3f} "
-              f"| {counts['exported']} | {dropped} | {pending} |")  # fmt: skip
+        print(
+            f"| {name} | {engines.median_rate(name):.1f} | {statistics.median(wall):.3f} "
+            f"({min(wall):.3f}-{max(wall):.3f}) | {statistics.median(cpu):.3f} "
+            f"| {counts['exported']} | {dropped} | {pending} |"
+        )
         record("telemetry_isolation", f"spans_dropped_{name}", dropped, unit="spans")
         if name != "up":
-            record("telemetry_isolation", f"tokens_per_s_{name}_over_up",
-                   statistics.median(wall), target=TARGET)  # fmt: skip
-    print("(counted per destination: each engine sends every span to both; 'still queued' were\n"
-          " waiting for a destination that never answered when the run ended)")  # fmt: skip
+            record(
+                "telemetry_isolation",
+                f"tokens_per_s_{name}_over_up",
+                statistics.median(wall),
+                target=TARGET,
+            )
+    print(
+        "(counted per destination: each engine sends every span to both; 'still queued' were\n"
+        " waiting for a destination that never answered when the run ended)"
+    )
     return 0
 
 

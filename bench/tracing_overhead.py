@@ -100,28 +100,42 @@ def summarize(mode: str, engines: PairedEngines) -> None:
         cpu = engines.ratios(arm, "untraced", cpu=True)
         both = over_both_untraced(engines, arm)
         name = mode if arm == TRACED else f"{mode} engine, {arm}"
-        print(f"| {name} | {engines.median_rate(arm):.1f} | {statistics.median(wall):.3f} "
-              f"({min(wall):.3f}-{max(wall):.3f}) | {statistics.median(cpu):.3f} "
-              f"| {statistics.median(both):.3f} |")  # fmt: skip
+        print(
+            f"| {name} | {engines.median_rate(arm):.1f} | {statistics.median(wall):.3f} "
+            f"({min(wall):.3f}-{max(wall):.3f}) | {statistics.median(cpu):.3f} "
+            f"| {statistics.median(both):.3f} |"
+        )
         if arm != TRACED:
             suffix = "" if mode == "aggregated" else f"_{mode}_engine"
-            record("tracing_overhead", f"tokens_per_s_control_over_untraced{suffix}",
-                   statistics.median(wall), note="untraced against itself: the noise")  # fmt: skip
+            record(
+                "tracing_overhead",
+                f"tokens_per_s_control_over_untraced{suffix}",
+                statistics.median(wall),
+                note="untraced against itself: the noise",
+            )
             continue
         target = TARGET if mode == "aggregated" else ""
-        record("tracing_overhead", f"tokens_per_s_{mode}_over_untraced",
-               statistics.median(wall), target=target)  # fmt: skip
-        record("tracing_overhead", f"tokens_per_cpu_s_{mode}_over_untraced",
-               statistics.median(cpu))  # fmt: skip
-        record("tracing_overhead", f"tokens_per_s_{mode}_over_both_untraced",
-               statistics.median(both), target=target,
-               note="per round, over the mean of the untraced and control arms")  # fmt: skip
+        record(
+            "tracing_overhead",
+            f"tokens_per_s_{mode}_over_untraced",
+            statistics.median(wall),
+            target=target,
+        )
+        record("tracing_overhead", f"tokens_per_cpu_s_{mode}_over_untraced", statistics.median(cpu))
+        record(
+            "tracing_overhead",
+            f"tokens_per_s_{mode}_over_both_untraced",
+            statistics.median(both),
+            target=target,
+            note="per round, over the mean of the untraced and control arms",
+        )
 
 
 def over_both_untraced(engines: PairedEngines, arm: str) -> list[float]:
     """Per round, the arm's tokens/s over the mean of both untraced arms'."""
-    ours, base, control = ([t.tokens_per_s for t in engines.timings[name]]
-                           for name in (arm, "untraced", "control"))  # fmt: skip
+    ours, base, control = (
+        [t.tokens_per_s for t in engines.timings[name]] for name in (arm, "untraced", "control")
+    )
     return [o / ((b + c) / 2) for o, b, c in zip(ours, base, control, strict=True)]
 
 
@@ -156,21 +170,27 @@ def main(argv: list[str] | None = None) -> int:
                 counters[mode] = engines.export_counters(mode)
             table.append((mode, engines))
     sink.close()
-    print("\n| config | tokens/s (median) | ratio to untraced, median of rounds (min-max) "
-          "| per CPU-second | over both untraced arms |\n"
-          "| --- | --- | --- | --- | --- |")  # fmt: skip
+    print(
+        "\n| config | tokens/s (median) | ratio to untraced, median of rounds (min-max) "
+        "| per CPU-second | over both untraced arms |\n"
+        "| --- | --- | --- | --- | --- |"
+    )
     for mode, engines in table:
         summarize(mode, engines)
     costs = span_costs_us()
-    print(f"\nmedian cost of one span: {costs['span_cost_us']:.1f} us (generic); SDK bare "
-          f"{costs['span_cost_sdk_bare_us']:.1f}, SDK with a per-layer span's attributes "
-          f"{costs['span_cost_sdk_attributes_us']:.1f}, kvscope hook span "
-          f"{costs['span_cost_hook_us']:.1f} us")  # fmt: skip
+    print(
+        f"\nmedian cost of one span: {costs['span_cost_us']:.1f} us (generic); SDK bare "
+        f"{costs['span_cost_sdk_bare_us']:.1f}, SDK with a per-layer span's attributes "
+        f"{costs['span_cost_sdk_attributes_us']:.1f}, kvscope hook span "
+        f"{costs['span_cost_hook_us']:.1f} us"
+    )
     for name, value in costs.items():
         record("tracing_overhead", name, value, unit="us")
     for mode, counts in counters.items():
-        print(f"{mode}: spans exported {counts['exported']}, dropped "
-              f"{counts['dropped_queue_full'] + counts['dropped_export_failed']}")  # fmt: skip
+        print(
+            f"{mode}: spans exported {counts['exported']}, dropped "
+            f"{counts['dropped_queue_full'] + counts['dropped_export_failed']}"
+        )
     print(f"OTLP receiver: {sink.requests} requests, {sink.bytes / 1e6:.1f} MB")
     return 0
 

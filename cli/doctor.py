@@ -93,8 +93,11 @@ def check_model(model_dir: Path | None) -> Check:
     from kvscope.model.build import default_model_dir
 
     model_dir = model_dir or default_model_dir()
-    missing = [n for n in ("config.json", "model.safetensors", "tokenizer.json")
-               if not (model_dir / n).is_file()]  # fmt: skip
+    missing = [
+        n
+        for n in ("config.json", "model.safetensors", "tokenizer.json")
+        if not (model_dir / n).is_file()
+    ]
     if missing:
         fix = f"run: kvscope model build --out {model_dir}"
         return Check("tiny model", False, f"{model_dir}: missing {', '.join(missing)}", fix)
@@ -111,8 +114,12 @@ def _version(dist: str) -> str:
 def run_doctor(model_dir: Path | None = None) -> int:
     """Prints one line per check; exit status 1 when a required check fails."""
     checks: list[Callable[[], Check]] = [
-        check_vllm, check_torch, check_nixl, check_otel, lambda: check_model(model_dir),
-    ]  # fmt: skip
+        check_vllm,
+        check_torch,
+        check_nixl,
+        check_otel,
+        lambda: check_model(model_dir),
+    ]
     failed = False
     for run in checks:
         check = run()

@@ -41,13 +41,18 @@ def _demo(args: argparse.Namespace) -> int:
     if not (model / "config.json").is_file():
         build_model(model)
     options = DemoOptions(
-        model=model, duration_s=args.duration, rate_per_s=args.rate,
-        concurrency=args.concurrency, faults=not args.no_faults,
-        dashboard=not args.no_dashboard, otlp_endpoint=args.otlp_endpoint,
+        model=model,
+        duration_s=args.duration,
+        rate_per_s=args.rate,
+        concurrency=args.concurrency,
+        faults=not args.no_faults,
+        dashboard=not args.no_dashboard,
+        otlp_endpoint=args.otlp_endpoint,
         workdir=Path(args.workdir) if args.workdir else None,
-        backend_port=args.backend_port, dashboard_port=args.dashboard_port,
+        backend_port=args.backend_port,
+        dashboard_port=args.dashboard_port,
         proxy_port=args.proxy_port,
-    )  # fmt: skip
+    )
     return run_demo(options)
 
 
@@ -127,9 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
     backend = commands.add_parser("backend", help="serve the OTLP backend (REST, WebSocket)")
     backend.add_argument("--host", help="bind address (default KVSCOPE_BACKEND_HOST, 127.0.0.1)")
     backend.add_argument("--port", type=int, help="port (default KVSCOPE_BACKEND_PORT, 4318)")
-    backend.add_argument("--grpc-port", type=int,
-                         help="OTLP/gRPC port on the same host (default KVSCOPE_BACKEND_GRPC_PORT, "
-                              "4317; 0: none)")  # fmt: skip
+    backend.add_argument(
+        "--grpc-port",
+        type=int,
+        help="OTLP/gRPC port on the same host (default KVSCOPE_BACKEND_GRPC_PORT, 4317; 0: none)",
+    )
     backend.add_argument("--database-url", help="SQLAlchemy URL (default DATABASE_URL, SQLite)")
     backend.set_defaults(handler=_backend)
 

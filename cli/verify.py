@@ -37,7 +37,7 @@ def add_parser(commands) -> None:
         help="run only this scenario (repeatable; default: all)",
     )
     verify.add_argument("--json", action="store_true", help="print the report as JSON")
-    verify.set_defaults(handler=run_verify)  # fmt: skip
+    verify.set_defaults(handler=run_verify)
 
 
 def run_verify(args: argparse.Namespace) -> int:

@@ -42,16 +42,30 @@ def start_stack(options: DemoOptions, workdir: Path, stack: Stack) -> dict[str, 
     """Starts every service; returns their URLs."""
     backend = f"http://127.0.0.1:{options.backend_port}"
     env = {**os.environ, "DATABASE_URL": f"sqlite:///{workdir / 'kvscope.db'}"}
-    stack.start(Service("backend", python("kvscope.cli.main", "backend", "--port",
-                        str(options.backend_port)), env, backend + "/health",
-                        workdir / "backend.log"))  # fmt: skip
+    stack.start(
+        Service(
+            "backend",
+            python("kvscope.cli.main", "backend", "--port", str(options.backend_port)),
+            env,
+            backend + "/health",
+            workdir / "backend.log",
+        )
+    )
     urls = {"backend": backend}
     if options.dashboard:
         dashboard = f"http://127.0.0.1:{options.dashboard_port}"
-        cmd = python("kvscope.dashboard", "--port", str(options.dashboard_port),
-                     "--backend-url", backend)  # fmt: skip
-        stack.start(Service("dashboard", cmd, dict(os.environ), dashboard + "/_stcore/health",
-                            workdir / "dashboard.log"))  # fmt: skip
+        cmd = python(
+            "kvscope.dashboard", "--port", str(options.dashboard_port), "--backend-url", backend
+        )
+        stack.start(
+            Service(
+                "dashboard",
+                cmd,
+                dict(os.environ),
+                dashboard + "/_stcore/health",
+                workdir / "dashboard.log",
+            )
+        )
         urls["dashboard"] = dashboard
     endpoints = ",".join(filter(None, [backend + "/v1/traces", options.otlp_endpoint]))
     for role in ("prefill", "decode"):
@@ -59,20 +73,40 @@ def start_stack(options: DemoOptions, workdir: Path, stack: Stack) -> dict[str, 
         config = demo_config(free_port(), workdir / "faults.json")
         cmd = serve_command(options.model, port, config)
         # A small KV cache, so vLLM's own prefix cache evicts and the offload pool gets hits.
-        cmd += ["--otlp-traces-endpoint", backend + "/v1/traces", "--served-model-name",
-                "kvscope-tiny", "--num-gpu-blocks-override", "64"]  # fmt: skip
-        server_env = engine_env(KVSCOPE_OTLP_ENDPOINTS=endpoints, KVSCOPE_BACKEND_URL=backend,
-                                OTEL_SERVICE_NAME=f"vllm-{role}",
-                                OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="http/protobuf",
-                                OTEL_BSP_SCHEDULE_DELAY="200")  # fmt: skip
+        cmd += [
+            "--otlp-traces-endpoint",
+            backend + "/v1/traces",
+            "--served-model-name",
+            "kvscope-tiny",
+            "--num-gpu-blocks-override",
+            "64",
+        ]
+        server_env = engine_env(
+            KVSCOPE_OTLP_ENDPOINTS=endpoints,
+            KVSCOPE_BACKEND_URL=backend,
+            OTEL_SERVICE_NAME=f"vllm-{role}",
+            OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="http/protobuf",
+            OTEL_BSP_SCHEDULE_DELAY="200",
+        )
         url = f"http://127.0.0.1:{port}"
         stack.start(Service(role, cmd, server_env, url + "/health", workdir / f"{role}.log"))
         urls[role] = url
     proxy = f"http://127.0.0.1:{options.proxy_port}"
-    cmd = python("kvscope.harness.proxy", "--port", str(options.proxy_port),
-                 "--prefill-url", urls["prefill"], "--decode-url", urls["decode"])  # fmt: skip
-    proxy_env = {**os.environ, "KVSCOPE_OTLP_ENDPOINTS": endpoints, "KVSCOPE_BACKEND_URL": backend,
-                 "OTEL_SERVICE_NAME": "kvscope-proxy"}  # fmt: skip
+    cmd = python(
+        "kvscope.harness.proxy",
+        "--port",
+        str(options.proxy_port),
+        "--prefill-url",
+        urls["prefill"],
+        "--decode-url",
+        urls["decode"],
+    )
+    proxy_env = {
+        **os.environ,
+        "KVSCOPE_OTLP_ENDPOINTS": endpoints,
+        "KVSCOPE_BACKEND_URL": backend,
+        "OTEL_SERVICE_NAME": "kvscope-proxy",
+    }
     stack.start(Service("proxy", cmd, proxy_env, proxy + "/health", workdir / "proxy.log"))
     urls["proxy"] = proxy
     return urls
@@ -89,9 +123,11 @@ def summary_line(backend: str) -> str:
         path: f"{t.get('bytes', 0) / 2**20:.1f} MiB" for path, t in summary["transfers"].items()
     }
     failures = ", ".join(f"{c} {n}" for c, n in summary["failures"].items()) or "none"
-    return (f"last 60 s: {sum(summary['requests'].values())} requests, "
-            f"{summary['external_hit_tokens']} external hit tokens, moved {moved or 'nothing'}, "
-            f"{summary['leases_active']} leases held, failures: {failures}")  # fmt: skip
+    return (
+        f"last 60 s: {sum(summary['requests'].values())} requests, "
+        f"{summary['external_hit_tokens']} external hit tokens, moved {moved or 'nothing'}, "
+        f"{summary['leases_active']} leases held, failures: {failures}"
+    )
 
 
 def run_demo(options: DemoOptions) -> int:
@@ -131,9 +167,20 @@ def drive(options: DemoOptions, urls: dict[str, str], workdir: Path, stack: Stac
         if name := faults.update(fraction):
             print(f"[{elapsed:5.0f} s] faults: {name}", flush=True)
         remaining = options.duration_s - elapsed if options.duration_s else slice_s
-        asyncio.run(run_workload(targets, min(slice_s, remaining), options.rate_per_s,
-                                 options.concurrency, stats, seed=stats.sent))  # fmt: skip
+        asyncio.run(
+            run_workload(
+                targets,
+                min(slice_s, remaining),
+                options.rate_per_s,
+                options.concurrency,
+                stats,
+                seed=stats.sent,
+            )
+        )
         stack.check_alive()
-        print(f"[{time.monotonic() - started:5.0f} s] {stats.line()} | "
-              f"{summary_line(urls['backend'])}", flush=True)  # fmt: skip
+        print(
+            f"[{time.monotonic() - started:5.0f} s] {stats.line()} | "
+            f"{summary_line(urls['backend'])}",
+            flush=True,
+        )
     return stats

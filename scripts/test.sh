@@ -7,6 +7,11 @@ VENV=${KVSCOPE_VENV:-.venv}
 echo "==> lint (ruff)"
 "$VENV/bin/ruff" check .
 "$VENV/bin/ruff" format --check .
+# `ruff format --check` checks only what is not exempted: nothing may be exempted.
+if grep -rn --include='*.py' -E '#[[:space:]]*fmt:[[:space:]]*(skip|off)' --exclude-dir=.venv --exclude-dir=build . ; then
+  echo "lint: the lines above exempt themselves from ruff format; let it lay them out" >&2
+  exit 1
+fi
 
 # PostgreSQL for the backend's tests: started when asked (CI asks), skipped with a reason otherwise.
 if [ "${KVSCOPE_TEST_POSTGRES:-0}" = 1 ] && [ -z "${KVSCOPE_TEST_POSTGRES_URL:-}" ] && [ -x scripts/postgres.sh ]; then

@@ -71,7 +71,15 @@ def record_transfer(
     duration_s = max(end_monotonic_s - start_monotonic_s, 0.0)
     gbps = num_bytes / duration_s / 1e9 if duration_s > 0 else 0.0
     record_timed_span(
-        names.SPAN_TRANSFER, req_id, start_monotonic_s, end_monotonic_s, error,
-        {names.TRANSFER_DIRECTION: direction, names.TRANSFER_BYTES: num_bytes,
-         names.TRANSFER_GBPS: gbps, **attributes},
-    )  # fmt: skip
+        names.SPAN_TRANSFER,
+        req_id,
+        start_monotonic_s,
+        end_monotonic_s,
+        error,
+        {
+            names.TRANSFER_DIRECTION: direction,
+            names.TRANSFER_BYTES: num_bytes,
+            names.TRANSFER_GBPS: gbps,
+            **attributes,
+        },
+    )

@@ -44,8 +44,14 @@ class History:
             self.sequences.append(prompt + tuple(done.tokens if done else ()))
 
 
-def judge(drive: Drive, spans: list[Any], leaks: list[str], oracle: Oracle,
-          bound_of: dict[str, int], connector: str) -> list[Violation]:  # fmt: skip
+def judge(
+    drive: Drive,
+    spans: list[Any],
+    leaks: list[str],
+    oracle: Oracle,
+    bound_of: dict[str, int],
+    connector: str,
+) -> list[Violation]:
     calls = hook_calls(spans, connector)
     facts = load_facts(calls, BLOCK_SIZE, hook_calls(spans))
     failed = {external_id(req_id) for req_id, fact in facts.items() if fact.failed}
@@ -78,9 +84,14 @@ def token_checks(drive: Drive, oracle: Oracle, failed: set[str]) -> list[Violati
             elif done.tokens != want:
                 at = common_prefix(tuple(want), tuple(done.tokens))
                 got = done.tokens[at] if at < len(done.tokens) else "missing"
-                found.append(Violation(rules.TOKENS_MATCH, f"token {at} is {got}, the oracle's "
-                                       f"is {want[at] if at < len(want) else 'none'}",
-                                       request=req_id))  # fmt: skip
+                found.append(
+                    Violation(
+                        rules.TOKENS_MATCH,
+                        f"token {at} is {got}, the oracle's "
+                        f"is {want[at] if at < len(want) else 'none'}",
+                        request=req_id,
+                    )
+                )
     return found
 
 
@@ -94,16 +105,29 @@ def failed_load_checks(drive: Drive, oracle: Oracle, facts: dict[str, LoadFacts]
                 continue
             blocks = tuple(sorted(fact.error_blocks))
             if drive.scenario.policy == "fail" and done.finish_reason != "error":
-                found.append(Violation(rules.FAILED_LOAD_OUTCOME, f"load failed under policy "
-                                       f"fail, yet it ended by {done.finish_reason!r}",
-                                       fact.evidence, req_id, blocks))  # fmt: skip
+                found.append(
+                    Violation(
+                        rules.FAILED_LOAD_OUTCOME,
+                        f"load failed under policy fail, yet it ended by {done.finish_reason!r}",
+                        fact.evidence,
+                        req_id,
+                        blocks,
+                    )
+                )
             elif drive.scenario.policy != "fail" and (
                 done.finish_reason != "length" or done.tokens != oracle[(prompt, wave.max_tokens)]
             ):
-                found.append(Violation(rules.FAILED_LOAD_OUTCOME, "load failed under policy "
-                                       "recompute, and its tokens are not the oracle's "
-                                       f"(finish reason {done.finish_reason!r})",
-                                       fact.evidence, req_id, blocks))  # fmt: skip
+                found.append(
+                    Violation(
+                        rules.FAILED_LOAD_OUTCOME,
+                        "load failed under policy "
+                        "recompute, and its tokens are not the oracle's "
+                        f"(finish reason {done.finish_reason!r})",
+                        fact.evidence,
+                        req_id,
+                        blocks,
+                    )
+                )
     return found
 
 
@@ -111,8 +135,12 @@ def load_notes(spans: list[Any], connector: str) -> list[str]:
     """What the connector did, for the report: hits, loads, failed loads."""
     calls = hook_calls(spans, connector)
     facts = load_facts(calls, BLOCK_SIZE, hook_calls(spans))
-    hits = sum(1 for c in calls if c.hook == "get_num_new_matched_tokens"
-               and int(c.attrs.get(names.TOKENS_EXTERNAL_HIT) or 0) > 0)  # fmt: skip
+    hits = sum(
+        1
+        for c in calls
+        if c.hook == "get_num_new_matched_tokens"
+        and int(c.attrs.get(names.TOKENS_EXTERNAL_HIT) or 0) > 0
+    )
     loads = sum(1 for fact in facts.values() if fact.load_blocks)
     failed = sum(1 for fact in facts.values() if fact.failed)
     return [f"{hits} external hits, {loads} loads, {failed} failed"]

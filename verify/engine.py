@@ -48,8 +48,7 @@ def request_params(max_tokens: int, kv_transfer_params: dict | None = None) -> A
     from vllm import SamplingParams
 
     extra = {"kv_transfer_params": kv_transfer_params} if kv_transfer_params else None
-    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
-                          extra_args=extra)  # fmt: skip
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, extra_args=extra)
 
 
 def as_prompt(prompt: str | dict | Sequence[int]) -> Any:
@@ -57,8 +56,13 @@ def as_prompt(prompt: str | dict | Sequence[int]) -> Any:
     return prompt if isinstance(prompt, (str, dict)) else {"prompt_token_ids": list(prompt)}
 
 
-def add_requests(llm: Any, req_ids: list[str], prompts: Sequence, max_tokens: int,
-                 kv_params: list[dict] | None = None) -> dict[str, float]:  # fmt: skip
+def add_requests(
+    llm: Any,
+    req_ids: list[str],
+    prompts: Sequence,
+    max_tokens: int,
+    kv_params: list[dict] | None = None,
+) -> dict[str, float]:
     """Adds the requests; returns when each was added, by id."""
     added: dict[str, float] = {}
     for i, (req_id, prompt) in enumerate(zip(req_ids, prompts, strict=True)):
@@ -90,8 +94,10 @@ def run(
                 if output.finished:
                     completion = output.outputs[0]
                     batch.results[output.request_id] = Finished(
-                        list(completion.token_ids), completion.finish_reason,
-                        time.monotonic() - added[output.request_id])  # fmt: skip
+                        list(completion.token_ids),
+                        completion.finish_reason,
+                        time.monotonic() - added[output.request_id],
+                    )
             for req_id in abort_when() if abort_when else ():
                 engine.abort_request([req_id])
                 batch.aborted.append(req_id)

@@ -45,10 +45,17 @@ def hook_calls(spans: list[Any], connector: str | None = None) -> list[HookCall]
             continue
         events = tuple((event.name, dict(event.attributes or {})) for event in span.events)
         error = span.status.description or "error" if not span.status.is_ok else ""
-        calls.append(HookCall(
-            span.name.removeprefix(names.SPAN_HOOK_PREFIX), str(attrs.get(names.REQUEST_ID, "")),
-            attrs, events, span.start_time or 0, f"{span.context.span_id:016x}"[:8], error,
-        ))  # fmt: skip
+        calls.append(
+            HookCall(
+                span.name.removeprefix(names.SPAN_HOOK_PREFIX),
+                str(attrs.get(names.REQUEST_ID, "")),
+                attrs,
+                events,
+                span.start_time or 0,
+                f"{span.context.span_id:016x}"[:8],
+                error,
+            )
+        )
     return sorted(calls, key=lambda call: call.start_ns)
 
 
@@ -65,8 +72,9 @@ class LoadFacts:
     evidence: str = ""
 
 
-def load_facts(calls: list[HookCall], block_size: int,
-               reports: list[HookCall] | None = None) -> dict[str, LoadFacts]:  # fmt: skip
+def load_facts(
+    calls: list[HookCall], block_size: int, reports: list[HookCall] | None = None
+) -> dict[str, LoadFacts]:
     """Per request: the blocks each load was to fill and how each load ended (calls: the
     outermost hooks; reports: every hook span, whose events say what was loaded or failed)."""
     facts: dict[str, LoadFacts] = defaultdict(LoadFacts)

@@ -93,9 +93,12 @@ def _offload(scheduler: Any, worker: Any) -> list[str]:
 
 
 def _p2p(scheduler: Any, worker: Any) -> list[str]:
-    held = _nonempty(held_for_readers=list(scheduler.held), lookups=list(scheduler.lookups),
-                     pulling=sorted(scheduler.pulling),
-                     pull_timers=list(scheduler._pull_started))  # fmt: skip
+    held = _nonempty(
+        held_for_readers=list(scheduler.held),
+        lookups=list(scheduler.lookups),
+        pulling=sorted(scheduler.pulling),
+        pull_timers=list(scheduler._pull_started),
+    )
     if worker is None:
         return held
     puller, lender = worker.puller, worker.lender

@@ -9,10 +9,16 @@ EVIDENCE_WIDTH = 110
 
 
 def as_json(report: Report) -> str:
-    return json.dumps({"connector": report.connector, "passed": report.passed,
-                       "tensor_parallel_size": report.tensor_parallel_size,
-                       "rules": RULES, "scenarios": [r.to_dict() for r in report.results]},
-                      indent=2)  # fmt: skip
+    return json.dumps(
+        {
+            "connector": report.connector,
+            "passed": report.passed,
+            "tensor_parallel_size": report.tensor_parallel_size,
+            "rules": RULES,
+            "scenarios": [r.to_dict() for r in report.results],
+        },
+        indent=2,
+    )
 
 
 def as_table(report: Report) -> str:
@@ -24,8 +30,13 @@ def as_table(report: Report) -> str:
         elif not result.violations:
             rows.append((name, "pass", "; ".join(result.notes)))
         for i, violation in enumerate(result.violations):
-            rows.append((name if i == 0 else "", "FAIL" if i == 0 else "",
-                         f"{violation.rule}: {violation.evidence()}"))  # fmt: skip
+            rows.append(
+                (
+                    name if i == 0 else "",
+                    "FAIL" if i == 0 else "",
+                    f"{violation.rule}: {violation.evidence()}",
+                )
+            )
     width = [max(len(row[i]) for row in rows) for i in range(2)]
     lines = [f"{row[0]:<{width[0]}}  {row[1]:<{width[1]}}  {_cut(row[2])}" for row in rows]
     lines.insert(1, "-" * min(sum(width) + 4 + EVIDENCE_WIDTH, 160))

@@ -87,6 +87,12 @@ class ScenarioResult:
         return "FAIL" if self.violations else "pass"
 
     def to_dict(self) -> dict:
-        return {"scenario": self.scenario, "policy": self.policy, "verdict": self.verdict,
-                "violations": [v.to_dict() for v in self.violations], "notes": self.notes,
-                "skipped": self.skipped, "elapsed_s": round(self.elapsed_s, 2)}  # fmt: skip
+        return {
+            "scenario": self.scenario,
+            "policy": self.policy,
+            "verdict": self.verdict,
+            "violations": [v.to_dict() for v in self.violations],
+            "notes": self.notes,
+            "skipped": self.skipped,
+            "elapsed_s": round(self.elapsed_s, 2),
+        }

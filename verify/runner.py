@@ -59,8 +59,13 @@ def select(names: list[str] | None) -> list[Scenario]:
     return [s for s in SCENARIOS if names is None or s.name in names]
 
 
-def verify(spec: ConnectorSpec, model: Path, tp: int = 1, scenarios: list[str] | None = None,
-           progress: Progress = stderr_progress) -> Report:  # fmt: skip
+def verify(
+    spec: ConnectorSpec,
+    model: Path,
+    tp: int = 1,
+    scenarios: list[str] | None = None,
+    progress: Progress = stderr_progress,
+) -> Report:
     """Every selected scenario on engines with the connector wrapped in TracedConnector."""
     chosen = select(scenarios)
     workdir = tempfile.mkdtemp(prefix="kvscope-verify-")
@@ -88,8 +93,11 @@ def verify(spec: ConnectorSpec, model: Path, tp: int = 1, scenarios: list[str] |
 
 
 def _skipped(scenario: Scenario) -> ScenarioResult:
-    return ScenarioResult(scenario.name, scenario.policy, skipped="the connector has no "
-                          "failure path kvscope can drive (a FaultPlan file)")  # fmt: skip
+    return ScenarioResult(
+        scenario.name,
+        scenario.policy,
+        skipped="the connector has no failure path kvscope can drive (a FaultPlan file)",
+    )
 
 
 _ORACLES: dict[tuple, list[int]] = {}
@@ -101,8 +109,9 @@ def oracle_tokens(model: Path, chosen: list[Scenario], tp: int, progress: Progre
     from kvscope.harness.engine import in_process_llm
     from kvscope.verify.engine import run
 
-    wanted = {(w.prompts[i], w.max_tokens) for s in chosen for w in s.waves
-              for i in range(len(w.prompts))}  # fmt: skip
+    wanted = {
+        (w.prompts[i], w.max_tokens) for s in chosen for w in s.waves for i in range(len(w.prompts))
+    }
     missing = sorted(key for key in wanted if (str(model), tp, *key) not in _ORACLES)
     if missing:
         progress(f"oracle: {len(missing)} prompts on an engine without a connector")
@@ -131,8 +140,9 @@ class _Engines:
 
             policy = self.config["kv_load_failure_policy"]
             self.progress(f"starting an engine (policy {policy})")
-            self._context = in_process_llm(self.model, self.config,
-                                           tensor_parallel_size=self.tp, **ENGINE)  # fmt: skip
+            self._context = in_process_llm(
+                self.model, self.config, tensor_parallel_size=self.tp, **ENGINE
+            )
             self.llm = self._context.__enter__()
         return self.llm
 

@@ -187,24 +187,62 @@ def _twice(seed: str, prompts_fn: Callable[[str], tuple], max_tokens: int = 8) -
 
 
 SCENARIOS: tuple[Scenario, ...] = (
-    Scenario("cold_miss_then_hit", _twice("cold", lambda s: _pair(s, 100)), _store_then_load,
-             summary="store on a miss, reset vLLM's prefix cache, load the hit"),
-    Scenario("partial_hit", _partial("partial"), _store_then_load,
-             summary="prompts sharing two blocks with stored ones"),
-    Scenario("hit_across_reset", _twice("reset", lambda s: _pair(s, 90)), _across_reset,
-             summary="prefix cache and connector reset between store and load"),
-    Scenario("concurrent_shared_prefix", _twice("shared", lambda s: _shared(s, 64, 30, 4)),
-             _concurrent, summary="four requests sharing a prefix, added together"),
-    Scenario("preemption", (Wave("store", _pair("preempt", 150, 4), 4),
-                            Wave("grow", _pair("preempt", 150, 4), 64)), _preemption,
-             summary="requests outgrow the KV cache while decoding"),
-    Scenario("abort_during_load", _twice("abort", lambda s: _pair(s, 100)), _abort_during_load,
-             summary="a request aborted while its load is in flight"),
-    Scenario("failed_load", _twice("failrc", lambda s: _pair(s, 100)), _failed_load,
-             needs_faults=True, summary="every load fails (connector's fault plan), recompute"),
-    Scenario("failed_load", _twice("failf", lambda s: _pair(s, 100)), _failed_load,
-             policy="fail", needs_faults=True, summary="every load fails, policy fail"),
-    Scenario("shutdown_pending", (Wave("pending", _pair("shutdown", 80, 3), 64),),
-             _shutdown_pending, summary="engine shut down with requests in flight"),
-)  # fmt: skip
+    Scenario(
+        "cold_miss_then_hit",
+        _twice("cold", lambda s: _pair(s, 100)),
+        _store_then_load,
+        summary="store on a miss, reset vLLM's prefix cache, load the hit",
+    ),
+    Scenario(
+        "partial_hit",
+        _partial("partial"),
+        _store_then_load,
+        summary="prompts sharing two blocks with stored ones",
+    ),
+    Scenario(
+        "hit_across_reset",
+        _twice("reset", lambda s: _pair(s, 90)),
+        _across_reset,
+        summary="prefix cache and connector reset between store and load",
+    ),
+    Scenario(
+        "concurrent_shared_prefix",
+        _twice("shared", lambda s: _shared(s, 64, 30, 4)),
+        _concurrent,
+        summary="four requests sharing a prefix, added together",
+    ),
+    Scenario(
+        "preemption",
+        (Wave("store", _pair("preempt", 150, 4), 4), Wave("grow", _pair("preempt", 150, 4), 64)),
+        _preemption,
+        summary="requests outgrow the KV cache while decoding",
+    ),
+    Scenario(
+        "abort_during_load",
+        _twice("abort", lambda s: _pair(s, 100)),
+        _abort_during_load,
+        summary="a request aborted while its load is in flight",
+    ),
+    Scenario(
+        "failed_load",
+        _twice("failrc", lambda s: _pair(s, 100)),
+        _failed_load,
+        needs_faults=True,
+        summary="every load fails (connector's fault plan), recompute",
+    ),
+    Scenario(
+        "failed_load",
+        _twice("failf", lambda s: _pair(s, 100)),
+        _failed_load,
+        policy="fail",
+        needs_faults=True,
+        summary="every load fails, policy fail",
+    ),
+    Scenario(
+        "shutdown_pending",
+        (Wave("pending", _pair("shutdown", 80, 3), 64),),
+        _shutdown_pending,
+        summary="engine shut down with requests in flight",
+    ),
+)
 """In running order per policy; shutdown_pending comes last (it ends the engine)."""

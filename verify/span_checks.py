@@ -14,8 +14,11 @@ def external_id(req_id: str) -> str:
 
 
 def hook_errors(calls: list[HookCall]) -> list[Violation]:
-    return [Violation(rules.HOOK_RAISED, call.error, call.label, call.req_id)
-            for call in calls if call.error]  # fmt: skip
+    return [
+        Violation(rules.HOOK_RAISED, call.error, call.label, call.req_id)
+        for call in calls
+        if call.error
+    ]
 
 
 def finished_sending(calls: list[HookCall]) -> list[Violation]:
@@ -26,10 +29,15 @@ def finished_sending(calls: list[HookCall]) -> list[Violation]:
             continue
         later = (c for c in calls[i + 1 :] if c.hook == "update_connector_output")
         if not any(call.req_id in c.strs(names.FINISHED_SENDING) for c in later):
-            found.append(Violation(
-                rules.FINISHED_SENDING, "request_finished returned True; the request never came "
-                "in finished_sending", call.label, call.req_id,
-                tuple(call.ids(names.BLOCK_IDS))))  # fmt: skip
+            found.append(
+                Violation(
+                    rules.FINISHED_SENDING,
+                    "request_finished returned True; the request never came in finished_sending",
+                    call.label,
+                    call.req_id,
+                    tuple(call.ids(names.BLOCK_IDS)),
+                )
+            )
     return found
 
 
@@ -60,9 +68,15 @@ def lookups_repeat(calls: list[HookCall]) -> list[Violation]:
             if call.attrs.get(names.TOKENS_EXTERNAL_PENDING):
                 continue  # 'ask me again later' is a legal first answer
             if last is not None and _answer(last) != _answer(call) and _local(last) == _local(call):
-                found.append(Violation(
-                    rules.LOOKUP_REPEATABLE, f"answered {_answer(last)} then {_answer(call)} at "
-                    f"{_local(call)} computed tokens", call.label, req_id))  # fmt: skip
+                found.append(
+                    Violation(
+                        rules.LOOKUP_REPEATABLE,
+                        f"answered {_answer(last)} then {_answer(call)} at "
+                        f"{_local(call)} computed tokens",
+                        call.label,
+                        req_id,
+                    )
+                )
             last = call
     return found
 
@@ -81,25 +95,44 @@ def claims_bounded(calls: list[HookCall], bound_of: dict[str, int]) -> list[Viol
     may also use the request's own stored tokens."""
     found = []
     for req_id, own in by_request(calls).items():
-        first = next((c for c in own if c.hook == "get_num_new_matched_tokens"
-                      and not c.attrs.get(names.TOKENS_EXTERNAL_PENDING)), None)  # fmt: skip
+        first = next(
+            (
+                c
+                for c in own
+                if c.hook == "get_num_new_matched_tokens"
+                and not c.attrs.get(names.TOKENS_EXTERNAL_PENDING)
+            ),
+            None,
+        )
         bound = bound_of.get(external_id(req_id))
         if first is None or bound is None:
             continue
         hit = int(first.attrs.get(names.TOKENS_EXTERNAL_HIT) or 0)
         if hit > 0 and _local(first) + hit > max(bound, _local(first)):
-            found.append(Violation(
-                rules.CLAIMS_BOUNDED, f"claimed {hit} tokens after {_local(first)} computed; "
-                f"only {bound} tokens of its prompt were ever given to the connector",
-                first.label, req_id))  # fmt: skip
+            found.append(
+                Violation(
+                    rules.CLAIMS_BOUNDED,
+                    f"claimed {hit} tokens after {_local(first)} computed; "
+                    f"only {bound} tokens of its prompt were ever given to the connector",
+                    first.label,
+                    req_id,
+                )
+            )
     return found
 
 
 def load_errors_disjoint(facts: dict[str, LoadFacts]) -> list[Violation]:
-    return [Violation(rules.LOAD_ERROR_DISJOINT, "blocks reported both loaded and failed",
-                      fact.evidence, req_id, tuple(sorted(both)))
-            for req_id, fact in facts.items()
-            if (both := fact.error_blocks & fact.loaded_blocks)]  # fmt: skip
+    return [
+        Violation(
+            rules.LOAD_ERROR_DISJOINT,
+            "blocks reported both loaded and failed",
+            fact.evidence,
+            req_id,
+            tuple(sorted(both)),
+        )
+        for req_id, fact in facts.items()
+        if (both := fact.error_blocks & fact.loaded_blocks)
+    ]
 
 
 def hook_order(calls: list[HookCall]) -> list[Violation]:
@@ -110,8 +143,14 @@ def hook_order(calls: list[HookCall]) -> list[Violation]:
             if call.hook not in REQUEST_HOOKS:
                 continue
             if finished is not None:
-                found.append(Violation(rules.HOOK_ORDER, f"{call.hook} after request_finished "
-                                       f"({finished.label})", call.label, req_id))  # fmt: skip
+                found.append(
+                    Violation(
+                        rules.HOOK_ORDER,
+                        f"{call.hook} after request_finished ({finished.label})",
+                        call.label,
+                        req_id,
+                    )
+                )
                 break
             if call.hook == "update_state_after_alloc" and not looked_up:
                 found.append(
@@ -128,8 +167,12 @@ def hook_order(calls: list[HookCall]) -> list[Violation]:
     return found
 
 
-def all_span_checks(calls: list[HookCall], facts: dict[str, LoadFacts],
-                    bound_of: dict[str, int], settled: bool = True) -> list[Violation]:  # fmt: skip
+def all_span_checks(
+    calls: list[HookCall],
+    facts: dict[str, LoadFacts],
+    bound_of: dict[str, int],
+    settled: bool = True,
+) -> list[Violation]:
     """Every span rule; those about what must come later only once the engine settled."""
     found = hook_errors(calls) + lookups_repeat(calls) + claims_bounded(calls, bound_of)
     found += load_errors_disjoint(facts) + hook_order(calls)

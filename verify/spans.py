@@ -24,8 +24,9 @@ class SpanCollector:
 
         exporter = InMemorySpanExporter()
         settings = TracingSettings(schedule_delay_s=0.05, max_queue_size=65536)
-        configured = configure_tracing(settings, service_name="kvscope-verify",
-                                       exporters=[exporter])  # fmt: skip
+        configured = configure_tracing(
+            settings, service_name="kvscope-verify", exporters=[exporter]
+        )
         if not configured and not add_exporter(exporter, settings):
             raise RuntimeError(
                 "kvscope tracing is disabled here (KVSCOPE_TRACING?): "

@@ -37,9 +37,11 @@ def run_report(
         print(f"[{index}/{len(benches)}] {spec.name} ...", flush=True)
         run = run_bench(spec, quick, results_path, out_dir / "logs", timeout_factor)
         runs.append(run)
-        print(f"[{index}/{len(benches)}] {spec.name}: {run.status} in {run.seconds:.0f} s"
-              f"{f' ({run.reason})' if run.reason else ''}, {len(run.figures)} figures",
-              flush=True)  # fmt: skip
+        print(
+            f"[{index}/{len(benches)}] {spec.name}: {run.status} in {run.seconds:.0f} s"
+            f"{f' ({run.reason})' if run.reason else ''}, {len(run.figures)} figures",
+            flush=True,
+        )
     stop_sampling.set()
     machine.finish()
     save_run(out_dir, machine, runs, command)
@@ -64,8 +66,11 @@ def standing_records(out_dir: Path) -> list[dict]:
 
 def write_report(out_dir: Path, machine: Machine, runs: list[BenchRun], command: str) -> Path:
     """README.md and the plots from a run's results (figure names as FIGURES has them now)."""
-    rows = build_rows(runs, standing_records(out_dir) + load(out_dir / "results.jsonl"),
-                      quick="--quick" in command)  # fmt: skip
+    rows = build_rows(
+        runs,
+        standing_records(out_dir) + load(out_dir / "results.jsonl"),
+        quick="--quick" in command,
+    )
     plots = {
         "ratios": plot_ratios(rows, out_dir / "ratios.png"),
         "runs": plot_runs(runs, machine, out_dir / "runs.png"),
@@ -80,13 +85,25 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small sizes (~10-15 minutes)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="report folder")
-    parser.add_argument("--only", nargs="+", metavar="NAME", choices=[b.name for b in BENCHES],
-                        help="run only these benches (the others show as not run)")  # fmt: skip
-    parser.add_argument("--timeout-factor", type=float, default=1.0,
-                        help="multiply every bench's timeout (slow machines)")  # fmt: skip
-    parser.add_argument("--rerender", action="store_true",
-                        help="run nothing: rewrite the report in --out from its saved results "
-                             "(after renaming figures in figures.py)")  # fmt: skip
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        metavar="NAME",
+        choices=[b.name for b in BENCHES],
+        help="run only these benches (the others show as not run)",
+    )
+    parser.add_argument(
+        "--timeout-factor",
+        type=float,
+        default=1.0,
+        help="multiply every bench's timeout (slow machines)",
+    )
+    parser.add_argument(
+        "--rerender",
+        action="store_true",
+        help="run nothing: rewrite the report in --out from its saved results "
+        "(after renaming figures in figures.py)",
+    )
     args = parser.parse_args(argv)
     if args.rerender:
         if not (args.out / RUN_FILE).exists():
@@ -94,8 +111,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"report rewritten: {write_report(args.out, *load_run(args.out))}")
         return 0
     benches = [b for b in BENCHES if not args.only or b.name in args.only]
-    command = "python -m kvscope.bench.report " + " ".join(argv if argv is not None
-                                                           else sys.argv[1:])  # fmt: skip
+    command = "python -m kvscope.bench.report " + " ".join(
+        argv if argv is not None else sys.argv[1:]
+    )
     started = time.monotonic()
     report = run_report(benches, args.out, args.quick, command.strip(), args.timeout_factor)
     print(f"report written to {report} after {(time.monotonic() - started) / 60:.1f} min")

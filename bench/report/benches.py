@@ -30,41 +30,77 @@ def module_bench(name: str, **sizes) -> BenchSpec:
 
 
 BENCHES: list[BenchSpec] = [
-    module_bench("tracing_overhead",
-                 quick_args=["--rounds", "40"],
-                 quick_timeout_s=600, full_timeout_s=2400),
-    module_bench("copy_bandwidth", quick_args=["--repeats", "31"],
-                 quick_timeout_s=300, full_timeout_s=900),
-    module_bench("nixl_bandwidth",
-                 quick_args=["--blocks", "128", "--read-blocks", "48", "--rounds", "4",
-                             "--idle-s", "1"],
-                 quick_timeout_s=300, full_timeout_s=900),
+    module_bench(
+        "tracing_overhead", quick_args=["--rounds", "40"], quick_timeout_s=600, full_timeout_s=2400
+    ),
+    module_bench(
+        "copy_bandwidth", quick_args=["--repeats", "31"], quick_timeout_s=300, full_timeout_s=900
+    ),
+    module_bench(
+        "nixl_bandwidth",
+        quick_args=["--blocks", "128", "--read-blocks", "48", "--rounds", "4", "--idle-s", "1"],
+        quick_timeout_s=300,
+        full_timeout_s=900,
+    ),
     # The mid model (model/shapes.py): quick at the 2k-token headline length only.
-    module_bench("offload_ttft",
-                 quick_args=["--shape", "mid", "--prefix-tokens", "2048", "--repeats", "3",
-                             "--rounds", "1"],
-                 full_args=["--shape", "mid", "--prefix-tokens", "1024,2048,4096",
-                            "--repeats", "5", "--rounds", "2"],
-                 quick_timeout_s=400, full_timeout_s=1200),
+    module_bench(
+        "offload_ttft",
+        quick_args=["--shape", "mid", "--prefix-tokens", "2048", "--repeats", "3", "--rounds", "1"],
+        full_args=[
+            "--shape",
+            "mid",
+            "--prefix-tokens",
+            "1024,2048,4096",
+            "--repeats",
+            "5",
+            "--rounds",
+            "2",
+        ],
+        quick_timeout_s=400,
+        full_timeout_s=1200,
+    ),
     # Quick: the tiny model's short prompts (the connector's own overheads against the stock
     # pair); full: the mid model at three prompt lengths, every request prefilled for real.
-    module_bench("pd_latency",
-                 quick_args=["--requests", "10", "--idle-s", "2", "--start-timeout", "240"],
-                 full_args=["--shape", "mid", "--prefix-tokens", "1024,2048,4096",
-                            "--requests", "8", "--warmup", "1"],
-                 quick_timeout_s=900, full_timeout_s=3600),
-    module_bench("ingest",
-                 quick_args=["--spans", "10000", "--samples", "50", "--compare-spans", "20000"],
-                 full_args=["--spans", "1000000"], quick_timeout_s=300, full_timeout_s=3600),
-    module_bench("scale",
-                 quick_args=["--spans", "200000", "--samples", "30"],
-                 full_args=["--spans", "10000000"], quick_timeout_s=300, full_timeout_s=4 * 3600),
-    module_bench("telemetry_isolation",
-                 quick_args=["--rounds", "16"],
-                 quick_timeout_s=600, full_timeout_s=2400),
-    module_bench("soak", quick_args=["--requests", "150"],
-                 quick_timeout_s=600, full_timeout_s=6 * 3600),
-]  # fmt: skip
+    module_bench(
+        "pd_latency",
+        quick_args=["--requests", "10", "--idle-s", "2", "--start-timeout", "240"],
+        full_args=[
+            "--shape",
+            "mid",
+            "--prefix-tokens",
+            "1024,2048,4096",
+            "--requests",
+            "8",
+            "--warmup",
+            "1",
+        ],
+        quick_timeout_s=900,
+        full_timeout_s=3600,
+    ),
+    module_bench(
+        "ingest",
+        quick_args=["--spans", "10000", "--samples", "50", "--compare-spans", "20000"],
+        full_args=["--spans", "1000000"],
+        quick_timeout_s=300,
+        full_timeout_s=3600,
+    ),
+    module_bench(
+        "scale",
+        quick_args=["--spans", "200000", "--samples", "30"],
+        full_args=["--spans", "10000000"],
+        quick_timeout_s=300,
+        full_timeout_s=4 * 3600,
+    ),
+    module_bench(
+        "telemetry_isolation",
+        quick_args=["--rounds", "16"],
+        quick_timeout_s=600,
+        full_timeout_s=2400,
+    ),
+    module_bench(
+        "soak", quick_args=["--requests", "150"], quick_timeout_s=600, full_timeout_s=6 * 3600
+    ),
+]
 """In run order; --quick sizes keep the whole quick report to about 10-15 minutes."""
 
 

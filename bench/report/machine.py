@@ -57,8 +57,9 @@ def _run(cmd: list[str]) -> str:
 def git_commit() -> str:
     commit = _run(["git", "rev-parse", "--short=12", "HEAD"]) or "unknown"
     # The report's own folder changes as it runs (results.jsonl is emptied first): not counted.
-    dirty = _run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
-                  ":(exclude)docs/bench"])  # fmt: skip
+    dirty = _run(
+        ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)docs/bench"]
+    )
     return f"{commit} (with uncommitted changes)" if dirty else commit
 
 

@@ -32,28 +32,44 @@ def machine_section(machine: Machine) -> list[str]:
         ("GPU", machine.gpus),
         ("OS", machine.os),
         ("Python / torch / vLLM", f"{machine.python} / {machine.torch} / {machine.vllm}"),
-        ("load average (1 min)", f"{machine.load_start:.2f} at start, {machine.load_end:.2f} "
-                                 f"at end"),
+        (
+            "load average (1 min)",
+            f"{machine.load_start:.2f} at start, {machine.load_end:.2f} at end",
+        ),
         ("other work running", machine.other_work()),
-    ]  # fmt: skip
-    return ["## Machine", "", "| | |", "| --- | --- |",
-            *(f"| {key} | {_cell(value)} |" for key, value in facts), ""]  # fmt: skip
+    ]
+    return [
+        "## Machine",
+        "",
+        "| | |",
+        "| --- | --- |",
+        *(f"| {key} | {_cell(value)} |" for key, value in facts),
+        "",
+    ]
 
 
 def figures_section(rows: list[Row], ratios_png: Path | None) -> list[str]:
-    lines = ["## Figures", "",
-             "| figure | value | target | met | bench | note |",
-             "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines = [
+        "## Figures",
+        "",
+        "| figure | value | target | met | bench | note |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for row in (r for r in rows if r.expected):
         lines.append(_figure_line(row))
     if ratios_png is not None:
         lines += ["", f"![ratios against their targets]({ratios_png.name})"]
     others = [row for row in rows if not row.expected]
     if others:
-        lines += ["", "### Other recorded figures", "",
-                  "Recorded under names the expected list (`bench/report/figures.py`) lacks:",
-                  "", "| figure | value | target | met | bench | note |",
-                  "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+        lines += [
+            "",
+            "### Other recorded figures",
+            "",
+            "Recorded under names the expected list (`bench/report/figures.py`) lacks:",
+            "",
+            "| figure | value | target | met | bench | note |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
         lines += [_figure_line(row) for row in others]
     return [*lines, ""]
 
@@ -61,31 +77,46 @@ def figures_section(rows: list[Row], ratios_png: Path | None) -> list[str]:
 def _figure_line(row: Row) -> str:
     value = row.missing_why if row.value is None else format_value(row.value, row.unit)
     name = f"{row.label} (`{row.metric}`)" if row.label != row.metric else f"`{row.metric}`"
-    return (f"| {_cell(name)} | {_cell(value)} | {_cell(row.target or '—')} | {verdict(row)} "
-            f"| {row.bench} | {_cell(row.note)} |")  # fmt: skip
+    return (
+        f"| {_cell(name)} | {_cell(value)} | {_cell(row.target or '—')} | {verdict(row)} "
+        f"| {row.bench} | {_cell(row.note)} |"
+    )
 
 
 def runs_section(runs: list[BenchRun], out_dir: Path, runs_png: Path | None) -> list[str]:
-    lines = ["## Benches", "",
-             "| bench | status | wall time | timeout | load start → end | figures recorded "
-             "| arguments | log |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines = [
+        "## Benches",
+        "",
+        "| bench | status | wall time | timeout | load start → end | figures recorded "
+        "| arguments | log |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for run in runs:
         status = run.status + (f": {run.reason}" if run.reason else "")
         if run.dropped_flags:
             status += f" (dropped {' '.join(run.dropped_flags)}: the bench lacks them)"
         args = " ".join(run.argv[3:]) if run.argv[1:2] == ["-m"] else " ".join(run.argv)
         load = "" if run.status == "not run" else f"{run.load_start:.2f} → {run.load_end:.2f}"
-        lines.append(f"| {run.name} | {_cell(status)} | {_minutes(run.seconds)} | "
-                     f"{_minutes(run.timeout_s)} | {load} | {len(run.figures)} | "
-                     f"`{_cell(args) or '(defaults)'}` | "
-                     f"{_link(run.log_path, out_dir)} |")  # fmt: skip
+        lines.append(
+            f"| {run.name} | {_cell(status)} | {_minutes(run.seconds)} | "
+            f"{_minutes(run.timeout_s)} | {load} | {len(run.figures)} | "
+            f"`{_cell(args) or '(defaults)'}` | "
+            f"{_link(run.log_path, out_dir)} |"
+        )
     if runs_png is not None:
         lines += ["", f"![bench wall times and load average]({runs_png.name})"]
     for run in runs:
         if run.status in ("failed", "timed out"):
-            lines += ["", f"### {run.name}: {run.status} ({run.reason})", "",
-                      "Last lines of its log:", "", "```", run.log_tail(), "```"]  # fmt: skip
+            lines += [
+                "",
+                f"### {run.name}: {run.status} ({run.reason})",
+                "",
+                "Last lines of its log:",
+                "",
+                "```",
+                run.log_tail(),
+                "```",
+            ]
     return [*lines, ""]
 
 
@@ -111,8 +142,11 @@ def render(
     )
     lines = ["# kvscope benchmark report", "", summary, ""]
     if "--quick" in command:
-        lines += ["Quick sizes (`--quick`): each bench ran small, so the figures are indicative; "
-                  "`make bench` runs the full sizes.", ""]  # fmt: skip
+        lines += [
+            "Quick sizes (`--quick`): each bench ran small, so the figures are indicative; "
+            "`make bench` runs the full sizes.",
+            "",
+        ]
     lines += [
         "Every ratio is measured side by side in one run of its bench (the baseline and "
         "kvscope alternate on the same machine), so load from other work hits both; "

@@ -24,8 +24,9 @@ def _pyplot():
 
 def plot_ratios(rows: list[Row], path: Path) -> Path | None:
     """Horizontal bars, one per recorded ratio, with its target as a black tick."""
-    shown = [r for r in rows if r.unit == "ratio" and r.value is not None
-             and not math.isnan(r.value)]  # fmt: skip
+    shown = [
+        r for r in rows if r.unit == "ratio" and r.value is not None and not math.isnan(r.value)
+    ]
     if not shown:
         return None
     plt = _pyplot()
@@ -50,8 +51,12 @@ def plot_ratios(rows: list[Row], path: Path) -> Path | None:
 
 
 _TTFT = re.compile(r"^ttft_(recompute|hit|pd|single)_([a-z0-9-]+)_(\d+)_ms$")
-TTFT_SERIES = {"recompute": "recompute (no connector)", "hit": "prefix from the offload pool",
-               "single": "one server alone", "pd": "kvscope P/D pair"}  # fmt: skip
+TTFT_SERIES = {
+    "recompute": "recompute (no connector)",
+    "hit": "prefix from the offload pool",
+    "single": "one server alone",
+    "pd": "kvscope P/D pair",
+}
 
 
 def ttft_points(rows: list[Row]) -> dict[tuple[str, str], list[tuple[int, float]]]:
@@ -77,8 +82,7 @@ def plot_ttft_vs_prefix(rows: list[Row], path: Path) -> Path | None:
         tokens, ms = zip(*values, strict=True)
         axes.plot(tokens, ms, marker="o", label=f"{TTFT_SERIES[series]} ({shape} model)")
         for x, y in values:
-            axes.annotate(f"{y:.0f}", (x, y), textcoords="offset points", xytext=(4, 4),
-                          fontsize=7)  # fmt: skip
+            axes.annotate(f"{y:.0f}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
     axes.set_yscale("log")
     axes.set_xlabel("prompt prefix length (tokens)")
     axes.set_ylabel("median TTFT (ms, log scale)")
@@ -97,13 +101,18 @@ def plot_runs(runs: list[BenchRun], machine: Machine, path: Path) -> Path | None
     if not ran:
         return None
     plt = _pyplot()
-    figure, (bars, load) = plt.subplots(2, 1, figsize=(9, 0.4 * len(ran) + 4.2),
-                                        height_ratios=[len(ran) + 1, 4])  # fmt: skip
-    bars.barh(range(len(ran)), [run.seconds for run in ran],
-              color=[STATUS_COLORS.get(run.status, "#757575") for run in ran])  # fmt: skip
+    figure, (bars, load) = plt.subplots(
+        2, 1, figsize=(9, 0.4 * len(ran) + 4.2), height_ratios=[len(ran) + 1, 4]
+    )
+    bars.barh(
+        range(len(ran)),
+        [run.seconds for run in ran],
+        color=[STATUS_COLORS.get(run.status, "#757575") for run in ran],
+    )
     for position, run in enumerate(ran):
-        bars.text(run.seconds, position, f" {run.seconds:.0f} s, {run.status}", va="center",
-                  fontsize=8)  # fmt: skip
+        bars.text(
+            run.seconds, position, f" {run.seconds:.0f} s, {run.status}", va="center", fontsize=8
+        )
     bars.margins(x=0.2)
     bars.set_yticks(range(len(ran)), [run.name for run in ran], fontsize=8)
     bars.invert_yaxis()

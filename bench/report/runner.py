@@ -88,8 +88,11 @@ def _wait(process: subprocess.Popen, spec_name: str, timeout_s: float, log_path:
             return True
         except subprocess.TimeoutExpired:
             elapsed = time.monotonic() - started
-            print(f"  {spec_name}: {elapsed:.0f} s of at most {timeout_s:.0f} s | "
-                  f"{_last_line(log_path)}", flush=True)  # fmt: skip
+            print(
+                f"  {spec_name}: {elapsed:.0f} s of at most {timeout_s:.0f} s | "
+                f"{_last_line(log_path)}",
+                flush=True,
+            )
 
 
 def run_bench(
@@ -114,8 +117,14 @@ def run_bench(
         log.write(f"$ {' '.join(run.argv)}\n")
         log.flush()
         # A session of its own: on timeout the whole tree (vLLM servers too) is killed.
-        process = subprocess.Popen(run.argv, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                   stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+        process = subprocess.Popen(
+            run.argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         try:
             finished = _wait(process, spec.name, run.timeout_s, run.log_path)
         except BaseException:  # Ctrl-C: its own session would not get the signal

@@ -42,24 +42,56 @@ def build_rows(runs: list[BenchRun], records: list[dict], quick: bool | None = N
         latest[(record["bench"], canonical(record["bench"], record["metric"]))] = record
     run_of = {run.name: run for run in runs}
     other_size = {None: "", True: "full", False: "quick"}[quick]
-    rows = [_expected_row(figure, latest.pop((figure.bench, figure.metric), None),
-                          run_of.get(figure.bench)) for figure in FIGURES]  # fmt: skip
+    rows = [
+        _expected_row(
+            figure, latest.pop((figure.bench, figure.metric), None), run_of.get(figure.bench)
+        )
+        for figure in FIGURES
+    ]
     sized = {(f.bench, f.metric) for f in FIGURES if f.sizes == other_size}
     rows = [row for row in rows if row.value is not None or (row.bench, row.metric) not in sized]
     for (bench, metric), record in latest.items():
-        rows.append(Row(bench, metric, metric, record.get("unit", ""),
-                        record.get("target", ""), float(record["value"]),
-                        record.get("note", ""), "", expected=False))  # fmt: skip
+        rows.append(
+            Row(
+                bench,
+                metric,
+                metric,
+                record.get("unit", ""),
+                record.get("target", ""),
+                float(record["value"]),
+                record.get("note", ""),
+                "",
+                expected=False,
+            )
+        )
     return rows
 
 
 def _expected_row(figure: Figure, record: dict | None, run: BenchRun | None) -> Row:
     target = figure.target or (record or {}).get("target", "")
     if record is None:
-        return Row(figure.bench, figure.metric, figure.label, figure.unit, target, None, "",
-                   _missing_why(run), expected=True)  # fmt: skip
-    return Row(figure.bench, figure.metric, figure.label, figure.unit, target,
-               float(record["value"]), record.get("note", ""), "", expected=True)  # fmt: skip
+        return Row(
+            figure.bench,
+            figure.metric,
+            figure.label,
+            figure.unit,
+            target,
+            None,
+            "",
+            _missing_why(run),
+            expected=True,
+        )
+    return Row(
+        figure.bench,
+        figure.metric,
+        figure.label,
+        figure.unit,
+        target,
+        float(record["value"]),
+        record.get("note", ""),
+        "",
+        expected=True,
+    )
 
 
 def format_value(value: float, unit: str) -> str:

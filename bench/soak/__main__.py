@@ -68,12 +68,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no model at {args.model}: build it with `kvscope model build`", file=sys.stderr)
         return 2
     options = SoakOptions(
-        model=args.model, requests=args.requests, concurrency=args.concurrency, seed=args.seed,
-        abort_fraction=args.abort_fraction, faults=not args.no_faults, policy=args.policy,
-        request_timeout_s=args.request_timeout, idle_timeout_s=args.idle_timeout,
-        max_rss_growth_mib=args.max_rss_growth, workdir=args.workdir,
-        default_executor=args.default_executor, tier_health=args.tier_health,
-    )  # fmt: skip
+        model=args.model,
+        requests=args.requests,
+        concurrency=args.concurrency,
+        seed=args.seed,
+        abort_fraction=args.abort_fraction,
+        faults=not args.no_faults,
+        policy=args.policy,
+        request_timeout_s=args.request_timeout,
+        idle_timeout_s=args.idle_timeout,
+        max_rss_growth_mib=args.max_rss_growth,
+        workdir=args.workdir,
+        default_executor=args.default_executor,
+        tier_health=args.tier_health,
+    )
     # SIGTERM unwinds like Ctrl-C, so every server the soak started is stopped.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:

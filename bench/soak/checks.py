@@ -27,11 +27,15 @@ def token_mismatches(outcomes: list[Outcome], reference: dict[str, list[int]]) -
         if outcome.status == ABORTED:
             want = want[: len(got)]
         if got != want:
-            at = next((i for i, (a, b) in enumerate(zip(want, got, strict=False)) if a != b),
-                      min(len(want), len(got)))  # fmt: skip
-            problems.append(f"request {outcome.request.index} ({outcome.status}, "
-                            f"{outcome.request.route}): first difference at token {at}: "
-                            f"want {want}, got {got}")  # fmt: skip
+            at = next(
+                (i for i, (a, b) in enumerate(zip(want, got, strict=False)) if a != b),
+                min(len(want), len(got)),
+            )
+            problems.append(
+                f"request {outcome.request.index} ({outcome.status}, "
+                f"{outcome.request.route}): first difference at token {at}: "
+                f"want {want}, got {got}"
+            )
     return CheckResult("token mismatches", not problems, len(problems), problems)
 
 
@@ -102,7 +106,9 @@ def memory_bounded(memory: dict[str, dict[str, float]], max_growth_mib: float) -
     grown = {
         n: m["growth_2nd_half"] for n, m in memory.items() if m["growth_2nd_half"] > max_growth_mib
     }
-    details = [f"{name} grew {g:.0f} MiB in the second half (limit {max_growth_mib:.0f})"
-               for name, g in grown.items()]  # fmt: skip
+    details = [
+        f"{name} grew {g:.0f} MiB in the second half (limit {max_growth_mib:.0f})"
+        for name, g in grown.items()
+    ]
     worst = max((m["growth_2nd_half"] for m in memory.values()), default=0.0)
     return CheckResult("max RSS growth MiB (2nd half)", not grown, worst, details)

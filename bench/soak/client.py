@@ -33,9 +33,15 @@ class _Disconnect(Exception):
 
 
 def request_body(request: PlannedRequest) -> dict:
-    return {"model": "kvscope-tiny", "prompt": request.prompt, "max_tokens": request.max_tokens,
-            "temperature": 0, "ignore_eos": True, "return_token_ids": True,
-            "stream": request.stream}  # fmt: skip
+    return {
+        "model": "kvscope-tiny",
+        "prompt": request.prompt,
+        "max_tokens": request.max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+        "stream": request.stream,
+    }
 
 
 async def send(client: httpx.AsyncClient, url: str, request: PlannedRequest, tokens: list[int]):

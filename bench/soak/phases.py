@@ -59,9 +59,19 @@ class PhaseRates:
         return faulted.req_per_s / clean.req_per_s if clean.req_per_s else 0.0
 
     def lines(self) -> list[str]:
-        return [f"{p.name:40s} {p.completed:6d} completed in {(p.ended or 0) - p.started:6.1f} s"
-                f" = {p.req_per_s:6.2f} req/s" for p in self.phases]  # fmt: skip
+        return [
+            f"{p.name:40s} {p.completed:6d} completed in {(p.ended or 0) - p.started:6.1f} s"
+            f" = {p.req_per_s:6.2f} req/s"
+            for p in self.phases
+        ]
 
     def to_dict(self) -> list[dict]:
-        return [{"name": p.name, "completed": p.completed, "seconds": (p.ended or 0) - p.started,
-                 "req_per_s": p.req_per_s} for p in self.phases]  # fmt: skip
+        return [
+            {
+                "name": p.name,
+                "completed": p.completed,
+                "seconds": (p.ended or 0) - p.started,
+                "req_per_s": p.req_per_s,
+            }
+            for p in self.phases
+        ]

@@ -32,14 +32,16 @@ def make_plan(num_requests: int, seed: int, abort_fraction: float) -> list[Plann
         prompt = make_prompt(rng)
         abort = rng.random() < abort_fraction
         max_tokens = rng.choice(MAX_TOKENS_CHOICES)
-        plan.append(PlannedRequest(
-            index=index,
-            prompt=prompt,
-            max_tokens=max_tokens,
-            route=ROUTES[index % len(ROUTES)],
-            stream=abort or rng.random() < 0.5,
-            abort_after_tokens=rng.randint(1, max_tokens - 1) if abort else None,
-        ))  # fmt: skip
+        plan.append(
+            PlannedRequest(
+                index=index,
+                prompt=prompt,
+                max_tokens=max_tokens,
+                route=ROUTES[index % len(ROUTES)],
+                stream=abort or rng.random() < 0.5,
+                abort_after_tokens=rng.randint(1, max_tokens - 1) if abort else None,
+            )
+        )
     return plan
 
 

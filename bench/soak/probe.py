@@ -29,15 +29,23 @@ class SoakProbeConnector(KvscopeMultiConnector):
         path = os.environ.get(STATE_FILE_ENV)
         if role == KVConnectorRole.SCHEDULER and path:
             engine_id = str(self._kv_transfer_config.engine_id)
-            threading.Thread(target=self._write_forever, args=(Path(path), engine_id),
-                             daemon=True, name="kvscope-soak-probe").start()  # fmt: skip
+            threading.Thread(
+                target=self._write_forever,
+                args=(Path(path), engine_id),
+                daemon=True,
+                name="kvscope-soak-probe",
+            ).start()
 
     def _write_forever(self, path: Path, engine_id: str) -> None:
         while True:
             with contextlib.suppress(Exception):  # a dict resized mid-read: next round
                 manager = getattr(self, "_kv_cache_manager", None)  # bound after start-up
-                state = {"engine_id": engine_id, "pid": os.getpid(), "time": time.time(),
-                         **connector_state(self._inner, manager)}  # fmt: skip
+                state = {
+                    "engine_id": engine_id,
+                    "pid": os.getpid(),
+                    "time": time.time(),
+                    **connector_state(self._inner, manager),
+                }
                 tmp = path.with_suffix(".tmp")
                 tmp.write_text(json.dumps(state))
                 tmp.replace(path)
@@ -46,16 +54,20 @@ class SoakProbeConnector(KvscopeMultiConnector):
 
 def connector_state(multi: Any, kv_cache_manager: Any) -> dict[str, Any]:
     """What the Multi's children hold right now, by child name."""
-    state: dict[str, Any] = {"multi": {"serving": len(multi.scheduler.serving),
-                                       "loads": len(multi.scheduler.loads)}}  # fmt: skip
+    state: dict[str, Any] = {
+        "multi": {"serving": len(multi.scheduler.serving), "loads": len(multi.scheduler.loads)}
+    }
     for child in multi.children:
         half = child.connector.scheduler
         if hasattr(half, "pool"):
             state[child.name] = offload_state(half)
         elif hasattr(half, "held"):
-            state[child.name] = {"held": {r: half._lease_ids.get(r, 0) for r in list(half.held)},
-                                 "pulling": sorted(half.pulling), "lookups": len(half.lookups),
-                                 "leases_acquired": half.stats["held"]}  # fmt: skip
+            state[child.name] = {
+                "held": {r: half._lease_ids.get(r, 0) for r in list(half.held)},
+                "pulling": sorted(half.pulling),
+                "lookups": len(half.lookups),
+                "leases_acquired": half.stats["held"],
+            }
     block_pool = getattr(kv_cache_manager, "block_pool", None)
     if block_pool is not None:  # one block is vLLM's permanent null block
         state["device_blocks_used"] = (
@@ -81,8 +93,12 @@ def offload_state(offload: Any) -> dict[str, Any]:
             pending += 1
         if pool.is_pinned(host_block_id):
             pinned.append(host_block_id)
-    return {"stored": stored, "pinned": pinned, "pending_blocks": pending,
-            "leases": sorted(lease.lease_id for lease in offload.leases.active()),
-            "leases_acquired": offload.leases.counters().acquired,
-            "requests": len(offload.requests),
-            "stores_in_flight": len(offload._stores)}  # fmt: skip
+    return {
+        "stored": stored,
+        "pinned": pinned,
+        "pending_blocks": pending,
+        "leases": sorted(lease.lease_id for lease in offload.leases.active()),
+        "leases_acquired": offload.leases.counters().acquired,
+        "requests": len(offload.requests),
+        "stores_in_flight": len(offload._stores),
+    }

@@ -33,15 +33,18 @@ def differences(backend: str, state: dict) -> list[str]:
     problems = []
     missing, extra = own.keys() - rebuilt.keys(), rebuilt.keys() - own.keys()
     changed = [i for i in own.keys() & rebuilt.keys() if own[i] != rebuilt[i]]
-    for what, ids in (("stored host blocks missing in the backend", missing),
-                      ("host blocks the backend thinks stored", extra),
-                      ("host blocks stored with another hash", changed)):  # fmt: skip
+    for what, ids in (
+        ("stored host blocks missing in the backend", missing),
+        ("host blocks the backend thinks stored", extra),
+        ("host blocks stored with another hash", changed),
+    ):
         if ids:
             problems.append(f"{len(ids)} {what}: {sorted(ids)[:10]}")
     active = _all_items(backend, "/api/v1/leases", engine_id=engine_id, active="true")
     rebuilt_leases = sorted(lease["lease_id"] for lease in active)
-    own_leases = sorted([str(i) for i in offload.get("leases", [])]
-                        + [str(i) for i in p2p.get("held", {}).values()])  # fmt: skip
+    own_leases = sorted(
+        [str(i) for i in offload.get("leases", [])] + [str(i) for i in p2p.get("held", {}).values()]
+    )
     if rebuilt_leases != own_leases:
         problems.append(f"active leases: backend {rebuilt_leases[:10]}, engine {own_leases[:10]}")
     return problems
@@ -53,8 +56,10 @@ def stream_gaps(backend: str, engine_id: str) -> list[str]:
     for stream in _get(backend, "/api/v1/streams"):
         if stream["engine_id"] == engine_id and stream["status"] != "complete":
             holes = [(h["first"], h["last"], h["state"]) for h in stream["holes"]][:5]
-            gaps.append(f"{stream['service_name']} {stream['origin']}: {stream['status']}, "
-                        f"holes {holes}, dropped {stream['telemetry_dropped']}")  # fmt: skip
+            gaps.append(
+                f"{stream['service_name']} {stream['origin']}: {stream['status']}, "
+                f"holes {holes}, dropped {stream['telemetry_dropped']}"
+            )
     return gaps
 
 
@@ -81,8 +86,9 @@ def rebuilt_state_matches(system: System, timeout_s: float = 30.0) -> CheckResul
         details += [f"{role}: {p}" for p in problems]
         details += [f"{role}: backend reports gap: {g}" for g in gaps]
         stored = len((state.get("offload") or {}).get("stored", {}))
-        details.append(f"{role}: {stored} host blocks stored, "
-                       f"{'equal' if not problems else 'differs'}")  # fmt: skip
+        details.append(
+            f"{role}: {stored} host blocks stored, {'equal' if not problems else 'differs'}"
+        )
     return CheckResult("rebuilt state differences", unexplained == 0, unexplained, details)
 
 
@@ -96,9 +102,11 @@ def lease_rows_match(system: System) -> CheckResult:
         acquired = offload.get("leases_acquired", 0) + p2p.get("leases_acquired", 0)
         rows = _get(backend, "/api/v1/leases", engine_id=state.get("engine_id", "?"), limit=1)
         missing += abs(acquired - rows["total"])
-        details.append(f"{role}: {acquired} leases acquired (offload "
-                       f"{offload.get('leases_acquired', 0)}, p2p {p2p.get('leases_acquired', 0)})"
-                       f", {rows['total']} lease rows in the backend")  # fmt: skip
+        details.append(
+            f"{role}: {acquired} leases acquired (offload "
+            f"{offload.get('leases_acquired', 0)}, p2p {p2p.get('leases_acquired', 0)})"
+            f", {rows['total']} lease rows in the backend"
+        )
     return CheckResult("leases missing in the backend", missing == 0, missing, details)
 
 
@@ -108,8 +116,10 @@ def backend_activity(backend: str, window_s: float) -> list[str]:
     try:
         for hit in _get(backend, "/api/v1/stats/hits", window_s=window_s):
             if hit["child"]:
-                lines.append(f"{hit['child']}: {hit['hit_requests']} of {hit['requests']} "
-                             f"lookups hit, {hit['external_hit_tokens']} tokens")  # fmt: skip
+                lines.append(
+                    f"{hit['child']}: {hit['hit_requests']} of {hit['requests']} "
+                    f"lookups hit, {hit['external_hit_tokens']} tokens"
+                )
         summary = _get(backend, "/api/v1/stats/summary", window_s=window_s)
     except httpx.HTTPError as exc:
         return [f"backend unreadable: {exc}"]

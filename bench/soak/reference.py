@@ -14,8 +14,16 @@ from kvscope.harness.engine import engine_env
 
 
 def reference_command(model: Path, prompts_path: Path, out_path: Path, max_tokens: int) -> list:
-    return [sys.executable, "-m", "kvscope.bench.soak.reference", str(model), str(prompts_path),
-            str(out_path), "--max-tokens", str(max_tokens)]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "kvscope.bench.soak.reference",
+        str(model),
+        str(prompts_path),
+        str(out_path),
+        "--max-tokens",
+        str(max_tokens),
+    ]
 
 
 def start_reference(model: Path, prompts: list[str], workdir: Path, max_tokens: int):
@@ -26,8 +34,11 @@ def start_reference(model: Path, prompts: list[str], workdir: Path, max_tokens: 
     process = subprocess.Popen(
         reference_command(model, prompts_path, out_path, max_tokens),
         env=engine_env(VLLM_ENABLE_V1_MULTIPROCESSING="0", KVSCOPE_TRACING="off"),
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     log.close()
     return process, out_path
 

@@ -65,9 +65,15 @@ def run_soak(options: SoakOptions) -> list[CheckResult]:
     reference = start_reference(options.model, unique_prompts(plan), workdir, REFERENCE_MAX_TOKENS)
     stack = Stack()
     try:
-        system = start_system(options.model, workdir, stack, options.policy,
-                              options.startup_timeout_s, options.default_executor,
-                              options.tier_health)  # fmt: skip
+        system = start_system(
+            options.model,
+            workdir,
+            stack,
+            options.policy,
+            options.startup_timeout_s,
+            options.default_executor,
+            options.tier_health,
+        )
         phases = {"startup_s": time.monotonic() - soak_started}
         run = drive_and_check(options, system, plan, phases)
         table = wait_reference(*reference, timeout_s=options.startup_timeout_s)
@@ -78,15 +84,22 @@ def run_soak(options: SoakOptions) -> list[CheckResult]:
             reference[0].kill()
     phases["stop_s"] = time.monotonic() - stopping
     outcomes, memory = run["outcomes"], run["memory"]
-    results = [token_mismatches(outcomes, table), run["leaks"],
-               every_request_ended(outcomes, len(plan), options.policy), run["rebuilt"],
-               run["lease_rows"], memory_bounded(memory, options.max_rss_growth_mib)]  # fmt: skip
+    results = [
+        token_mismatches(outcomes, table),
+        run["leaks"],
+        every_request_ended(outcomes, len(plan), options.policy),
+        run["rebuilt"],
+        run["lease_rows"],
+        memory_bounded(memory, options.max_rss_growth_mib),
+    ]
     print_summary(outcomes, phases["workload_s"], memory, results, run["activity"])
     print_phase_rates(run["rates"])
     phases["total_s"] = time.monotonic() - soak_started
-    print(f"\nsoak took {phases['total_s']:.0f} s in all: " + ", ".join(
-        f"{name[:-2]} {s:.0f} s" for name, s in phases.items() if name != "total_s"),
-        flush=True)  # fmt: skip
+    print(
+        f"\nsoak took {phases['total_s']:.0f} s in all: "
+        + ", ".join(f"{name[:-2]} {s:.0f} s" for name, s in phases.items() if name != "total_s"),
+        flush=True,
+    )
     record_figures(outcomes, phases["workload_s"], memory, results)
     record_phase_rates(run["rates"])
     write_results(workdir / "soak_results.json", outcomes, phases, memory, results, run["rates"])
@@ -96,8 +109,9 @@ def run_soak(options: SoakOptions) -> list[CheckResult]:
 def drive_and_check(options: SoakOptions, system, plan, phases: dict) -> dict:
     """Runs the plan with the fault schedule, waits for idle, checks state while it is up."""
     sampler = MemorySampler({s.name: s.process.pid for s in system.stack.services}).start()
-    faults = FaultSchedule(system.state_files["prefill"].parent / "faults.json",
-                           enabled=options.faults)  # fmt: skip
+    faults = FaultSchedule(
+        system.state_files["prefill"].parent / "faults.json", enabled=options.faults
+    )
     peaks: dict[str, int] = {}
     rates = PhaseRates()
     if name := faults.update(0.0):
@@ -125,8 +139,14 @@ def drive_and_check(options: SoakOptions, system, plan, phases: dict) -> dict:
     }
 
 
-def progress(options: SoakOptions, faults: FaultSchedule, sampler: MemorySampler, system, peaks,
-             rates: PhaseRates):  # fmt: skip
+def progress(
+    options: SoakOptions,
+    faults: FaultSchedule,
+    sampler: MemorySampler,
+    system,
+    peaks,
+    rates: PhaseRates,
+):
     """The per-request callback: moves the fault schedule along (timing each phase), prints a
     line every 10 s and keeps the peak of what the servers held (proof the leak check sees
     held state)."""
@@ -149,23 +169,31 @@ def progress(options: SoakOptions, faults: FaultSchedule, sampler: MemorySampler
                     peaks[f"{role}: {what}"] = max(n, peaks.get(f"{role}: {what}", 0))
             elapsed = time.monotonic() - started
             rss = ", ".join(f"{n} {m:.0f}" for n, m in sampler.latest_mib().items())
-            print(f"[{elapsed:6.0f} s] {done}/{options.requests} ended {last['ended']}, "
-                  f"{done / elapsed:.2f} req/s; RSS MiB: {rss}", flush=True)  # fmt: skip
+            print(
+                f"[{elapsed:6.0f} s] {done}/{options.requests} ended {last['ended']}, "
+                f"{done / elapsed:.2f} req/s; RSS MiB: {rss}",
+                flush=True,
+            )
 
     return on_done
 
 
-def print_summary(outcomes, wall_s: float, memory: dict, results: list[CheckResult],
-                  activity: list[str]) -> None:  # fmt: skip
+def print_summary(
+    outcomes, wall_s: float, memory: dict, results: list[CheckResult], activity: list[str]
+) -> None:
     ended = counts(outcomes)
     rate = ended[COMPLETED] / wall_s if wall_s else 0.0
-    print(f"\n{len(outcomes)} requests in {wall_s:.0f} s ({rate:.2f} completed/s): "
-          + ", ".join(f"{n} {status}" for status, n in sorted(ended.items())))  # fmt: skip
+    print(
+        f"\n{len(outcomes)} requests in {wall_s:.0f} s ({rate:.2f} completed/s): "
+        + ", ".join(f"{n} {status}" for status, n in sorted(ended.items()))
+    )
     print("\n".join(f"  {line}" for line in activity))
     print(f"\n{'process':10s} {'start':>8s} {'peak':>8s} {'end':>8s} {'2nd-half growth':>16s}  MiB")
     for name, m in memory.items():
-        print(f"{name:10s} {m['start']:8.0f} {m['peak']:8.0f} {m['end']:8.0f} "
-              f"{m['growth_2nd_half']:16.1f}")  # fmt: skip
+        print(
+            f"{name:10s} {m['start']:8.0f} {m['peak']:8.0f} {m['end']:8.0f} "
+            f"{m['growth_2nd_half']:16.1f}"
+        )
     print(f"\n{'check':32s} {'figure':>8s}  verdict")
     for result in results:
         print(f"{result.name:32s} {result.figure:8.0f}  {'ok' if result.ok else 'FAILED'}")
@@ -180,13 +208,28 @@ def record_figures(outcomes, wall_s: float, memory: dict, results: list[CheckRes
     record(BENCH, "token_mismatches", by_name["token mismatches"].figure, "count", "== 0")
     record(BENCH, "leaks", by_name["leaks"].figure, "count", "== 0")
     record(BENCH, "hung", by_name["hung requests"].figure, "count", "== 0")
-    record(BENCH, "rebuilt_state_unexplained", by_name["rebuilt state differences"].figure,
-           "count", "== 0")  # fmt: skip
-    record(BENCH, "leases_missing_in_backend", by_name["leases missing in the backend"].figure,
-           "count", "== 0")  # fmt: skip
+    record(
+        BENCH,
+        "rebuilt_state_unexplained",
+        by_name["rebuilt state differences"].figure,
+        "count",
+        "== 0",
+    )
+    record(
+        BENCH,
+        "leases_missing_in_backend",
+        by_name["leases missing in the backend"].figure,
+        "count",
+        "== 0",
+    )
     completed = counts(outcomes)[COMPLETED]
-    record(BENCH, "requests_per_s", completed / wall_s if wall_s else 0.0, "req/s",
-           note=f"{len(outcomes)} requests, {completed} completed")  # fmt: skip
+    record(
+        BENCH,
+        "requests_per_s",
+        completed / wall_s if wall_s else 0.0,
+        "req/s",
+        note=f"{len(outcomes)} requests, {completed} completed",
+    )
     for name, m in memory.items():
         record(BENCH, f"rss_growth_mib_{name}", m["growth_2nd_half"], "MiB", note="2nd half")
 
@@ -207,20 +250,29 @@ def record_phase_rates(rates: PhaseRates) -> None:
         return
     faulted, clean = pair
     ratio = rates.faulted_over_clean()
-    note = (f"{faulted.completed} completed at {faulted.req_per_s:.2f}/s with loads slower "
-            f"than their timeout, {clean.completed} at {clean.req_per_s:.2f}/s clean; load "
-            f"average {os.getloadavg()[0]:.1f}")  # fmt: skip
+    note = (
+        f"{faulted.completed} completed at {faulted.req_per_s:.2f}/s with loads slower "
+        f"than their timeout, {clean.completed} at {clean.req_per_s:.2f}/s clean; load "
+        f"average {os.getloadavg()[0]:.1f}"
+    )
     record(BENCH, "faulted_over_clean_req_per_s", ratio, "ratio", ">= 0.5", note=note)
     record(BENCH, "faulted_req_per_s", faulted.req_per_s, "req/s", note=faulted.name)
     record(BENCH, "clean_req_per_s", clean.req_per_s, "req/s", note="the phase before")
 
 
-def write_results(path: Path, outcomes, phases: dict, memory: dict, results: list,
-                  rates: PhaseRates) -> None:  # fmt: skip
+def write_results(
+    path: Path, outcomes, phases: dict, memory: dict, results: list, rates: PhaseRates
+) -> None:
     """The figures as JSON, for tests and scripts."""
     checks = {r.name: {"ok": r.ok, "figure": r.figure, "details": r.details} for r in results}
-    summary = {"requests": len(outcomes), "ended": dict(counts(outcomes)),
-               "wall_s": phases["workload_s"], "phases_s": phases, "memory_mib": memory,
-               "checks": checks, "fault_phases": rates.to_dict(),
-               "faulted_over_clean_req_per_s": rates.faulted_over_clean()}  # fmt: skip
+    summary = {
+        "requests": len(outcomes),
+        "ended": dict(counts(outcomes)),
+        "wall_s": phases["workload_s"],
+        "phases_s": phases,
+        "memory_mib": memory,
+        "checks": checks,
+        "fault_phases": rates.to_dict(),
+        "faulted_over_clean_req_per_s": rates.faulted_over_clean(),
+    }
     path.write_text(json.dumps(summary, indent=1))

@@ -36,8 +36,9 @@ class System:
         return None
 
 
-def probe_config(side_channel_port: int, faults_path: Path, policy: str,
-                 tier_health: dict | None = None) -> dict:  # fmt: skip
+def probe_config(
+    side_channel_port: int, faults_path: Path, policy: str, tier_health: dict | None = None
+) -> dict:
     """The demo's engine config, loaded through the soak's probe subclass; tier_health, when
     given, replaces the offload pool's breaker settings (connector/common/tier_health.py)."""
     config = demo_config(side_channel_port, faults_path, policy)
@@ -45,14 +46,22 @@ def probe_config(side_channel_port: int, faults_path: Path, policy: str,
         for child in config["kv_connector_extra_config"]["connectors"]:
             if child["name"] == "offload":
                 child["kv_connector_extra_config"]["tier_health"] = tier_health
-    return {**config, "kv_connector": "SoakProbeConnector",
-            "kv_connector_module_path": "kvscope.bench.soak.probe"}  # fmt: skip
+    return {
+        **config,
+        "kv_connector": "SoakProbeConnector",
+        "kv_connector_module_path": "kvscope.bench.soak.probe",
+    }
 
 
 def start_system(
-    model: Path, workdir: Path, stack: Stack, policy: str, timeout_s: float,
-    default_executor: bool = False, tier_health: dict | None = None,
-) -> System:  # fmt: skip
+    model: Path,
+    workdir: Path,
+    stack: Stack,
+    policy: str,
+    timeout_s: float,
+    default_executor: bool = False,
+    tier_health: dict | None = None,
+) -> System:
     """Backend (SQLite), prefill and decode servers (started together), then the proxy.
 
     default_executor: the servers run as vLLM does by default (engine core and model worker in
@@ -62,33 +71,63 @@ def start_system(
     backend_port, proxy_port = free_port(), free_port()
     backend = f"http://127.0.0.1:{backend_port}"
     env = {**os.environ, "DATABASE_URL": f"sqlite:///{workdir / 'kvscope.db'}"}
-    stack.start(Service("backend", [*python, "kvscope.cli.main", "backend", "--port",
-                        str(backend_port)], env, backend + "/health", workdir / "backend.log"),
-                timeout_s)  # fmt: skip
+    stack.start(
+        Service(
+            "backend",
+            [*python, "kvscope.cli.main", "backend", "--port", str(backend_port)],
+            env,
+            backend + "/health",
+            workdir / "backend.log",
+        ),
+        timeout_s,
+    )
     urls, state_files, servers = {"backend": backend}, {}, []
     for role in SERVERS:
         port = free_port()
-        cmd = serve_command(model, port, probe_config(free_port(), workdir / "faults.json", policy,
-                                                     tier_health))  # fmt: skip
-        cmd += ["--otlp-traces-endpoint", backend + "/v1/traces", "--served-model-name",
-                "kvscope-tiny", "--num-gpu-blocks-override", str(NUM_DEVICE_BLOCKS)]  # fmt: skip
+        cmd = serve_command(
+            model, port, probe_config(free_port(), workdir / "faults.json", policy, tier_health)
+        )
+        cmd += [
+            "--otlp-traces-endpoint",
+            backend + "/v1/traces",
+            "--served-model-name",
+            "kvscope-tiny",
+            "--num-gpu-blocks-override",
+            str(NUM_DEVICE_BLOCKS),
+        ]
         state_files[role] = workdir / f"{role}.state.json"
         server_env = engine_env(
-            KVSCOPE_OTLP_ENDPOINTS=backend + "/v1/traces", OTEL_SERVICE_NAME=f"vllm-{role}",
-            OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="http/protobuf", OTEL_BSP_SCHEDULE_DELAY="200",
-            **{STATE_FILE_ENV: str(state_files[role])}, **executor,
-        )  # fmt: skip
+            KVSCOPE_OTLP_ENDPOINTS=backend + "/v1/traces",
+            OTEL_SERVICE_NAME=f"vllm-{role}",
+            OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="http/protobuf",
+            OTEL_BSP_SCHEDULE_DELAY="200",
+            **{STATE_FILE_ENV: str(state_files[role])},
+            **executor,
+        )
         urls[role] = f"http://127.0.0.1:{port}"
-        servers.append(Service(role, cmd, server_env, urls[role] + "/health",
-                               workdir / f"{role}.log"))  # fmt: skip
+        servers.append(
+            Service(role, cmd, server_env, urls[role] + "/health", workdir / f"{role}.log")
+        )
     start_together(stack, servers, timeout_s)
     proxy = f"http://127.0.0.1:{proxy_port}"
-    cmd = [*python, "kvscope.harness.proxy", "--port", str(proxy_port),
-           "--prefill-url", urls["prefill"], "--decode-url", urls["decode"]]  # fmt: skip
-    proxy_env = {**os.environ, "KVSCOPE_OTLP_ENDPOINTS": backend + "/v1/traces",
-                 "OTEL_SERVICE_NAME": "kvscope-proxy"}  # fmt: skip
-    stack.start(Service("proxy", cmd, proxy_env, proxy + "/health", workdir / "proxy.log"),
-                timeout_s)  # fmt: skip
+    cmd = [
+        *python,
+        "kvscope.harness.proxy",
+        "--port",
+        str(proxy_port),
+        "--prefill-url",
+        urls["prefill"],
+        "--decode-url",
+        urls["decode"],
+    ]
+    proxy_env = {
+        **os.environ,
+        "KVSCOPE_OTLP_ENDPOINTS": backend + "/v1/traces",
+        "OTEL_SERVICE_NAME": "kvscope-proxy",
+    }
+    stack.start(
+        Service("proxy", cmd, proxy_env, proxy + "/health", workdir / "proxy.log"), timeout_s
+    )
     urls["proxy"] = proxy
     return System(urls, state_files, stack)
 
@@ -104,8 +143,9 @@ def start_together(stack: Stack, services: list[Service], timeout_s: float) -> N
     while waiting:
         stack.check_alive()
         if time.monotonic() - started > timeout_s:
-            raise TimeoutError(f"{waiting[0].name} not healthy in {timeout_s:.0f} s; see "
-                               f"{waiting[0].log_path}")  # fmt: skip
+            raise TimeoutError(
+                f"{waiting[0].name} not healthy in {timeout_s:.0f} s; see {waiting[0].log_path}"
+            )
         waiting = [s for s in waiting if not s.healthy()]
         time.sleep(0.5)
     print(f"ready in {time.monotonic() - started:.0f} s", flush=True)

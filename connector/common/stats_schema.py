@@ -41,35 +41,48 @@ class StatsSchema:
         """The stats dict if it has this version's shape and bounds, else ValueError saying why."""
         if not isinstance(data, dict) or data.get("version") != STATS_VERSION:
             version = data.get("version") if isinstance(data, dict) else type(data).__name__
-            raise ValueError(f"{self.owner} stats: version {version!r}, expected "
-                             f"{STATS_VERSION}: the engine and this process run different "
-                             "versions of kvscope")  # fmt: skip
-        sections = {"counters": self.counters, "gauges": self.gauges,
-                    "histograms": self.histograms}  # fmt: skip
+            raise ValueError(
+                f"{self.owner} stats: version {version!r}, expected "
+                f"{STATS_VERSION}: the engine and this process run different "
+                "versions of kvscope"
+            )
+        sections = {"counters": self.counters, "gauges": self.gauges, "histograms": self.histograms}
         for section, known in sections.items():
             values = data.get(section)
             if not isinstance(values, dict) or not set(values) <= set(known):
-                raise ValueError(f"{self.owner} stats: '{section}' must be a dict with keys "
-                                 f"from {known}, got {values!r:.200}")  # fmt: skip
+                raise ValueError(
+                    f"{self.owner} stats: '{section}' must be a dict with keys "
+                    f"from {known}, got {values!r:.200}"
+                )
         for name, samples in data["histograms"].items():
             if not isinstance(samples, list) or len(samples) > MAX_SAMPLES:
-                raise ValueError(f"{self.owner} stats: histogram {name!r} must be a list of "
-                                 f"at most {MAX_SAMPLES} samples")  # fmt: skip
+                raise ValueError(
+                    f"{self.owner} stats: histogram {name!r} must be a list of "
+                    f"at most {MAX_SAMPLES} samples"
+                )
         failures = data.get("failures")
         if not isinstance(failures, dict) or not all(
-            cause in self.failure_causes and isinstance(outcomes, dict)
+            cause in self.failure_causes
+            and isinstance(outcomes, dict)
             and set(outcomes) <= set(self.failure_outcomes)
             for cause, outcomes in failures.items()
-        ):  # fmt: skip
-            raise ValueError(f"{self.owner} stats: 'failures' must map causes from "
-                             f"{self.failure_causes} to outcomes from "
-                             f"{self.failure_outcomes}")  # fmt: skip
+        ):
+            raise ValueError(
+                f"{self.owner} stats: 'failures' must map causes from "
+                f"{self.failure_causes} to outcomes from "
+                f"{self.failure_outcomes}"
+            )
         return data
 
 
 def empty_data() -> dict[str, Any]:
-    return {"version": STATS_VERSION, "counters": {}, "gauges": {}, "histograms": {},
-            "failures": {}}  # fmt: skip
+    return {
+        "version": STATS_VERSION,
+        "counters": {},
+        "gauges": {},
+        "histograms": {},
+        "failures": {},
+    }
 
 
 @dataclass
@@ -118,8 +131,12 @@ class SchemaStats(KVConnectorStats):
 
     def is_empty(self) -> bool:
         data = self.data
-        return not (any(data["counters"].values()) or data["gauges"] or data["failures"]
-                    or any(data["histograms"].values()))  # fmt: skip
+        return not (
+            any(data["counters"].values())
+            or data["gauges"]
+            or data["failures"]
+            or any(data["histograms"].values())
+        )
 
 
 def copied(data: dict[str, Any]) -> dict[str, Any]:
@@ -165,8 +182,9 @@ class IntervalReporter:
         self._counters: dict[str, float] = {}
         self._gauges: dict[str, float] = {}
 
-    def report(self, counters: dict[str, float], gauges: dict[str, float],
-               samples: Samples) -> SchemaStats | None:  # fmt: skip
+    def report(
+        self, counters: dict[str, float], gauges: dict[str, float], samples: Samples
+    ) -> SchemaStats | None:
         """What changed since the last call; None when nothing did."""
         delta = {k: v - self._counters.get(k, 0) for k, v in counters.items()}
         self._counters = dict(counters)

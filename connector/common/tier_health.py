@@ -53,16 +53,21 @@ class TierHealthConfig:
     def validate(self) -> None:
         count = self.failures_to_bypass
         if not isinstance(count, int) or isinstance(count, bool) or count < 0:
-            raise ValueError(f"{EXTRA_CONFIG_KEY}.failures_to_bypass must be an integer >= 0 "
-                             f"(0 turns bypassing off), got {count!r}")  # fmt: skip
+            raise ValueError(
+                f"{EXTRA_CONFIG_KEY}.failures_to_bypass must be an integer >= 0 "
+                f"(0 turns bypassing off), got {count!r}"
+            )
         for name in ("bypass_s", "max_bypass_s", "probe_timeout_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-                raise ValueError(f"{EXTRA_CONFIG_KEY}.{name} must be a positive number of "
-                                 f"seconds, got {value!r}")  # fmt: skip
+                raise ValueError(
+                    f"{EXTRA_CONFIG_KEY}.{name} must be a positive number of seconds, got {value!r}"
+                )
         if self.max_bypass_s < self.bypass_s:
-            raise ValueError(f"{EXTRA_CONFIG_KEY}.max_bypass_s ({self.max_bypass_s}) must be "
-                             f">= bypass_s ({self.bypass_s})")  # fmt: skip
+            raise ValueError(
+                f"{EXTRA_CONFIG_KEY}.max_bypass_s ({self.max_bypass_s}) must be "
+                f">= bypass_s ({self.bypass_s})"
+            )
 
 
 def failure_reason(waited_s: float, timeout_s: float) -> str:
@@ -73,12 +78,23 @@ def failure_reason(waited_s: float, timeout_s: float) -> str:
     return f"failed after {waited_s:.2f} s"
 
 
-def emit_state_span(tier: str, state: TierState, reason: str, failures: int, bypass_s: float,
-                    engine_id: str | None = None):  # fmt: skip
+def emit_state_span(
+    tier: str,
+    state: TierState,
+    reason: str,
+    failures: int,
+    bypass_s: float,
+    engine_id: str | None = None,
+):
     """One kvscope.tier.health span, a root of its own (the tier's, not a request's trace),
     naming the engine whose connector judged the tier when it knows it."""
-    attributes = {names.TIER: tier, names.TIER_STATE: str(state), names.TIER_REASON: reason,
-                  names.TIER_FAILURES: failures, names.TIER_BYPASS_S: float(bypass_s)}  # fmt: skip
+    attributes = {
+        names.TIER: tier,
+        names.TIER_STATE: str(state),
+        names.TIER_REASON: reason,
+        names.TIER_FAILURES: failures,
+        names.TIER_BYPASS_S: float(bypass_s),
+    }
     if engine_id is not None:
         attributes[names.ENGINE_ID] = engine_id
     root = trace.set_span_in_context(trace.INVALID_SPAN)
@@ -119,8 +135,10 @@ class TierHealth:
         now = self.clock()
         if self.state is TierState.BYPASSED and now >= self.bypassed_until:
             self._probe = (key, now)
-            self._change(TierState.PROBING, f"bypass of {self.bypass_s:g} s over: one lookup "
-                         "let through as a probe")  # fmt: skip
+            self._change(
+                TierState.PROBING,
+                f"bypass of {self.bypass_s:g} s over: one lookup let through as a probe",
+            )
             return True
         if self.state is TierState.PROBING and self._probe is not None:
             probe_key, since = self._probe
@@ -152,16 +170,19 @@ class TierHealth:
                 self._change(TierState.HEALTHY, "the probe's load succeeded")
             else:
                 self.failures += 1
-                self._bypass(min(2 * self.bypass_s, self.config.max_bypass_s),
-                             f"the probe's load failed: {reason}")  # fmt: skip
+                self._bypass(
+                    min(2 * self.bypass_s, self.config.max_bypass_s),
+                    f"the probe's load failed: {reason}",
+                )
             return
         if ok:
             self.failures = 0
             return
         self.failures += 1
         if self.failures >= self.config.failures_to_bypass:
-            self._bypass(self.config.bypass_s, f"{self.failures} loads in a row failed; "
-                         f"last: {reason}")  # fmt: skip
+            self._bypass(
+                self.config.bypass_s, f"{self.failures} loads in a row failed; last: {reason}"
+            )
 
     def counters(self) -> dict[str, int]:
         """Cumulative counts for the connector's stats."""

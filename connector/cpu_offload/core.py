@@ -58,9 +58,15 @@ class CpuOffloadCore(KVConnectorBase_V1, SupportsHMA):
                 config.bytes_per_rank(world_size, replicas.size), spec.page_size_bytes * num_layers
             )
             self.scheduler = OffloadScheduler(
-                config, kv_namespace(vllm_config, spec, num_layers), spec.block_size, host_blocks,
-                world_size, faults, kv_events_enabled(vllm_config), self.groups,
-            )  # fmt: skip
+                config,
+                kv_namespace(vllm_config, spec, num_layers),
+                spec.block_size,
+                host_blocks,
+                world_size,
+                faults,
+                kv_events_enabled(vllm_config),
+                self.groups,
+            )
             self.scheduler.failure_outcome = outcome_of_policy(
                 self._kv_transfer_config.kv_load_failure_policy
             )

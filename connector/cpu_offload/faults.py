@@ -60,8 +60,10 @@ class FaultPlan:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         for rank, overrides in self.by_rank.items():
             if not (isinstance(rank, str) and rank.isdigit() and isinstance(overrides, dict)):
-                raise ValueError(f"by_rank maps a world rank ('0', '1', ...) to plan keys, got "
-                                 f"{rank!r}: {overrides!r}")  # fmt: skip
+                raise ValueError(
+                    f"by_rank maps a world rank ('0', '1', ...) to plan keys, got "
+                    f"{rank!r}: {overrides!r}"
+                )
             if "by_rank" in overrides:
                 raise ValueError("by_rank entries cannot nest by_rank")
             FaultPlan.from_dict(overrides)

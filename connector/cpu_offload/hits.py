@@ -57,7 +57,10 @@ def plan_hit(
     for hit_end in range(end, start, -1):
         needed = {g.group_id: g.needed(start, hit_end) for g in groups.groups}
         if all(all(present[g][i - start] for i in needed[g]) for g in needed):
-            return interleave({
-                g: [blocks_by_group[g][i - start] for i in indices] for g, indices in needed.items()
-            })  # fmt: skip
+            return interleave(
+                {
+                    g: [blocks_by_group[g][i - start] for i in indices]
+                    for g, indices in needed.items()
+                }
+            )
     return []

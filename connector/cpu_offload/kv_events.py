@@ -61,12 +61,19 @@ class HostTierEvents:
             if (facts := self._planned.pop(key, None)) is None:
                 continue
             self._stored[key] = (facts.block_hash, facts.group_idx)
-            self._push(BlockStored(
-                block_hashes=[facts.block_hash], parent_block_hash=facts.parent_block_hash,
-                token_ids=list(facts.token_ids), block_size=self.block_size, lora_id=None,
-                medium=MEDIUM, lora_name=facts.lora_name, group_idx=facts.group_idx,
-                locality="LOCAL",
-            ))  # fmt: skip
+            self._push(
+                BlockStored(
+                    block_hashes=[facts.block_hash],
+                    parent_block_hash=facts.parent_block_hash,
+                    token_ids=list(facts.token_ids),
+                    block_size=self.block_size,
+                    lora_id=None,
+                    medium=MEDIUM,
+                    lora_name=facts.lora_name,
+                    group_idx=facts.group_idx,
+                    locality="LOCAL",
+                )
+            )
 
     def aborted(self, keys: list[bytes]) -> None:
         """A failed store: its blocks were never announced."""
@@ -79,8 +86,11 @@ class HostTierEvents:
             if (stored := self._stored.pop(key, None)) is not None:
                 by_group.setdefault(stored[1], []).append(stored[0])
         for group_idx, hashes in sorted(by_group.items()):
-            self._push(BlockRemoved(block_hashes=hashes, medium=MEDIUM, group_idx=group_idx,
-                                    locality="LOCAL"))  # fmt: skip
+            self._push(
+                BlockRemoved(
+                    block_hashes=hashes, medium=MEDIUM, group_idx=group_idx, locality="LOCAL"
+                )
+            )
 
     def take(self) -> list[KVCacheEvent]:
         events, self._queue = self._queue, []

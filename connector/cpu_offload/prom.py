@@ -41,28 +41,43 @@ class OffloadPromMetrics(SchemaPromMetrics):
     """The schema's counters, gauges and failures, plus copies per path and the KV wait."""
 
     def __init__(self, vllm_config, metric_types, labelnames, per_engine_labelvalues):
-        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues,
-                         prefix=PREFIX, schema=SCHEMA, counters=COUNTERS,
-                         gauges=GAUGES)  # fmt: skip
+        super().__init__(
+            vllm_config,
+            metric_types,
+            labelnames,
+            per_engine_labelvalues,
+            prefix=PREFIX,
+            schema=SCHEMA,
+            counters=COUNTERS,
+            gauges=GAUGES,
+        )
         counter, histogram = self._counter_cls, self._histogram_cls
-        self.path_bytes = self.per_label(counter, "bytes", "Bytes copied, per path.",
-                                         "path", PATHS)  # fmt: skip
+        self.path_bytes = self.per_label(counter, "bytes", "Bytes copied, per path.", "path", PATHS)
         self.path_seconds = self.per_label(
             counter, "busy_seconds", "Seconds spent copying, per path, over ranks.", "path", PATHS
         )
         self.transfer_seconds = self.per_label(
-            histogram, "transfer_seconds", "Duration of one copy, per path.", "path", PATHS,
+            histogram,
+            "transfer_seconds",
+            "Duration of one copy, per path.",
+            "path",
+            PATHS,
             buckets=SECONDS_BUCKETS,
-        )  # fmt: skip
+        )
         self.transfer_bytes = self.per_label(
-            histogram, "transfer_size_bytes", "Bytes of one copy, per path.", "path", PATHS,
+            histogram,
+            "transfer_size_bytes",
+            "Bytes of one copy, per path.",
+            "path",
+            PATHS,
             buckets=BYTES_BUCKETS,
-        )  # fmt: skip
+        )
         self.kv_wait = self.per_engine(
-            histogram, "kv_wait_seconds",
+            histogram,
+            "kv_wait_seconds",
             "From a request's lease to the end of its load: its wait for KV from the host pool.",
             buckets=SECONDS_BUCKETS,
-        )  # fmt: skip
+        )
 
     def observe_histograms(self, data: dict[str, Any], engine_idx: int) -> None:
         counters, histograms = data["counters"], data["histograms"]

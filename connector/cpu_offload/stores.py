@@ -22,17 +22,22 @@ class StorePlanning:
         if state is None or state.loading:
             return None
         request = state.request
-        full = min((request.num_computed_tokens + num_tokens) // self.block_size,
-                   len(request.block_hashes))  # fmt: skip
+        full = min(
+            (request.num_computed_tokens + num_tokens) // self.block_size, len(request.block_hashes)
+        )
         first = state.next_block_to_store
         if full <= first:
             return None
         state.next_block_to_store = full
         ids_by_group = block_ids_by_group(kv_cache_manager.get_block_ids(req_id))
         block_pool = getattr(kv_cache_manager, "block_pool", None)
-        blocks = [b for b in interleave(request_blocks(self.groups, self.namespace,
-                                                       request.block_hashes, first, full))
-                  if _real_block(block_pool, ids_by_group[b.group_id], b.index)]  # fmt: skip
+        blocks = [
+            b
+            for b in interleave(
+                request_blocks(self.groups, self.namespace, request.block_hashes, first, full)
+            )
+            if _real_block(block_pool, ids_by_group[b.group_id], b.index)
+        ]
         of_key = {b.key: b for b in blocks}
         reservation = self._reserve(request, of_key)
         if not reservation.host_block_ids:
@@ -41,10 +46,13 @@ class StorePlanning:
         device = tuple(ids_by_group[b.group_id][b.index] for b in reserved)
         store_id = next(self._store_ids)
         self._stores[store_id] = PlannedStore(
-            req_id, list(reservation.host_block_ids), list(reservation.block_keys),
-            [b.group_id for b in reserved], self._hold_device_blocks(block_pool, device),
+            req_id,
+            list(reservation.host_block_ids),
+            list(reservation.block_keys),
+            [b.group_id for b in reserved],
+            self._hold_device_blocks(block_pool, device),
             block_pool,
-        )  # fmt: skip
+        )
         state.stores_in_flight.add(store_id)
         group_ids = tuple(b.group_id for b in reserved) if self.groups.multi else ()
         return BlockTransfer(req_id, device, tuple(reservation.host_block_ids), store_id, group_ids)
@@ -53,13 +61,16 @@ class StorePlanning:
         """Host blocks for the blocks not in the pool yet; evictions reported with their group."""
         reservation = self.pool.reserve(list(of_key))
         self.kv_events.removed(reservation.evicted_keys)
-        self.kv_events.planned(request, {k: (b.index, b.group_id) for k, b in of_key.items()},
-                               reservation.block_keys)  # fmt: skip
+        self.kv_events.planned(
+            request, {k: (b.index, b.group_id) for k, b in of_key.items()}, reservation.block_keys
+        )
         if reservation.evicted_keys:
             evicted = reservation.evicted_host_block_ids
             groups = [self._host_block_group[host_block_id] for host_block_id in evicted]
-            add_event(names.EVENT_BLOCK_EVICTED,
-                      **blocks_attributes(evicted, reservation.evicted_keys, groups))  # fmt: skip
+            add_event(
+                names.EVENT_BLOCK_EVICTED,
+                **blocks_attributes(evicted, reservation.evicted_keys, groups),
+            )
         for key, host_block_id in zip(
             reservation.block_keys, reservation.host_block_ids, strict=True
         ):
@@ -92,9 +103,11 @@ class StorePlanning:
             self.samples.fail("store_failed", "dropped")  # a later lookup misses them
         if committed:
             self.stats["stored_blocks"] += len(store.host_block_ids)
-            add_event(names.EVENT_BLOCK_STORED, **{names.REQUEST_ID: store.req_id},
-                      **blocks_attributes(store.host_block_ids, store.keys,
-                                          store.group_ids))  # fmt: skip
+            add_event(
+                names.EVENT_BLOCK_STORED,
+                **{names.REQUEST_ID: store.req_id},
+                **blocks_attributes(store.host_block_ids, store.keys, store.group_ids),
+            )
         state = self.requests.get(store.req_id)
         if state is not None:
             state.stores_in_flight.discard(store_id)

@@ -61,8 +61,12 @@ class OffloadWorker:
         self._failed_loads: set[str] = set()  # request ids, for vLLM's failed_recving
         self._meta = OffloadWorkerMeta()
         # Failed loads are counted once, by the scheduler half, when every rank reported.
-        self.stats: dict[str, float] = {"load_bytes": 0, "store_bytes": 0, "load_s": 0.0,
-                                        "store_s": 0.0}  # fmt: skip
+        self.stats: dict[str, float] = {
+            "load_bytes": 0,
+            "store_bytes": 0,
+            "load_s": 0.0,
+            "store_s": 0.0,
+        }
         self.samples = Samples()  # per-copy durations and sizes for the stats' histograms
 
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
@@ -99,9 +103,11 @@ class OffloadWorker:
         for transfer in metadata.reqs_to_load:
             fault = self.faults.on_load(transfer.req_id)
             job_id = self.copies.submit_load(
-                transfer.device_block_ids, transfer.host_block_ids,
-                delay_s=fault.delay_s, fail_reason=fault.fail_reason,
-            )  # fmt: skip
+                transfer.device_block_ids,
+                transfer.host_block_ids,
+                delay_s=fault.delay_s,
+                fail_reason=fault.fail_reason,
+            )
             deadline = time.monotonic() + self.config.load_timeout_s
             self._pending[job_id] = PendingCopy(transfer, Direction.LOAD, deadline)
 
@@ -139,10 +145,15 @@ class OffloadWorker:
     def _finish(self, pending: PendingCopy, result: CopyResult, recving: set[str]) -> None:
         transfer = pending.transfer
         direction = pending.direction.value
-        record_transfer(transfer.req_id, direction, result.num_bytes,
-                        result.finished_at - result.duration_s, result.finished_at,
-                        error=result.error, **{names.TRANSFER_PEER: "host",
-                        names.BLOCK_COUNT: result.num_blocks})  # fmt: skip
+        record_transfer(
+            transfer.req_id,
+            direction,
+            result.num_bytes,
+            result.finished_at - result.duration_s,
+            result.finished_at,
+            error=result.error,
+            **{names.TRANSFER_PEER: "host", names.BLOCK_COUNT: result.num_blocks},
+        )
         self.stats[f"{direction}_bytes"] += result.num_bytes if result.ok else 0
         self.stats[f"{direction}_s"] += result.duration_s
         if result.ok:
@@ -155,10 +166,15 @@ class OffloadWorker:
         recving.add(transfer.req_id)
         if result.ok and not pending.timed_out:
             self._meta.loads_done[transfer.req_id] = 1
-            add_event(names.EVENT_BLOCK_LOADED, **{names.REQUEST_ID: transfer.req_id,
-                      names.BLOCK_TIER: "device",
-                      names.BLOCK_IDS: list(transfer.device_block_ids)},
-                      **_group_attribute(transfer))  # fmt: skip
+            add_event(
+                names.EVENT_BLOCK_LOADED,
+                **{
+                    names.REQUEST_ID: transfer.req_id,
+                    names.BLOCK_TIER: "device",
+                    names.BLOCK_IDS: list(transfer.device_block_ids),
+                },
+                **_group_attribute(transfer),
+            )
         else:
             cause = "timeout" if pending.timed_out else result.error or "load failed"
             self._fail_load(transfer, cause)
@@ -168,11 +184,18 @@ class OffloadWorker:
         self._failed_loads.add(transfer.req_id)
         self._meta.loads_failed[transfer.req_id] = 1
         outcome = {names.FAILURE_OUTCOME: self.failure_outcome} if self.failure_outcome else {}
-        add_event(names.EVENT_LOAD_FAILED, **{names.REQUEST_ID: transfer.req_id,
-                  names.FAILURE_CAUSE: cause, names.BLOCK_COUNT: len(transfer.device_block_ids),
-                  names.BLOCK_IDS: list(transfer.device_block_ids),
-                  names.FAILURE_POLICY: self.failure_policy or "recompute"}, **outcome,
-                  **_group_attribute(transfer))  # fmt: skip
+        add_event(
+            names.EVENT_LOAD_FAILED,
+            **{
+                names.REQUEST_ID: transfer.req_id,
+                names.FAILURE_CAUSE: cause,
+                names.BLOCK_COUNT: len(transfer.device_block_ids),
+                names.BLOCK_IDS: list(transfer.device_block_ids),
+                names.FAILURE_POLICY: self.failure_policy or "recompute",
+            },
+            **outcome,
+            **_group_attribute(transfer),
+        )
 
     def _time_out_loads(self) -> set[str]:
         """Loads past their deadline fail. One whose copy never began or already ended is
@@ -192,8 +215,10 @@ class OffloadWorker:
         return timed_out
 
     def _has_pending_stores(self, req_id: str) -> bool:
-        return any(p.transfer.req_id == req_id and p.direction is Direction.STORE
-                   for p in self._pending.values())  # fmt: skip
+        return any(
+            p.transfer.req_id == req_id and p.direction is Direction.STORE
+            for p in self._pending.values()
+        )
 
     def take_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()

@@ -58,8 +58,9 @@ class P2PCore(KVConnectorBase_V1, SupportsHMA):
         else:
             serves = ktc.kv_role in ("kv_producer", "kv_both")
             tp_size = vllm_config.parallel_config.tensor_parallel_size
-            self.worker = P2PWorker(config, engine_id, serves, ktc.kv_load_failure_policy,
-                                    _tp_rank(tp_size), tp_size)  # fmt: skip
+            self.worker = P2PWorker(
+                config, engine_id, serves, ktc.kv_load_failure_policy, _tp_rank(tp_size), tp_size
+            )
 
     def leave_failure_outcome_to_parent(self) -> None:
         """Inside a Multi, which says what a failed load became (a fallback, or the policy)."""

@@ -112,8 +112,11 @@ def pull_pairs(
     local_groups, remote_groups = [], []
     for g, needed in enumerate(ranges):
         remote_ids = remote.remote_ids(g, needed.start, needed.stop) if needed else ()
-        pairs = [(local_ids[g][i], r) for i, r in zip(needed, remote_ids, strict=True)
-                 if not local_null(g, i)]  # fmt: skip
+        pairs = [
+            (local_ids[g][i], r)
+            for i, r in zip(needed, remote_ids, strict=True)
+            if not local_null(g, i)
+        ]
         local_groups.append(tuple(local for local, _ in pairs))
         remote_groups.append(tuple(r for _, r in pairs))
     return tuple(local_groups), tuple(remote_groups)

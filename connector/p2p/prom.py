@@ -40,30 +40,47 @@ class P2PPromMetrics(SchemaPromMetrics):
     """The schema's counters, gauges and failures, plus read and KV wait histograms."""
 
     def __init__(self, vllm_config, metric_types, labelnames, per_engine_labelvalues):
-        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues,
-                         prefix=PREFIX, schema=SCHEMA, counters=COUNTERS,
-                         gauges=GAUGES)  # fmt: skip
+        super().__init__(
+            vllm_config,
+            metric_types,
+            labelnames,
+            per_engine_labelvalues,
+            prefix=PREFIX,
+            schema=SCHEMA,
+            counters=COUNTERS,
+            gauges=GAUGES,
+        )
         histogram = self._histogram_cls
-        self.read_busy = self.per_engine(self._counter_cls, "read_busy_seconds",
-                                         "Seconds NIXL reads took, over ranks.")  # fmt: skip
-        self.read_seconds = self.per_engine(histogram, "read_duration_seconds",
-                                            "Duration of one NIXL read (one rank's shard).",
-                                            buckets=SECONDS_BUCKETS)  # fmt: skip
-        self.read_size = self.per_engine(histogram, "read_size_bytes",
-                                         "Bytes of one NIXL read (one rank's shard).",
-                                         buckets=BYTES_BUCKETS)  # fmt: skip
+        self.read_busy = self.per_engine(
+            self._counter_cls, "read_busy_seconds", "Seconds NIXL reads took, over ranks."
+        )
+        self.read_seconds = self.per_engine(
+            histogram,
+            "read_duration_seconds",
+            "Duration of one NIXL read (one rank's shard).",
+            buckets=SECONDS_BUCKETS,
+        )
+        self.read_size = self.per_engine(
+            histogram,
+            "read_size_bytes",
+            "Bytes of one NIXL read (one rank's shard).",
+            buckets=BYTES_BUCKETS,
+        )
         self.kv_wait = self.per_engine(
-            histogram, "kv_wait_seconds",
+            histogram,
+            "kv_wait_seconds",
             "From a pull's start to its end on every rank: a request's wait for its prompt's KV.",
             buckets=SECONDS_BUCKETS,
-        )  # fmt: skip
+        )
 
     def observe_histograms(self, data: dict[str, Any], engine_idx: int) -> None:
         if seconds := data["counters"].get("read_s"):
             self.read_busy[engine_idx].inc(seconds)
         histograms = data["histograms"]
-        for name, metric in (("read_seconds", self.read_seconds),
-                             ("read_size_bytes", self.read_size),
-                             ("kv_wait_seconds", self.kv_wait)):  # fmt: skip
+        for name, metric in (
+            ("read_seconds", self.read_seconds),
+            ("read_size_bytes", self.read_size),
+            ("kv_wait_seconds", self.kv_wait),
+        ):
             for sample in histograms.get(name, ()):
                 metric[engine_idx].observe(sample)

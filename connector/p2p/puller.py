@@ -68,8 +68,13 @@ class BlockPuller:
         self.load_errors: set[int] = set()
         self.failed_loads: set[str] = set()  # request ids, for vLLM's failed_recving
         self.loads_failed: dict[str, str] = {}  # since the last take
-        self.stats = {"read_bytes": 0, "read_s": 0.0, "reads": 0, "failed_reads": 0,
-                      "handshakes": 0}  # fmt: skip
+        self.stats = {
+            "read_bytes": 0,
+            "read_s": 0.0,
+            "reads": 0,
+            "failed_reads": 0,
+            "handshakes": 0,
+        }
         self.samples = Samples()  # per-read durations and sizes for the stats' histograms
 
     def start(self, pulls: list[BlockPull], releases: list[BlockRelease]) -> None:
@@ -191,10 +196,16 @@ class BlockPuller:
             cause = "lease expired during the read: the prefill side may have freed the blocks"
         end = time.monotonic()
         descriptors = result.descriptors
-        record_transfer(pull.req_id, "p2p_read", result.nbytes, end - result.duration_s, end,
-                        error=cause, **{names.TRANSFER_PEER: pull.remote.engine_id,
-                        names.TRANSFER_DESCRIPTORS: descriptors},
-                        **pulled_block_attributes(pull))  # fmt: skip
+        record_transfer(
+            pull.req_id,
+            "p2p_read",
+            result.nbytes,
+            end - result.duration_s,
+            end,
+            error=cause,
+            **{names.TRANSFER_PEER: pull.remote.engine_id, names.TRANSFER_DESCRIPTORS: descriptors},
+            **pulled_block_attributes(pull),
+        )
         if cause is not None:
             kind = "lease_expired" if "lease expired" in cause else "read_failed"
             self._release_quietly(pull, result.peer)
@@ -207,8 +218,11 @@ class BlockPuller:
         self.samples.observe("read_seconds", result.duration_s)
         self.samples.observe("read_size_bytes", result.nbytes)
         self._recving.add(pull.req_id)
-        add_event(names.EVENT_BLOCK_LOADED, **{names.REQUEST_ID: pull.req_id,
-                  names.BLOCK_TIER: "device"}, **pulled_block_attributes(pull))  # fmt: skip
+        add_event(
+            names.EVENT_BLOCK_LOADED,
+            **{names.REQUEST_ID: pull.req_id, names.BLOCK_TIER: "device"},
+            **pulled_block_attributes(pull),
+        )
 
     def _fail(self, item: BlockPull | BlockRelease, cause: str, kind: str) -> None:
         logger.warning("p2p: request %s: %s", item.req_id, cause)
@@ -219,11 +233,16 @@ class BlockPuller:
         self.failed_loads.add(item.req_id)
         self.loads_failed[item.req_id] = f"{kind}: {cause}"
         self._recving.add(item.req_id)
-        add_event(names.EVENT_LOAD_FAILED, **{names.REQUEST_ID: item.req_id,
-                  names.FAILURE_CAUSE: f"{kind}: {cause}",
-                  names.FAILURE_POLICY: self.failure_policy,
-                  names.FAILURE_OUTCOME: self.failure_outcome},
-                  **pulled_block_attributes(item))  # fmt: skip
+        add_event(
+            names.EVENT_LOAD_FAILED,
+            **{
+                names.REQUEST_ID: item.req_id,
+                names.FAILURE_CAUSE: f"{kind}: {cause}",
+                names.FAILURE_POLICY: self.failure_policy,
+                names.FAILURE_OUTCOME: self.failure_outcome,
+            },
+            **pulled_block_attributes(item),
+        )
 
     def _release_quietly(self, pull: BlockPull, agent: str) -> None:
         """The read was cancelled and its blocks will be recomputed: the prefill side may free

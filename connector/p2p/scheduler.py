@@ -59,8 +59,13 @@ class P2PScheduler:
         # What a failed pull became, for the stats (the worker's events say it too); None
         # inside a Multi.
         self.failure_outcome: str | None = RECOMPUTED
-        self.stats: dict[str, int] = {"held": 0, "leases_expired": 0, "pulls": 0,
-                                      "pull_tokens": 0, "failed_pulls": 0}  # fmt: skip
+        self.stats: dict[str, int] = {
+            "held": 0,
+            "leases_expired": 0,
+            "pulls": 0,
+            "pull_tokens": 0,
+            "failed_pulls": 0,
+        }
         self.samples = Samples()  # histogram samples and failures for the next stats report
         self._pull_started: dict[str, float] = {}  # decode request id -> monotonic start
 
@@ -82,8 +87,9 @@ class P2PScheduler:
                 f" {self.block_size}; start both engines with the same --block-size"
             )
             return self._refuse(request, cause, remote, "layout_mismatch")
-        pullable = min(request.num_prompt_tokens - 1, remote.num_tokens,
-                       remote.num_blocks * self.block_size)  # fmt: skip
+        pullable = min(
+            request.num_prompt_tokens - 1, remote.num_tokens, remote.num_blocks * self.block_size
+        )
         if (cause := self._uncovered(remote, num_computed_tokens, pullable)) is not None:
             return self._refuse(request, cause, remote, "not_covered")
         if (cause := self._bypassed(remote, req_id)) is not None:
@@ -134,8 +140,11 @@ class P2PScheduler:
         if kind is not None:
             self.samples.fail(kind, self.refusal_outcome or "left_to_parent")
         outcome = {names.FAILURE_OUTCOME: self.refusal_outcome} if self.refusal_outcome else {}
-        add_event(names.EVENT_LOAD_FAILED, **{names.REQUEST_ID: str(request.request_id),
-                  names.FAILURE_CAUSE: cause}, **outcome)  # fmt: skip
+        add_event(
+            names.EVENT_LOAD_FAILED,
+            **{names.REQUEST_ID: str(request.request_id), names.FAILURE_CAUSE: cause},
+            **outcome,
+        )
         request.kv_transfer_params["do_remote_prefill"] = False
         if remote is not None:
             self._to_release.append(BlockRelease(str(request.request_id), remote))
@@ -200,10 +209,16 @@ class P2PScheduler:
         self.stats["held"] += 1
         add_event(names.EVENT_LEASE_ACQUIRED, **self._lease_attributes(held))
         return RemotePrefill(
-            self.engine_id, req_id, self.config.side_channel_host, self.config.side_channel_port,
-            tails, request.num_computed_tokens, self.block_size, deadline,
+            self.engine_id,
+            req_id,
+            self.config.side_channel_host,
+            self.config.side_channel_port,
+            tails,
+            request.num_computed_tokens,
+            self.block_size,
+            deadline,
             max(len(group) for group in block_ids),
-        )  # fmt: skip
+        )
 
     # --- per step -------------------------------------------------------------------------
 
@@ -235,9 +250,12 @@ class P2PScheduler:
 
     def report_values(self) -> tuple[dict[str, int], dict[str, int]]:
         """Cumulative counters and the gauges now, for the connector's stats."""
-        gauges = {"held_requests": len(self.held), "pulls_in_flight": len(self.pulling),
-                  "peers": len(self.health.peers),
-                  "peers_bypassed": self.health.bypassed_peers()}  # fmt: skip
+        gauges = {
+            "held_requests": len(self.held),
+            "pulls_in_flight": len(self.pulling),
+            "peers": len(self.health.peers),
+            "peers_bypassed": self.health.bypassed_peers(),
+        }
         return dict(self.stats), gauges
 
     def _end_lease(self, req_id: str, expired: bool) -> None:

@@ -10,19 +10,46 @@ from dataclasses import dataclass
 
 from kvscope.connector.common.stats_schema import SchemaStats, StatsSchema
 
-SCHEDULER_COUNTERS = ("pulls", "pull_tokens", "failed_pulls", "held", "leases_expired",
-                      "tier_bypasses", "tier_bypassed_lookups")  # fmt: skip
-WORKER_COUNTERS = ("reads", "read_bytes", "read_s", "failed_reads", "handshakes",
-                   "reads_notified", "late_notifs")  # fmt: skip
+SCHEDULER_COUNTERS = (
+    "pulls",
+    "pull_tokens",
+    "failed_pulls",
+    "held",
+    "leases_expired",
+    "tier_bypasses",
+    "tier_bypassed_lookups",
+)
+WORKER_COUNTERS = (
+    "reads",
+    "read_bytes",
+    "read_s",
+    "failed_reads",
+    "handshakes",
+    "reads_notified",
+    "late_notifs",
+)
 COUNTERS = (*SCHEDULER_COUNTERS, *WORKER_COUNTERS, "samples_dropped")
 GAUGES = ("held_requests", "pulls_in_flight", "peers", "peers_bypassed")
 HISTOGRAMS = ("read_seconds", "read_size_bytes", "kv_wait_seconds")
-FAILURE_CAUSES = ("bad_params", "layout_mismatch", "not_covered", "peer_unreachable",
-                  "lease_expired", "read_failed")  # fmt: skip
+FAILURE_CAUSES = (
+    "bad_params",
+    "layout_mismatch",
+    "not_covered",
+    "peer_unreachable",
+    "lease_expired",
+    "read_failed",
+)
 """Refused lookups (the first three: nothing was read) and failed pulls (the puller's kinds)."""
 FAILURE_OUTCOMES = ("recomputed", "failed", "left_to_parent")
-SCHEMA = StatsSchema("P2PConnector", COUNTERS, GAUGES, HISTOGRAMS, FAILURE_CAUSES,
-                     FAILURE_OUTCOMES, throughputs=("read",))  # fmt: skip
+SCHEMA = StatsSchema(
+    "P2PConnector",
+    COUNTERS,
+    GAUGES,
+    HISTOGRAMS,
+    FAILURE_CAUSES,
+    FAILURE_OUTCOMES,
+    throughputs=("read",),
+)
 
 
 @dataclass

@@ -57,14 +57,24 @@ class P2PWorker:
         """Serve and read these views, described by what vLLM says of them (vllm_layout)."""
         transport_config = TransportConfig(transfer_timeout_s=self.config.read_timeout_s)
         self.transport = NixlTransport(
-            self.engine_id, kv_caches, self.tp_rank, self.tp_size, transport_config,
-            kv_layout, num_blocks, tensor_strides,
-        )  # fmt: skip
-        logger.info("p2p: engine %s tp rank %d registered %d layers x %d blocks, layout %s,"
-                    " %s", self.engine_id, self.tp_rank, self.transport.layout.num_layers,
-                    self.transport.layout.num_blocks, self.transport.layout.kv_layout,
-                    "one run per block" if self.transport.layout.block_runs
-                    else "one run per layer page")  # fmt: skip
+            self.engine_id,
+            kv_caches,
+            self.tp_rank,
+            self.tp_size,
+            transport_config,
+            kv_layout,
+            num_blocks,
+            tensor_strides,
+        )
+        logger.info(
+            "p2p: engine %s tp rank %d registered %d layers x %d blocks, layout %s, %s",
+            self.engine_id,
+            self.tp_rank,
+            self.transport.layout.num_layers,
+            self.transport.layout.num_blocks,
+            self.transport.layout.kv_layout,
+            "one run per block" if self.transport.layout.block_runs else "one run per layer page",
+        )
         self.lender = BlockLender(self.transport)
         self.puller = BlockPuller(
             self.transport, self.config, self.failure_policy, self.failure_outcome, self.tp_rank
@@ -82,8 +92,13 @@ class P2PWorker:
                 " its own kv_connector_extra_config side_channel_port"
             ) from None
         self.side_channel.publish(self.transport.peer_info())
-        logger.info("p2p: engine %s tp rank %d serves its KV layout on %s:%s",
-                    self.engine_id, self.tp_rank, host, port)  # fmt: skip
+        logger.info(
+            "p2p: engine %s tp rank %d serves its KV layout on %s:%s",
+            self.engine_id,
+            self.tp_rank,
+            host,
+            port,
+        )
 
     def _on_handshake(self) -> None:
         self.transport.expect_activity(_HOT_AFTER_HANDSHAKE_S)

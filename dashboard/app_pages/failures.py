@@ -6,8 +6,12 @@ from kvscope.dashboard import client, ui
 from kvscope.dashboard.charts import tables
 from kvscope.dashboard.charts.format import clock, engine_name
 
-KINDS = {"all": None, "load failed": "load_failed", "lease expired": "lease_expired",
-         "transfer failed": "transfer_failed"}  # fmt: skip
+KINDS = {
+    "all": None,
+    "load failed": "load_failed",
+    "lease expired": "lease_expired",
+    "transfer failed": "transfer_failed",
+}
 
 LATEST = 8
 

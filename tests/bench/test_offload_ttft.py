@@ -11,15 +11,26 @@ def test_offload_ttft_records_per_length_figures(tmp_path, monkeypatch, tiny_mod
 
     results = tmp_path / "results.jsonl"
     monkeypatch.setenv(RESULTS_ENV, str(results))
-    argv = ["--model", str(tiny_model), "--prefix-tokens", "256,512", "--repeats", "2",
-            "--rounds", "1"]  # fmt: skip
+    argv = [
+        "--model",
+        str(tiny_model),
+        "--prefix-tokens",
+        "256,512",
+        "--repeats",
+        "2",
+        "--rounds",
+        "1",
+    ]
     assert offload_ttft.main(argv) == 0
     figures = {row["metric"]: row["value"] for row in load(results)}
     assert set(figures) == {
-        "ttft_hit_over_recompute_tiny_256", "ttft_hit_over_recompute_tiny_512",
-        "ttft_recompute_tiny_256_ms", "ttft_recompute_tiny_512_ms",
-        "ttft_hit_tiny_256_ms", "ttft_hit_tiny_512_ms",
-    }  # fmt: skip
+        "ttft_hit_over_recompute_tiny_256",
+        "ttft_hit_over_recompute_tiny_512",
+        "ttft_recompute_tiny_256_ms",
+        "ttft_recompute_tiny_512_ms",
+        "ttft_hit_tiny_256_ms",
+        "ttft_hit_tiny_512_ms",
+    }
     assert all(value > 0 for value in figures.values())
 
 

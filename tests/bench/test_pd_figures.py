@@ -40,11 +40,13 @@ def _span(
         "startTimeUnixNano": str(int(start_s * 1e9)),
         "attributes": [{"key": "gen_ai.request.id", "value": {"stringValue": req_id}}],
         "events": [
-            {"timeUnixNano": str(int(t * 1e9)),
-             "attributes": [{"key": "kvscope.timeline.point", "value": {"stringValue": point}}]}
+            {
+                "timeUnixNano": str(int(t * 1e9)),
+                "attributes": [{"key": "kvscope.timeline.point", "value": {"stringValue": point}}],
+            }
             for point, t in events
         ],
-    }  # fmt: skip
+    }
 
 
 def _write_spans(path: Path, spans: list[dict]) -> None:
@@ -54,18 +56,24 @@ def _write_spans(path: Path, spans: list[dict]) -> None:
 
 def test_phases_split_a_request_into_its_gaps(tmp_path, capsys):
     t = 1000.0
-    _write_spans(tmp_path / "prefill_spans.jsonl", [
-        _span("kvscope.request", t + 0.005),
-        _span("kvscope.hook.request_finished", t + 0.015),
-        _span("kvscope.worker.request", t + 0.040, (("send_complete", t + 0.045),)),
-        _span("kvscope.request.event", t + 0.020, (("send_complete", t + 0.020),), "r0"),
-    ])  # fmt: skip
-    _write_spans(tmp_path / "decode_spans.jsonl", [
-        _span("kvscope.request", t + 0.030, (("resumed", t + 0.050),)),
-        _span("kvscope.worker.request", t + 0.032, (("transfer_submitted", t + 0.032),)),
-        _span("kvscope.request.event", t + 0.046, (("transfer_complete", t + 0.046),)),
-        _span("kvscope.worker.request", t + 0.052, (("forward_start", t + 0.053),)),
-    ])  # fmt: skip
+    _write_spans(
+        tmp_path / "prefill_spans.jsonl",
+        [
+            _span("kvscope.request", t + 0.005),
+            _span("kvscope.hook.request_finished", t + 0.015),
+            _span("kvscope.worker.request", t + 0.040, (("send_complete", t + 0.045),)),
+            _span("kvscope.request.event", t + 0.020, (("send_complete", t + 0.020),), "r0"),
+        ],
+    )
+    _write_spans(
+        tmp_path / "decode_spans.jsonl",
+        [
+            _span("kvscope.request", t + 0.030, (("resumed", t + 0.050),)),
+            _span("kvscope.worker.request", t + 0.032, (("transfer_submitted", t + 0.032),)),
+            _span("kvscope.request.event", t + 0.046, (("transfer_complete", t + 0.046),)),
+            _span("kvscope.worker.request", t + 0.052, (("forward_start", t + 0.053),)),
+        ],
+    )
     request = TimedRequest(t, t + 0.070, t + 0.100)
     points = sorted(
         p

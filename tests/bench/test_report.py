@@ -142,7 +142,9 @@ def test_a_full_report_leaves_out_what_only_quick_runs_record() -> None:
 
 
 def test_standing_files_fill_only_expected_figures(tmp_path: Path) -> None:
-    lines = [{"bench": "scale", "metric": "sqlite_summary_p95_ms_10m", "value": 30.0},
-             {"bench": "scale", "metric": "sqlite_summary_p95_ms_1m", "value": 20.0}]  # fmt: skip
+    lines = [
+        {"bench": "scale", "metric": "sqlite_summary_p95_ms_10m", "value": 30.0},
+        {"bench": "scale", "metric": "sqlite_summary_p95_ms_1m", "value": 20.0},
+    ]
     (tmp_path / "scale_10m_followup.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     assert [r["metric"] for r in standing_records(tmp_path)] == ["sqlite_summary_p95_ms_10m"]

@@ -16,8 +16,9 @@ def hook_spans(span_exporter) -> list:
     from kvscope.traces.sdk.configure import flush
 
     flush()
-    spans = [s for s in span_exporter.get_finished_spans()
-             if s.name.startswith(names.SPAN_HOOK_PREFIX)]  # fmt: skip
+    spans = [
+        s for s in span_exporter.get_finished_spans() if s.name.startswith(names.SPAN_HOOK_PREFIX)
+    ]
     span_exporter.clear()
     return spans
 

@@ -11,8 +11,11 @@ def run_doctor(*args: str, pythonpath: str | None = None, **env: str):
         environment["PYTHONPATH"] = pythonpath
     return subprocess.run(
         [sys.executable, "-m", "kvscope.cli.main", "doctor", *args],
-        capture_output=True, text=True, timeout=120, env=environment,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=environment,
+    )
 
 
 def shadow_package(root, name: str, message: str) -> str:

@@ -14,9 +14,12 @@ REPO = Path(__file__).resolve().parents[2]
 def run_verify(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "kvscope.cli.main", "verify", *args],
-        capture_output=True, text=True, timeout=timeout, cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},  # the planted connectors: tests.verify
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.parametrize(
@@ -40,8 +43,14 @@ def test_bad_input_exits_2_with_a_message(args, message):
 @pytest.mark.engine
 @pytest.mark.slow
 def test_a_passing_connector_exits_0_with_a_table(tiny_model):
-    result = run_verify("--connector", "ExampleConnector", "--model", str(tiny_model),
-                        "--scenario", "cold_miss_then_hit")  # fmt: skip
+    result = run_verify(
+        "--connector",
+        "ExampleConnector",
+        "--model",
+        str(tiny_model),
+        "--scenario",
+        "cold_miss_then_hit",
+    )
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     assert result.stdout.splitlines()[0].split() == ["scenario", "verdict", "evidence"]
     assert "cold_miss_then_hit [recompute]  pass" in result.stdout
@@ -52,9 +61,15 @@ def test_a_passing_connector_exits_0_with_a_table(tiny_model):
 @pytest.mark.engine
 @pytest.mark.slow
 def test_a_broken_connector_exits_1_with_json_naming_the_rule(tiny_model):
-    result = run_verify("--connector", "tests.verify.planted:OverClaimingConnector",
-                        "--model", str(tiny_model), "--scenario", "cold_miss_then_hit",
-                        "--json")  # fmt: skip
+    result = run_verify(
+        "--connector",
+        "tests.verify.planted:OverClaimingConnector",
+        "--model",
+        str(tiny_model),
+        "--scenario",
+        "cold_miss_then_hit",
+        "--json",
+    )
     assert result.returncode == 1, result.stdout + result.stderr[-3000:]
     report = json.loads(result.stdout)
     assert report["passed"] is False
@@ -71,9 +86,18 @@ def test_a_broken_connector_exits_1_with_json_naming_the_rule(tiny_model):
 def test_tensor_parallel_two_ranks_pass(tiny_model):
     """--tp 2: vLLM's multiprocessing executor with two worker ranks on the CPU (one core
     each); the offload connector's hit is loaded on both ranks and the tokens match."""
-    result = run_verify("--connector", "CpuOffloadConnector", "--tp", "2",
-                        "--model", str(tiny_model), "--scenario", "cold_miss_then_hit",
-                        "--json", timeout=400)  # fmt: skip
+    result = run_verify(
+        "--connector",
+        "CpuOffloadConnector",
+        "--tp",
+        "2",
+        "--model",
+        str(tiny_model),
+        "--scenario",
+        "cold_miss_then_hit",
+        "--json",
+        timeout=400,
+    )
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     report = json.loads(result.stdout)
     assert report["passed"] is True and report["tensor_parallel_size"] == 2, report

@@ -44,8 +44,9 @@ def total(found: dict, name: str, **labels: str) -> float:
     return sum(v for got, v in found.get(name, []) if labels.items() <= got.items())
 
 
-def wait_for(url: str, name: str, timeout_s: float = 30, at_least: float = 1,
-             **labels: str) -> dict:  # fmt: skip
+def wait_for(
+    url: str, name: str, timeout_s: float = 30, at_least: float = 1, **labels: str
+) -> dict:
     """The server's samples once `name` (with these labels) reached at_least."""
     deadline = time.monotonic() + timeout_s
     while total(found := scrape_server(url), name, **labels) < at_least:

@@ -42,16 +42,16 @@ def offload_config(faults_path, **extra) -> dict:
             "load_timeout_s": 5.0,
             "faults_path": str(faults_path),
             **extra,
-        },  # fmt: skip
+        },
     }
 
 
 def multi_config(first_faults, second_faults) -> dict:
     """Two offload pools: the second serves what the first fails to load."""
     children = [
-        {"name": name, **offload_config(path)} for name, path in
-        (("first", first_faults), ("second", second_faults))
-    ]  # fmt: skip
+        {"name": name, **offload_config(path)}
+        for name, path in (("first", first_faults), ("second", second_faults))
+    ]
     for child in children:
         del child["kv_role"], child["kv_load_failure_policy"]  # the Multi's own
     return {
@@ -127,8 +127,7 @@ def test_a_load_failed_early_on_one_rank_is_recomputed(offload_engine, faults_pa
     offload = scheduler_connector(llm).scheduler
     before = dict(offload.stats)
     # Rank 1 fails at once; rank 0 loads correctly, 400 ms later: steps apart.
-    set_plan(faults_path, {"by_rank": {"0": {"load_delay_ms": 400.0},
-                                       "1": {"fail_load_every": 1}}})  # fmt: skip
+    set_plan(faults_path, {"by_rank": {"0": {"load_delay_ms": 400.0}, "1": {"fail_load_every": 1}}})
     try:
         again = greedy_tokens(llm, PROMPTS)
         settle(llm)

@@ -78,11 +78,19 @@ def block_pool_spans(engine_id: str = "engine-pool", blocks: int = 3000) -> list
         acquired = (
             names.EVENT_LEASE_ACQUIRED,
             t0 + 3 * MS,
-            {names.LEASE_ID: lease_id, names.LEASE_HOLDER: holder,
-             names.HOST_BLOCK_IDS: host_ids, names.LEASE_TIMEOUT_S: timeout_s},
-        )  # fmt: skip
+            {
+                names.LEASE_ID: lease_id,
+                names.LEASE_HOLDER: holder,
+                names.HOST_BLOCK_IDS: host_ids,
+                names.LEASE_TIMEOUT_S: timeout_s,
+            },
+        )
         scheduler.hook(
-            "get_num_new_matched_tokens", None, t0 + 3 * MS, t0 + 4 * MS, events=[acquired],
+            "get_num_new_matched_tokens",
+            None,
+            t0 + 3 * MS,
+            t0 + 4 * MS,
+            events=[acquired],
             **{names.REQUEST_ID: holder, names.TOKENS_EXTERNAL_HIT: 16 * len(host_ids)},
-        )  # fmt: skip
+        )
     return scheduler.spans()

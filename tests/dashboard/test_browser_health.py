@@ -15,8 +15,13 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def _tier_span(process: Process, at_ns: int, state: str, reason: str) -> None:
-    attributes = {names.TIER: "cpu_offload", names.TIER_STATE: state, names.TIER_REASON: reason,
-                  names.TIER_FAILURES: 3, names.TIER_BYPASS_S: 30.0}  # fmt: skip
+    attributes = {
+        names.TIER: "cpu_offload",
+        names.TIER_STATE: state,
+        names.TIER_REASON: reason,
+        names.TIER_FAILURES: 3,
+        names.TIER_BYPASS_S: 30.0,
+    }
     process.tracer.start_span(names.SPAN_TIER_HEALTH, start_time=at_ns, attributes=attributes).end(
         end_time=at_ns
     )
@@ -32,8 +37,12 @@ def _feed(backend) -> None:
         decode.hook("get_num_new_matched_tokens", None, now + 2000 * MS - MS, now + 2000 * MS)
         prefill.hook("get_num_new_matched_tokens", None, now - MS, now)
     _tier_span(decode, time.time_ns() + 2000 * MS, "bypassed", "timeout: load took 1.5 s")
-    loaded = {names.BLOCK_TIER: "device", names.BLOCK_IDS: [1, 2, 1],
-              names.KV_CACHE_GROUP_IDS: [0, 0, 1], names.REQUEST_ID: "req-g"}  # fmt: skip
+    loaded = {
+        names.BLOCK_TIER: "device",
+        names.BLOCK_IDS: [1, 2, 1],
+        names.KV_CACHE_GROUP_IDS: [0, 0, 1],
+        names.REQUEST_ID: "req-g",
+    }
     now = time.time_ns()
     prefill.hook("start_load_kv", None, now, now + MS, [(names.EVENT_BLOCK_LOADED, now, loaded)])
     backend.export(decode.spans())

@@ -24,11 +24,23 @@ def test_paths_always_list_the_three_paths_with_throughput_over_the_window():
 
 def test_hit_rates_by_request_and_by_token_per_connector_and_child():
     hits = [
-        {"connector": "MultiConnector", "child": "CpuOffload", "requests": 4, "hit_requests": 1,
-         "external_hit_tokens": 32, "prompt_tokens": 128},
-        {"connector": "MultiConnector", "child": None, "requests": 0, "hit_requests": 0,
-         "external_hit_tokens": 0, "prompt_tokens": 0},
-    ]  # fmt: skip
+        {
+            "connector": "MultiConnector",
+            "child": "CpuOffload",
+            "requests": 4,
+            "hit_requests": 1,
+            "external_hit_tokens": 32,
+            "prompt_tokens": 128,
+        },
+        {
+            "connector": "MultiConnector",
+            "child": None,
+            "requests": 0,
+            "hit_requests": 0,
+            "external_hit_tokens": 0,
+            "prompt_tokens": 0,
+        },
+    ]
     frame = overview.hit_rate_frame(hits)
     assert frame.loc[0, "requests hit %"] == 25.0 and frame.loc[0, "tokens hit %"] == 25.0
     assert frame.loc[1, "child"] == "–" and pd.isna(frame.loc[1, "tokens hit %"])
@@ -38,10 +50,14 @@ def test_stream_warnings_name_dropped_missing_and_pending_spans():
     hole = {"count": 5, "state": "missing"}
     streams = [
         {"origin": "aaaaaaaaaaaa", "service_name": "w", "telemetry_dropped": 7, "holes": [hole]},
-        {"origin": "bbbbbbbbbbbb", "service_name": "s", "telemetry_dropped": 0,
-         "holes": [{"count": 2, "state": "pending"}]},
+        {
+            "origin": "bbbbbbbbbbbb",
+            "service_name": "s",
+            "telemetry_dropped": 0,
+            "holes": [{"count": 2, "state": "pending"}],
+        },
         {"origin": "cccccccccccc", "service_name": "ok", "telemetry_dropped": None, "holes": []},
-    ]  # fmt: skip
+    ]
     warnings = overview.stream_warnings(streams)
     assert len(warnings) == 3
     assert "dropped 7" in warnings[0] and "5 spans never arrived" in warnings[1]
@@ -49,9 +65,18 @@ def test_stream_warnings_name_dropped_missing_and_pending_spans():
 
 
 def _block(block_id, state="stored", tier="host", lease_id=None, updated_ns=NOW, engine="e1"):
-    return {"engine_id": engine, "tier": tier, "block_id": block_id, "address": f"id:{block_id}",
-            "block_hash": None, "state": state, "lease_id": lease_id, "request_id": None,
-            "updated_ns": updated_ns, "certain": True}  # fmt: skip
+    return {
+        "engine_id": engine,
+        "tier": tier,
+        "block_id": block_id,
+        "address": f"id:{block_id}",
+        "block_hash": None,
+        "state": state,
+        "lease_id": lease_id,
+        "request_id": None,
+        "updated_ns": updated_ns,
+        "certain": True,
+    }
 
 
 def test_block_states_leased_and_failed_override_what_the_backend_stored():
@@ -82,9 +107,17 @@ def test_block_map_keeps_cells_at_block_ids_and_draws_thousands():
 
 
 def _span(span_id, name, start, end, parent=None, **attributes):
-    return {"span_id": span_id, "parent_span_id": parent, "name": name, "start_ns": start,
-            "end_ns": end, "status_code": 0, "engine_id": None, "service_name": "svc",
-            "attributes": attributes}  # fmt: skip
+    return {
+        "span_id": span_id,
+        "parent_span_id": parent,
+        "name": name,
+        "start_ns": start,
+        "end_ns": end,
+        "status_code": 0,
+        "engine_id": None,
+        "service_name": "svc",
+        "attributes": attributes,
+    }
 
 
 def test_gantt_lanes_follow_engine_role_and_transfers_inherit_their_parent():
@@ -100,7 +133,7 @@ def test_gantt_lanes_follow_engine_role_and_transfers_inherit_their_parent():
                 names.CONNECTOR_ROLE: "scheduler",
                 names.ENGINE_ID: "p",
             },
-        ),  # fmt: skip
+        ),
         _span(
             "h",
             names.SPAN_HOOK_PREFIX + "start_load_kv",
@@ -108,7 +141,7 @@ def test_gantt_lanes_follow_engine_role_and_transfers_inherit_their_parent():
             NOW + 21000,
             "r",
             **{names.KV_ROLE: "kv_producer", names.CONNECTOR_ROLE: "scheduler"},
-        ),  # fmt: skip
+        ),
         _span("w", names.SPAN_WORKER_REQUEST, NOW + 10**6, NOW + 2 * 10**6, "r", **decode),
         _span(
             "t",
@@ -117,7 +150,7 @@ def test_gantt_lanes_follow_engine_role_and_transfers_inherit_their_parent():
             NOW + 10**6 + 10,
             "w",
             **{names.TRANSFER_OK: False},
-        ),  # fmt: skip
+        ),
     ]
     bars = timeline.gantt_frame(spans, NOW).set_index("span")
     assert bars.loc["request", "lane"] == "prefill · request"
@@ -129,8 +162,13 @@ def test_gantt_lanes_follow_engine_role_and_transfers_inherit_their_parent():
     assert bars.loc["transfer", "shown_end_ms"] - bars.loc["transfer", "start_ms"] >= 1.6
     assert bars.loc["transfer", "duration_ms"] == 0.0
     points = timeline.points_frame(
-        {"points": [{"point": "layer_ready", "time_ns": NOW + 3 * 10**6, "value": None,
-                     "layer": 1}]}, NOW)  # fmt: skip
+        {
+            "points": [
+                {"point": "layer_ready", "time_ns": NOW + 3 * 10**6, "value": None, "layer": 1}
+            ]
+        },
+        NOW,
+    )
     assert points.loc[0, "point"] == "layer_ready L1" and points.loc[0, "at_ms"] == 3.0
     spec = timeline.gantt_chart(bars.reset_index(), points).to_dict()
     assert spec["layer"][1]["encoding"]["y"]["sort"][0] == "prefill · request"
@@ -138,8 +176,14 @@ def test_gantt_lanes_follow_engine_role_and_transfers_inherit_their_parent():
 
 def test_ttft_parts_keep_their_sources_and_skip_unknown_parts():
     sources = {"queue_ms": "gen_ai.latency.time_in_queue"}
-    ttft = {"ttft_ms": 40.0, "queue_ms": 0.5, "lookup_ms": 1.0, "kv_wait_ms": None,
-            "compute_ms": 38.5, "sources": sources}  # fmt: skip
+    ttft = {
+        "ttft_ms": 40.0,
+        "queue_ms": 0.5,
+        "lookup_ms": 1.0,
+        "kv_wait_ms": None,
+        "compute_ms": 38.5,
+        "sources": sources,
+    }
     parts = timeline.ttft_frame(ttft)
     assert list(parts["part"]) == ["queue", "lookup", "compute"]
     assert parts["ms"].sum() == 40.0
@@ -147,14 +191,27 @@ def test_ttft_parts_keep_their_sources_and_skip_unknown_parts():
 
 
 def _lease(lease_id, active=True, overdue=False, outcome=None, acquired=NOW - 5 * S):
-    return {"lease_id": lease_id, "engine_id": "e1", "holder": "req-1", "host_block_ids": "[1, 2]",
-            "acquired_ns": acquired, "active": active, "overdue": overdue, "outcome": outcome,
-            "age_s": 1.0, "expires_ns": acquired + 2 * S, "certain": True}  # fmt: skip
+    return {
+        "lease_id": lease_id,
+        "engine_id": "e1",
+        "holder": "req-1",
+        "host_block_ids": "[1, 2]",
+        "acquired_ns": acquired,
+        "active": active,
+        "overdue": overdue,
+        "outcome": outcome,
+        "age_s": 1.0,
+        "expires_ns": acquired + 2 * S,
+        "certain": True,
+    }
 
 
 def test_leases_table_counts_age_and_expiry_from_now_and_highlights_expired():
-    found = [_lease("a", overdue=True), _lease("b", active=False, outcome="expired"),
-             _lease("c", active=False, outcome="released")]  # fmt: skip
+    found = [
+        _lease("a", overdue=True),
+        _lease("b", active=False, outcome="expired"),
+        _lease("c", active=False, outcome="released"),
+    ]
     table = tables.leases_table(found, NOW)
     assert list(table["state"]) == ["overdue", "expired", "released"]
     assert table.loc[0, "age s"] == 5.0 and table.loc[0, "expires in s"] == -3.0
@@ -164,9 +221,17 @@ def test_leases_table_counts_age_and_expiry_from_now_and_highlights_expired():
 
 
 def test_failures_table_says_cause_policy_outcome_and_request():
-    failure = {"time_ns": NOW, "kind": "load_failed", "cause": "InjectedFault: injected",
-               "policy": "recompute", "outcome": None, "request_id": "r-1", "engine_id": "e1",
-               "lease_id": None, "block_ids": json.dumps([3, 4])}  # fmt: skip
+    failure = {
+        "time_ns": NOW,
+        "kind": "load_failed",
+        "cause": "InjectedFault: injected",
+        "policy": "recompute",
+        "outcome": None,
+        "request_id": "r-1",
+        "engine_id": "e1",
+        "lease_id": None,
+        "block_ids": json.dumps([3, 4]),
+    }
     row = tables.failures_table([failure]).iloc[0]
     assert (row["cause"], row["policy"], row["outcome"]) == ("InjectedFault", "recompute", "–")
     assert row["request"] == "r-1" and row["blocks"] == "3, 4"

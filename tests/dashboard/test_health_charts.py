@@ -7,9 +7,15 @@ NOW = 1_700_000_000 * S
 
 
 def _tier(state: str, tier: str = "cpu_offload", engine: str = "e1", **extra) -> dict:
-    return {"engine_id": engine, "tier": tier, "state": state, "since_ns": NOW - 5 * S,
-            "reason": extra.get("reason"), "failures": extra.get("failures", 0),
-            "bypassed_until_ns": extra.get("until")}  # fmt: skip
+    return {
+        "engine_id": engine,
+        "tier": tier,
+        "state": state,
+        "since_ns": NOW - 5 * S,
+        "reason": extra.get("reason"),
+        "failures": extra.get("failures", 0),
+        "bypassed_until_ns": extra.get("until"),
+    }
 
 
 def test_tiers_table_names_engines_and_a_bypassed_tier_stands_out():
@@ -28,15 +34,26 @@ def test_tiers_table_names_engines_and_a_bypassed_tier_stands_out():
 
 
 def _process(engine: str, offset_ms: float, trusted: bool = True) -> dict:
-    return {"engine_id": engine, "instance_id": f"p-{engine}", "service_name": engine,
-            "host": None, "samples": 50 if trusted else 3, "offset_ms": offset_ms,
-            "trusted": trusted}  # fmt: skip
+    return {
+        "engine_id": engine,
+        "instance_id": f"p-{engine}",
+        "service_name": engine,
+        "host": None,
+        "samples": 50 if trusted else 3,
+        "offset_ms": offset_ms,
+        "trusted": trusted,
+    }
 
 
 def test_mixed_clocks_are_flagged_only_across_engines_beyond_the_threshold():
-    clocks = {"threshold_ms": 50.0, "processes": [
-        _process("prefill", -2.0), _process("decode", 1900.0), _process("quiet", -4000, False),
-    ]}  # fmt: skip
+    clocks = {
+        "threshold_ms": 50.0,
+        "processes": [
+            _process("prefill", -2.0),
+            _process("decode", 1900.0),
+            _process("quiet", -4000, False),
+        ],
+    }
     warning = health.mixed_clocks_warning(clocks, {"prefill", "decode"})
     assert "about 1902 ms" in warning
     assert health.mixed_clocks_warning(clocks, {"prefill"}) is None
@@ -58,7 +75,7 @@ def test_block_groups_get_their_own_panels_and_ids_do_not_collide():
             "request_id": None,
             "updated_ns": NOW,
             "certain": True,
-        }  # fmt: skip
+        }
         for group in (0, 1)
     ]
     frame = blocks.block_frame(found)

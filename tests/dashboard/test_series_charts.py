@@ -11,18 +11,40 @@ SERIES = {
     "until_ns": NOW,
     "step_s": 10.0,
     "hits": [
-        {"time_ns": NOW - 60 * S, "lookups": 2, "hit_requests": 1, "hit_tokens": 32,
-         "prompt_tokens": 128, "hit_rate": 0.25},
-        {"time_ns": NOW - 50 * S, "lookups": 1, "hit_requests": 0, "hit_tokens": 0,
-         "prompt_tokens": 0, "hit_rate": None},
+        {
+            "time_ns": NOW - 60 * S,
+            "lookups": 2,
+            "hit_requests": 1,
+            "hit_tokens": 32,
+            "prompt_tokens": 128,
+            "hit_rate": 0.25,
+        },
+        {
+            "time_ns": NOW - 50 * S,
+            "lookups": 1,
+            "hit_requests": 0,
+            "hit_tokens": 0,
+            "prompt_tokens": 0,
+            "hit_rate": None,
+        },
     ],
-    "bytes": [{"time_ns": NOW - 60 * S, "direction": "load", "bytes": 20_000_000,
-               "bytes_per_s": 2e6}],
+    "bytes": [
+        {"time_ns": NOW - 60 * S, "direction": "load", "bytes": 20_000_000, "bytes_per_s": 2e6}
+    ],
     "leases": [{"time_ns": NOW - 60 * S, "held": 1}, {"time_ns": NOW - 50 * S, "held": 0}],
     "failures": [{"time_ns": NOW - 50 * S, "cause": "InjectedFault", "incidents": 2}],
-    "ttft": [{"time_ns": NOW - 60 * S, "requests": 3, "ttft_p50_ms": 40.0, "ttft_p95_ms": 90.0,
-              "kv_waits": 2, "kv_wait_p50_ms": 5.0, "kv_wait_p95_ms": None}],
-}  # fmt: skip
+    "ttft": [
+        {
+            "time_ns": NOW - 60 * S,
+            "requests": 3,
+            "ttft_p50_ms": 40.0,
+            "ttft_p95_ms": 90.0,
+            "kv_waits": 2,
+            "kv_wait_p50_ms": 5.0,
+            "kv_wait_p95_ms": None,
+        }
+    ],
+}
 
 
 def test_series_frames_carry_the_backends_numbers_in_reader_units():
@@ -52,11 +74,21 @@ def test_every_series_with_data_has_a_chart_and_an_empty_one_says_so():
 
 def test_lease_ages_against_their_timeout_oldest_first():
     held = [
-        {"lease_id": "1", "holder": "r-old", "acquired_ns": NOW - 40 * S, "timeout_s": 30.0,
-         "overdue": True},
-        {"lease_id": "2", "holder": "r-new", "acquired_ns": NOW - 2 * S, "timeout_s": 30.0,
-         "overdue": False},
-    ]  # fmt: skip
+        {
+            "lease_id": "1",
+            "holder": "r-old",
+            "acquired_ns": NOW - 40 * S,
+            "timeout_s": 30.0,
+            "overdue": True,
+        },
+        {
+            "lease_id": "2",
+            "holder": "r-new",
+            "acquired_ns": NOW - 2 * S,
+            "timeout_s": 30.0,
+            "overdue": False,
+        },
+    ]
     frame = leases.lease_age_frame(held, NOW)
     assert list(frame["age s"]) == [40.0, 2.0] and list(frame["state"]) == ["overdue", "held"]
     layers = leases.lease_age_chart(frame).to_dict()["layer"]
@@ -65,12 +97,20 @@ def test_lease_ages_against_their_timeout_oldest_first():
 
 def test_an_incident_reads_as_its_chain_with_the_fallback_child():
     incident = {
-        "time_ns": NOW, "kind": "load_failed", "cause": "InjectedFault: injected: load 3",
-        "policy": "recompute", "outcome": "served_by_fallback", "outcome_inferred": False,
-        "failed_child": "offload", "fallback_child": "p2p", "request_id": "r-1",
-        "engine_id": "e1", "reports": 3, "block_ids": [4, 5],
+        "time_ns": NOW,
+        "kind": "load_failed",
+        "cause": "InjectedFault: injected: load 3",
+        "policy": "recompute",
+        "outcome": "served_by_fallback",
+        "outcome_inferred": False,
+        "failed_child": "offload",
+        "fallback_child": "p2p",
+        "request_id": "r-1",
+        "engine_id": "e1",
+        "reports": 3,
+        "block_ids": [4, 5],
         "chain": [{"kind": "transfer_failed", "cause": "InjectedFault"}],
-    }  # fmt: skip
+    }
     assert tables.chain_text(incident) == (
         "InjectedFault in offload → recompute → served_by_fallback by p2p"
     )
@@ -82,10 +122,17 @@ def test_an_incident_reads_as_its_chain_with_the_fallback_child():
 
 def test_engines_are_named_by_service_and_role():
     engines = [
-        {"engine_id": "6e77ba98-af00", "label": "vllm-prefill (kv_producer)",
-         "service_name": "vllm-prefill", "kv_role": "kv_producer", "processes": 2,
-         "last_seen_ns": NOW, "gone": True, "instance_ids": ["p1"]},
-    ]  # fmt: skip
+        {
+            "engine_id": "6e77ba98-af00",
+            "label": "vllm-prefill (kv_producer)",
+            "service_name": "vllm-prefill",
+            "kv_role": "kv_producer",
+            "processes": 2,
+            "last_seen_ns": NOW,
+            "gone": True,
+            "instance_ids": ["p1"],
+        },
+    ]
     row = overview.engines_frame(engines).iloc[0]
     assert row["engine"] == "vllm-prefill (kv_producer)" and row["state"] == "gone (engine lost)"
     assert engine_name("6e77ba98-af00", {"6e77ba98-af00": "vllm-prefill"}) == "vllm-prefill"

@@ -64,6 +64,7 @@ def published(service: dict) -> dict[int, int]:
 
 def dashboard_metrics() -> set[str]:
     """Every metric name the Grafana dashboard's queries read."""
-    exprs = " ".join(t["expr"] for p in json.loads(DASHBOARD.read_text())["panels"]
-                     for t in p["targets"])  # fmt: skip
+    exprs = " ".join(
+        t["expr"] for p in json.loads(DASHBOARD.read_text())["panels"] for t in p["targets"]
+    )
     return set(re.findall(r"\b((?:vllm:|kvscope_)[a-z0-9_:]+)\b", exprs))

@@ -38,11 +38,15 @@ ENGINE_ENV_OVERRIDES = {"UCX_NET_DEVICES"}
 # Variables read by third-party code, not by kvscope's settings modules.
 FOREIGN_ENV = {
     "COLLECTOR_OTLP_ENABLED",  # Jaeger
-    "POSTGRES_USER", "POSTGRES_DB", "POSTGRES_PASSWORD",  # the postgres image
+    "POSTGRES_USER",
+    "POSTGRES_DB",
+    "POSTGRES_PASSWORD",  # the postgres image
     "UCX_TLS",  # UCX, under NIXL
-    "GF_SECURITY_ADMIN_PASSWORD", "GF_AUTH_ANONYMOUS_ENABLED", "GF_AUTH_ANONYMOUS_ORG_ROLE",
+    "GF_SECURITY_ADMIN_PASSWORD",
+    "GF_AUTH_ANONYMOUS_ENABLED",
+    "GF_AUTH_ANONYMOUS_ORG_ROLE",
     "GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH",  # Grafana
-}  # fmt: skip
+}
 
 
 def test_every_service_has_an_image_or_a_build_that_exists(services):
@@ -201,9 +205,11 @@ def test_engine_command_is_the_demos_serve_command(services, env_file, role):
     # vLLM's own exporter goes to Jaeger (the demo's goes to its backend, which has no token):
     # it can only be given the backend's token through variables every destination reads.
     assert argv[config_at + 1 :] == [
-        "--otlp-traces-endpoint", JAEGER_GRPC,
-        "--served-model-name", "kvscope-tiny",
-    ]  # fmt: skip
+        "--otlp-traces-endpoint",
+        JAEGER_GRPC,
+        "--served-model-name",
+        "kvscope-tiny",
+    ]
     assert f":{port}/health" in services[role]["healthcheck"]["test"][-1]
 
 

@@ -27,8 +27,12 @@ def stack(tiny_model, tmp_path_factory):
     (workdir / "faults.json").write_text("{}")
     settings = Settings(database_url=f"sqlite:///{workdir}/kvscope.db", ingest_workers=0)
     events_port, port = free_port(), free_port()
-    events = {"enable_kv_cache_events": True, "publisher": "zmq",
-              "endpoint": f"tcp://*:{events_port}", "topic": TOPIC}  # fmt: skip
+    events = {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": f"tcp://*:{events_port}",
+        "topic": TOPIC,
+    }
     config = demo_config(free_port(), workdir / "faults.json")
     cmd = serve_command(tiny_model, port, config) + ["--kv-events-config", json.dumps(events)]
     subscriber = EventSubscriber(events_port)
@@ -71,8 +75,12 @@ def test_every_metric_the_grafana_dashboard_queries_exists(stack):
 def test_the_multi_carries_its_offload_childs_metrics_and_events(stack):
     server, _, subscriber = stack
     text = httpx.get(server.url + "/metrics", timeout=10).text
-    stored = [s.value for f in text_string_to_metric_families(text) for s in f.samples
-              if s.name == "vllm:kvscope_offload_stored_blocks_total"]  # fmt: skip
+    stored = [
+        s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == "vllm:kvscope_offload_stored_blocks_total"
+    ]
     assert stored and sum(stored) > 0
     events = subscriber.drain(timeout_s=3)
     assert any(isinstance(e, BlockStored) and e.medium == "CPU" for e in events)

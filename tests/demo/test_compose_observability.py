@@ -19,8 +19,10 @@ from tests.demo.compose_files import (
 def test_prometheus_scrapes_both_servers_and_the_backend(services, env_file):
     config = yaml.safe_load(PROMETHEUS.read_text())
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
-    targets = {name: {t for group in job["static_configs"] for t in group["targets"]}
-               for name, job in jobs.items()}  # fmt: skip
+    targets = {
+        name: {t for group in job["static_configs"] for t in group["targets"]}
+        for name, job in jobs.items()
+    }
     assert targets["vllm"] == {f"{role}:{env_file[role.upper() + '_PORT']}" for role in ENGINES}
     assert targets["kvscope-backend"] == {f"backend:{env_file['KVSCOPE_BACKEND_PORT']}"}
     roles = {group["labels"]["role"] for group in jobs["vllm"]["static_configs"]}
@@ -60,8 +62,10 @@ def test_grafana_provisions_prometheus_and_the_kvscope_dashboard(services, env_f
 
 
 def test_the_dashboard_shows_what_operators_look_for():
-    titles = {p["title"]: " ".join(t["expr"] for t in p["targets"])
-              for p in json.loads(DASHBOARD.read_text())["panels"]}  # fmt: skip
+    titles = {
+        p["title"]: " ".join(t["expr"] for t in p["targets"])
+        for p in json.loads(DASHBOARD.read_text())["panels"]
+    }
     wanted = {
         "hit rate": "vllm:kvscope_offload_hit_tokens_total",
         "bytes/s per path": "by (role, path) (rate(vllm:kvscope_offload_bytes_total",

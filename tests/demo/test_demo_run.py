@@ -27,9 +27,26 @@ def demo_run(tiny_model, tmp_path_factory):
     """A 75 s demo with faults, started in the background; yields once every service is up,
     then (after the module's tests) the demo's exit and its output."""
     workdir = tmp_path_factory.mktemp("demo")
-    cmd = [sys.executable, "-m", "kvscope.cli.main", "demo", "--model", str(tiny_model),
-           "--duration", "75", "--rate", "3", "--workdir", str(workdir), "--backend-port",
-           "14318", "--dashboard-port", "18501", "--proxy-port", "18000"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "kvscope.cli.main",
+        "demo",
+        "--model",
+        str(tiny_model),
+        "--duration",
+        "75",
+        "--rate",
+        "3",
+        "--workdir",
+        str(workdir),
+        "--backend-port",
+        "14318",
+        "--dashboard-port",
+        "18501",
+        "--proxy-port",
+        "18000",
+    ]
     process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     output: list[str] = []
     ready = threading.Event()

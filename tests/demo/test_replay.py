@@ -22,8 +22,10 @@ def test_replay_fills_a_backend_with_times_moved_to_now(tmp_path):
     env = {**os.environ, "DATABASE_URL": f"sqlite:///{tmp_path / 'kvscope.db'}"}
     backend = subprocess.Popen(
         [sys.executable, "-m", "kvscope.cli.main", "backend", "--port", "14329"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
     url = "http://127.0.0.1:14329"
     try:
         for _ in range(100):
@@ -34,8 +36,10 @@ def test_replay_fills_a_backend_with_times_moved_to_now(tmp_path):
                 time.sleep(0.2)
         result = subprocess.run(
             [sys.executable, "-m", "kvscope.cli.main", "replay", "--backend", url],
-            capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert result.returncode == 0, result.stderr[-2000:]
         with urllib.request.urlopen(url + "/api/v1/stats/summary?window_s=600") as response:
             summary = json.loads(response.read())

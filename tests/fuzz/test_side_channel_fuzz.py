@@ -140,9 +140,10 @@ def test_headers_that_are_not_a_request_object_are_refused(server, header, body)
 @given(
     request_type=st.sampled_from(["get_peer_info"]) | st.text(max_size=40) | json_values,
     tp_rank=st.just(0) | st.integers() | json_values,
-    extra=st.dictionaries(st.text(max_size=8).filter(lambda k: k not in ("type", "tp_rank")),
-                          json_values, max_size=3),
-)  # fmt: skip
+    extra=st.dictionaries(
+        st.text(max_size=8).filter(lambda k: k not in ("type", "tp_rank")), json_values, max_size=3
+    ),
+)
 def test_requests_are_answered_exactly_when_they_are_good(
     server, peer_info, request_type, tp_rank, extra
 ):
@@ -161,9 +162,10 @@ def test_requests_are_answered_exactly_when_they_are_good(
     raw_header=st.binary(max_size=256)
     | st.integers(1, 3000).map(lambda depth: b"[" * depth + b"]" * depth)
     | st.integers(1, 3000).map(lambda depth: b'{"a":' * depth + b"1" + b"}" * depth)
-    | st.integers(4301, 6000).map(lambda digits: b'{"type":"get_peer_info","tp_rank":'
-                                  + b"7" * digits + b"}")
-)  # fmt: skip
+    | st.integers(4301, 6000).map(
+        lambda digits: b'{"type":"get_peer_info","tp_rank":' + b"7" * digits + b"}"
+    )
+)
 def test_malformed_json_and_nesting_bombs_are_refused(server, raw_header):
     try:
         parsed = json.loads(raw_header)
@@ -175,8 +177,11 @@ def test_malformed_json_and_nesting_bombs_are_refused(server, raw_header):
 
 
 @settings(FUZZ, max_examples=min(FUZZ.max_examples, 40))
-@given(request_type=st.text(st.characters(min_codepoint=0x80, max_codepoint=0x7FF),
-                            min_size=1000, max_size=30000))  # fmt: skip
+@given(
+    request_type=st.text(
+        st.characters(min_codepoint=0x80, max_codepoint=0x7FF), min_size=1000, max_size=30000
+    )
+)
 def test_error_answers_stay_small_whatever_the_request_quotes(server, request_type):
     """2 bytes of UTF-8 quote as 4 characters: an error must not outgrow a frame."""
     raw = frame_bytes(json.dumps({"type": request_type}, ensure_ascii=False).encode())
@@ -185,8 +190,7 @@ def test_error_answers_stay_small_whatever_the_request_quotes(server, request_ty
 
 
 @FUZZ
-@given(extra=st.dictionaries(st.text(max_size=8), st.text(max_size=40), max_size=3),
-       data=st.data())  # fmt: skip
+@given(extra=st.dictionaries(st.text(max_size=8), st.text(max_size=40), max_size=3), data=st.data())
 def test_truncated_requests_are_refused_and_say_how_far_they_got(server, extra, data):
     whole = encode_frame(Frame({**extra, "type": "get_peer_info", "tp_rank": 0}))
     cut = data.draw(st.integers(0, len(whole) - 1), label="cut")

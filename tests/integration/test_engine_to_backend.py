@@ -49,17 +49,28 @@ def engine_run(tiny_model, backend_url, tmp_path_factory):
         "kv_connector_module_path": "kvscope.connector.cpu_offload.connector",
         "kv_role": "kv_both",
         "kv_load_failure_policy": "recompute",
-        "kv_connector_extra_config": {"cpu_bytes_to_use": 8 << 20,
-                                      "faults": {"fail_load_every": 3}},
-    }  # fmt: skip
+        "kv_connector_extra_config": {
+            "cpu_bytes_to_use": 8 << 20,
+            "faults": {"fail_load_every": 3},
+        },
+    }
     env = engine_env(
         KVSCOPE_OTLP_ENDPOINTS=f"{backend_url}/v1/traces",
         OTEL_BSP_SCHEDULE_DELAY="100",
         VLLM_ENABLE_V1_MULTIPROCESSING="0",
         OTEL_SERVICE_NAME="kvscope-test-engine",
     )
-    cmd = [sys.executable, "-m", "kvscope.demo.run_prompts", str(tiny_model),
-           json.dumps(config), *DISTINCT, "--passes", "2", "--dump-offload-state"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "kvscope.demo.run_prompts",
+        str(tiny_model),
+        json.dumps(config),
+        *DISTINCT,
+        "--passes",
+        "2",
+        "--dump-offload-state",
+    ]
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [json.loads(line) for line in result.stdout.strip().splitlines()[-3:]]

@@ -58,8 +58,10 @@ def test_mid_shape_builds_deterministically_and_as_configured(tmp_path):
         assert (first / name).read_bytes() == (second / name).read_bytes(), name
     config = json.loads((first / "config.json").read_text())
     assert (config["hidden_size"], config["head_dim"], config["num_key_value_heads"]) == (
-        1024, 64, 4
-    )  # fmt: skip
+        1024,
+        64,
+        4,
+    )
     assert config["max_position_embeddings"] == SHAPES["mid"].max_position_embeddings
     with safe_open(first / "model.safetensors", "pt") as weights:
         keys = list(weights.keys())  # noqa: SIM118 (safe_open is not iterable)

@@ -35,8 +35,10 @@ class Case:
             # 4 blocks + 1 token: the P2P hit (all but the last token) is whole blocks, all
             # of which the offload pool holds.
             draw = random.Random(self.id)
-            return [{"prompt_token_ids": [draw.randrange(10, 2000) for _ in range(4 * 32 + 1)]}
-                    for _ in range(self.num_prompts)]  # fmt: skip
+            return [
+                {"prompt_token_ids": [draw.randrange(10, 2000) for _ in range(4 * 32 + 1)]}
+                for _ in range(self.num_prompts)
+            ]
         sentences = 6 if self.fault == "preempted" else 4
         return [f"[{self.id} #{i}] " + long_prompt(i, sentences) for i in range(self.num_prompts)]
 
@@ -64,7 +66,7 @@ CASES: list[Case] = [
     *_failing("offload", "load_slow", "timeout"),
     *_harmless(
         "offload", "lease_expires", cause="lease_expired during its load", outcome="kept_pinned"
-    ),  # fmt: skip
+    ),
     *_harmless("offload", "aborted"),
     *_harmless("offload", "preempted", **PREEMPT),
     *_harmless("offload", "backend_down", (RECOMPUTE,)),
@@ -87,7 +89,7 @@ CASES: list[Case] = [
         "multi", "p2p_fails_offload_has_whole", cause="load_error", outcome="served_by_fallback"
     ),
     # The pool lacks the hit's last, partial block: vLLM's policy takes that part.
-    *_failing("multi", "p2p_fails_offload_has_part", "load_error"),  # fmt: skip
+    *_failing("multi", "p2p_fails_offload_has_part", "load_error"),
     *_failing("multi", "load_slow", "timeout"),
     *_failing("multi", "lease_expires", "lease_expired"),
     *_failing("multi", "peer_killed", "read_failed|peer_unreachable"),

@@ -100,8 +100,9 @@ def wait_for_backend(backend: BackendProcess, run: CellRun, timeout_s: float = 1
     while True:
         run.failures = backend.failures(run.start_ns, run.end_ns, prefix)
         run.requests = backend.requests(prefix, run.start_ns)
-        run.active_leases = [lease for lease in backend.active_leases()
-                             if (lease["holder"] or "").startswith(prefix)]  # fmt: skip
+        run.active_leases = [
+            lease for lease in backend.active_leases() if (lease["holder"] or "").startswith(prefix)
+        ]
         done = [row for row in run.requests if row["status"] != "running"]
         want_rows = len(run.batch.results) + len(run.batch.aborted)
         caused = case.cause is None or any(

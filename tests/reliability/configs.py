@@ -7,8 +7,12 @@ from tests.reliability.record import PEER_LEASE_S
 
 OFFLOAD_EXTRA = {"cpu_bytes_to_use": 8 << 20, "load_timeout_s": 1.5}
 """512 host blocks; a load not done in 1.5 s fails (the load_slow cells delay loads 5 s)."""
-P2P_DECODE_EXTRA = {"lease_timeout_s": PEER_LEASE_S, "lease_margin_s": 0.5,
-                    "read_timeout_s": 3.0, "handshake_timeout_s": 3.0}  # fmt: skip
+P2P_DECODE_EXTRA = {
+    "lease_timeout_s": PEER_LEASE_S,
+    "lease_margin_s": 0.5,
+    "read_timeout_s": 3.0,
+    "handshake_timeout_s": 3.0,
+}
 """Decode-side timeouts: short, so a failing request fails well within checks.PROMPT_FAILURE_S."""
 
 

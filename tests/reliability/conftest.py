@@ -16,9 +16,10 @@ EXPORT_QUEUE = 16384
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Remember whether P2P cells will run: then the prefill peers start with the session."""
-    config.stash[_WANTS_PEERS] = any("/reliability/" in item.nodeid and
-                                     ("p2p" in item.nodeid or "multi" in item.nodeid)
-                                     for item in items)  # fmt: skip
+    config.stash[_WANTS_PEERS] = any(
+        "/reliability/" in item.nodeid and ("p2p" in item.nodeid or "multi" in item.nodeid)
+        for item in items
+    )
 
 
 _WANTS_PEERS = pytest.StashKey[bool]()
@@ -45,8 +46,9 @@ def recorder(span_exporter, backend) -> Recorder:
     from kvscope.traces.sdk.exporters import OtlpJsonHttpExporter
     from kvscope.traces.sdk.settings import TracingSettings
 
-    settings = TracingSettings(max_queue_size=EXPORT_QUEUE, max_batch_size=512,
-                               schedule_delay_s=0.05)  # fmt: skip
+    settings = TracingSettings(
+        max_queue_size=EXPORT_QUEUE, max_batch_size=512, schedule_delay_s=0.05
+    )
     exporter = OtlpJsonHttpExporter(backend.traces_url, timeout_s=5)
     assert configure.add_exporter(exporter, settings)
     (processor,) = [p for p in configure._processors if p.exporter is exporter]

@@ -18,11 +18,15 @@ def cell_params(cells: list[Case], known_bug: KnownBug = lambda case, check: Non
         for check in CHECKS:
             reason = known_bug(case, check)
             marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
-            params.append(pytest.param(case, check, id=f"{case.fault}-{case.policy}-{check}",
-                                       marks=marks))  # fmt: skip
+            params.append(
+                pytest.param(case, check, id=f"{case.fault}-{case.policy}-{check}", marks=marks)
+            )
     return params
 
 
 def apply_check(check: str, run: CellRun, expected: dict[str, list[int]]) -> None:
-    {"outcome": lambda: check_outcome(run, expected), "leaks": lambda: check_leaks(run),
-     "backend": lambda: check_backend(run)}[check]()  # fmt: skip
+    {
+        "outcome": lambda: check_outcome(run, expected),
+        "leaks": lambda: check_leaks(run),
+        "backend": lambda: check_backend(run),
+    }[check]()

@@ -45,8 +45,11 @@ def _state(llm: Any) -> dict:
     from kvscope.harness.engine_state import leaked_device_blocks, scheduler_connector
 
     p2p = scheduler_connector(llm).scheduler
-    return {"held": sorted(p2p.held), "leaked_blocks": leaked_device_blocks(llm),
-            "stats": p2p.stats}  # fmt: skip
+    return {
+        "held": sorted(p2p.held),
+        "leaked_blocks": leaked_device_blocks(llm),
+        "stats": p2p.stats,
+    }
 
 
 def _serve(model: Path, config: dict) -> None:
@@ -94,9 +97,14 @@ class PrefillPeer:
         ]
         self.log_path = log_path
         self.process = subprocess.Popen(
-            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, env=env, cwd=Path(__file__).resolve().parents[2],
-        )  # fmt: skip
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            cwd=Path(__file__).resolve().parents[2],
+        )
         self._lines: queue.Queue[str] = queue.Queue()
         self.log_tail: deque[str] = deque(maxlen=60)
         threading.Thread(target=self._drain, daemon=True).start()

@@ -75,8 +75,10 @@ def offload_aborted(cell: Cell) -> Batch:
     first = cell.ids()[0] + "-"
 
     def first_is_loading() -> bool:
-        return any(state.loading and str(state.request.request_id).startswith(first)
-                   for state in offload.requests.values())  # fmt: skip
+        return any(
+            state.loading and str(state.request.request_id).startswith(first)
+            for state in offload.requests.values()
+        )
 
     return cell.with_faults({"load_delay_ms": 600.0}, lambda: abort_once(cell, first_is_loading))
 

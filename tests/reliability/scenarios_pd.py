@@ -63,8 +63,11 @@ def peer_killed(cell: Cell) -> Batch:
     if victim.alive:
         victim.wait_ready()
         warm_up(cell, victim)
-        victim.stash = {case.id: victim.prefill(case.prompts(), f"{case.id}-pre")
-                        for case in CASES if case.fault == "peer_killed"}  # fmt: skip
+        victim.stash = {
+            case.id: victim.prefill(case.prompts(), f"{case.id}-pre")
+            for case in CASES
+            if case.fault == "peer_killed"
+        }
         victim.kill()
     return cell.run(kv_params=victim.stash[cell.case.id])
 

@@ -18,8 +18,7 @@ CELLS = cases_for("multi")
 def engines(tiny_model, matrix_dir):
     faults_path = matrix_dir / "multi-faults.json"
     faults_path.write_text("{}")
-    slot = EngineSlot(tiny_model, lambda policy: multi_config(policy, faults_path),
-                      **SMALL_ENGINE)  # fmt: skip
+    slot = EngineSlot(tiny_model, lambda policy: multi_config(policy, faults_path), **SMALL_ENGINE)
     slot.faults_path = faults_path
     yield slot
     slot.close()

@@ -34,8 +34,9 @@ SCENARIOS = {
 def engines(tiny_model, matrix_dir):
     faults_path = matrix_dir / "offload-faults.json"
     faults_path.write_text("{}")
-    slot = EngineSlot(tiny_model, lambda policy: offload_config(policy, faults_path),
-                      **SMALL_ENGINE)  # fmt: skip
+    slot = EngineSlot(
+        tiny_model, lambda policy: offload_config(policy, faults_path), **SMALL_ENGINE
+    )
     slot.faults_path = faults_path
     yield slot
     slot.close()

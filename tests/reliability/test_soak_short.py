@@ -21,11 +21,28 @@ def run_soak(model, workdir) -> tuple[int, str]:
     """The soak as a user runs it, in its own process; SIGTERM (it then stops its servers)
     past the hard timeout."""
     env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
-    cmd = [sys.executable, "-m", "kvscope.bench.soak", "--requests", str(REQUESTS),
-           "--model", str(model), "--workdir", str(workdir), "--abort-fraction", "0.15",
-           "--request-timeout", "60", "--idle-timeout", "45", "--concurrency", "4"]  # fmt: skip
-    process = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True)  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "kvscope.bench.soak",
+        "--requests",
+        str(REQUESTS),
+        "--model",
+        str(model),
+        "--workdir",
+        str(workdir),
+        "--abort-fraction",
+        "0.15",
+        "--request-timeout",
+        "60",
+        "--idle-timeout",
+        "45",
+        "--concurrency",
+        "4",
+    ]
+    process = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     try:
         output, _ = process.communicate(timeout=HARD_TIMEOUT_S)
     except subprocess.TimeoutExpired:

@@ -6,8 +6,12 @@ from kvscope.harness.engine import free_port
 
 OFFLOAD = "kvscope.connector.cpu_offload.connector"
 P2P = "kvscope.connector.p2p.connector"
-P2P_EXTRA = {"lease_timeout_s": 30.0, "lease_margin_s": 1.0, "read_timeout_s": 10.0,
-             "handshake_timeout_s": 10.0}  # fmt: skip
+P2P_EXTRA = {
+    "lease_timeout_s": 30.0,
+    "lease_margin_s": 1.0,
+    "read_timeout_s": 10.0,
+    "handshake_timeout_s": 10.0,
+}
 """Generous: four worker processes share two cores at TP=2, and a pull must not time out."""
 
 
@@ -34,15 +38,22 @@ def _alone(config: dict, policy: str = "recompute") -> dict:
 
 
 def offload_child() -> dict:
-    return {"name": "offload", "kv_connector": "CpuOffloadConnector",
-            "kv_connector_module_path": OFFLOAD,
-            "kv_connector_extra_config": {"cpu_bytes_to_use": 8 << 20}}  # fmt: skip
+    return {
+        "name": "offload",
+        "kv_connector": "CpuOffloadConnector",
+        "kv_connector_module_path": OFFLOAD,
+        "kv_connector_extra_config": {"cpu_bytes_to_use": 8 << 20},
+    }
 
 
 def p2p_child(tp_size: int) -> dict:
     extra = {"side_channel_port": side_channel_port(tp_size), **P2P_EXTRA}
-    return {"name": "p2p", "kv_connector": "P2PConnector", "kv_connector_module_path": P2P,
-            "kv_connector_extra_config": extra}  # fmt: skip
+    return {
+        "name": "p2p",
+        "kv_connector": "P2PConnector",
+        "kv_connector_module_path": P2P,
+        "kv_connector_extra_config": extra,
+    }
 
 
 def offload_config() -> dict:
@@ -56,14 +67,22 @@ def p2p_config(tp_size: int) -> dict:
 def multi_config(tp_size: int) -> dict:
     """The demo's composition: P2P first (requests prefilled elsewhere), then the offload pool."""
     children = [p2p_child(tp_size), offload_child()]
-    return _alone({"kv_connector": "KvscopeMultiConnector",
-                   "kv_connector_module_path": "kvscope.connector.multi.connector",
-                   "kv_connector_extra_config": {"connectors": children}})  # fmt: skip
+    return _alone(
+        {
+            "kv_connector": "KvscopeMultiConnector",
+            "kv_connector_module_path": "kvscope.connector.multi.connector",
+            "kv_connector_extra_config": {"connectors": children},
+        }
+    )
 
 
 def traced_example_config(storage: str) -> dict:
     """vLLM's own ExampleConnector (disk), wrapped in kvscope's TracedConnector."""
     extra = {"connector": "ExampleConnector", "shared_storage_path": storage}
-    return _alone({"kv_connector": "TracedConnector",
-                   "kv_connector_module_path": "kvscope.connector.traced",
-                   "kv_connector_extra_config": extra})  # fmt: skip
+    return _alone(
+        {
+            "kv_connector": "TracedConnector",
+            "kv_connector_module_path": "kvscope.connector.traced",
+            "kv_connector_extra_config": extra,
+        }
+    )

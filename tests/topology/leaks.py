@@ -95,15 +95,21 @@ def scheduler_side(llm: Any) -> list[str]:
 def _scheduler_core_state(core: Any) -> dict[str, Any]:
     kind, half = type(core).__name__, getattr(core, "scheduler", None)
     if kind == "CpuOffloadCore":
-        return {"active_leases": [lease.lease_id for lease in half.leases.active()],
-                "pinned_host_blocks": half.pool.stats().pinned,
-                "tracked_requests": list(half.requests), "stores_in_flight": half._stores,
-                "expired_in_flight": half.expired_leases_in_flight(),
-                "stores_reported_by_some_ranks": list(half.store_reports.pending()),
-                "loads_reported_by_some_ranks": list(half.load_reports.pending())}  # fmt: skip
+        return {
+            "active_leases": [lease.lease_id for lease in half.leases.active()],
+            "pinned_host_blocks": half.pool.stats().pinned,
+            "tracked_requests": list(half.requests),
+            "stores_in_flight": half._stores,
+            "expired_in_flight": half.expired_leases_in_flight(),
+            "stores_reported_by_some_ranks": list(half.store_reports.pending()),
+            "loads_reported_by_some_ranks": list(half.load_reports.pending()),
+        }
     if kind == "P2PCore":
-        return {"held_for_readers": list(half.held), "lookups": list(half.lookups),
-                "pulling": sorted(half.pulling)}  # fmt: skip
+        return {
+            "held_for_readers": list(half.held),
+            "lookups": list(half.lookups),
+            "pulling": sorted(half.pulling),
+        }
     if kind == "MultiCore":
         return {"loads": list(half.loads), "serving": list(half.serving)}
     return {}

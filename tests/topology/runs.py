@@ -76,8 +76,15 @@ def decode(llm: Any, prompts: list[str], transfer: list[dict]) -> list[list[int]
     """Greedy tokens of each prompt, its KV pulled from where transfer says."""
     from vllm import SamplingParams
 
-    params = [SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True,
-                             extra_args={"kv_transfer_params": t}) for t in transfer]  # fmt: skip
+    params = [
+        SamplingParams(
+            temperature=0.0,
+            max_tokens=MAX_TOKENS,
+            ignore_eos=True,
+            extra_args={"kv_transfer_params": t},
+        )
+        for t in transfer
+    ]
     outputs = llm.generate(prompts, params, use_tqdm=False)
     return [list(out.outputs[0].token_ids) for out in outputs]
 
@@ -100,7 +107,11 @@ def prefill_then_decode(prefill_llm: Any, decode_llm: Any, prompts: list[str]) -
     hits, p2p = "vllm:external_prefix_cache_hits", "vllm:prompt_tokens_cached_by_source"
     before = counter(decode_llm, hits), counter(decode_llm, p2p, source="p2p")
     tokens = decode(decode_llm, prompts, transfer)
-    pulls = Pulls(tokens, lengths, counter(decode_llm, hits) - before[0],
-                  counter(decode_llm, p2p, source="p2p") - before[1])  # fmt: skip
+    pulls = Pulls(
+        tokens,
+        lengths,
+        counter(decode_llm, hits) - before[0],
+        counter(decode_llm, p2p, source="p2p") - before[1],
+    )
     pulls.decode_stats = decode_llm.collective_rpc(worker_stats, timeout=60)
     return pulls

@@ -31,8 +31,9 @@ class Topology:
 
 def topology_of(llm: Any) -> Topology:
     parallel = llm.llm_engine.vllm_config.parallel_config
-    return Topology(str(parallel.distributed_executor_backend), in_process(llm),
-                    parallel.tensor_parallel_size)  # fmt: skip
+    return Topology(
+        str(parallel.distributed_executor_backend), in_process(llm), parallel.tensor_parallel_size
+    )
 
 
 def baseline(model: Path, prompts: list[str], tp_size: int) -> list[list[int]]:
@@ -47,8 +48,9 @@ class AloneRun:
     topology: Topology
 
 
-def run_alone(model: Path, config: dict, prompts: list[str], tp_size: int,
-              spans_file: Path | None) -> AloneRun:  # fmt: skip
+def run_alone(
+    model: Path, config: dict, prompts: list[str], tp_size: int, spans_file: Path | None
+) -> AloneRun:
     """One engine with the connector: store, reset vLLM's prefix cache, hit; then its leaks."""
     with in_process_llm(model, config, tensor_parallel_size=tp_size) as llm:
         passes = store_then_hit(llm, prompts)

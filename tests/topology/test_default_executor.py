@@ -25,9 +25,12 @@ def expected(tiny_model):
 def spans_file(tmp_path_factory, expected):
     """vLLM's defaults for this module's engines; every engine process appends its spans here."""
     path = tmp_path_factory.mktemp("default-executor") / "spans.jsonl"
-    with environ(VLLM_ENABLE_V1_MULTIPROCESSING="1",  # vLLM's default
-                 VLLM_ALLOW_INSECURE_SERIALIZATION="1",  # leak probes sent by collective_rpc
-                 KVSCOPE_TRACES_FILE=str(path), OTEL_BSP_SCHEDULE_DELAY="100"):  # fmt: skip
+    with environ(
+        VLLM_ENABLE_V1_MULTIPROCESSING="1",  # vLLM's default
+        VLLM_ALLOW_INSECURE_SERIALIZATION="1",  # leak probes sent by collective_rpc
+        KVSCOPE_TRACES_FILE=str(path),
+        OTEL_BSP_SCHEDULE_DELAY="100",
+    ):
         yield path
 
 

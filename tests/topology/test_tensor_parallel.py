@@ -23,8 +23,11 @@ SHARD_BYTES_PER_BLOCK = 2 * 1 * 32 * 64 * 2  # layers, KV heads per rank (2 of 2
 @pytest.fixture(scope="module", autouse=True)
 def two_ranks():
     """vLLM refuses TP=2 on two cores unless each rank's OpenMP team is bound to its own core."""
-    with environ(VLLM_CPU_OMP_THREADS_BIND="0|1", VLLM_ENABLE_V1_MULTIPROCESSING="0",
-                 VLLM_ALLOW_INSECURE_SERIALIZATION="1"):  # fmt: skip
+    with environ(
+        VLLM_CPU_OMP_THREADS_BIND="0|1",
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",
+        VLLM_ALLOW_INSECURE_SERIALIZATION="1",
+    ):
         yield
 
 

@@ -68,11 +68,13 @@ def test_grpc_backend_gets_the_token_and_the_other_grpc_destination_never_does(
 ):
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-tenant=kv%20scope")
     backend, jaeger = receivers(GrpcReceiver), receivers(GrpcReceiver)
-    settings = _export_to_all({
-        "KVSCOPE_OTLP_ENDPOINTS": f"{backend.url},{jaeger.url}",
-        "KVSCOPE_BACKEND_GRPC_URL": backend.url,
-        "KVSCOPE_BACKEND_TOKEN": TOKEN,
-    })  # fmt: skip
+    settings = _export_to_all(
+        {
+            "KVSCOPE_OTLP_ENDPOINTS": f"{backend.url},{jaeger.url}",
+            "KVSCOPE_BACKEND_GRPC_URL": backend.url,
+            "KVSCOPE_BACKEND_TOKEN": TOKEN,
+        }
+    )
     assert [d.is_backend for d in settings.destinations] == [True, False]
     assert backend.metadata()["authorization"] == f"Bearer {TOKEN}"
     assert backend.metadata()["x-tenant"] == "kv scope"
@@ -85,11 +87,13 @@ def test_compose_settings_http_backend_with_token_and_grpc_jaeger(receivers, mon
     # docker-compose.yml's shape: the backend over OTLP/HTTP with a token, Jaeger over gRPC.
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_HEADERS", raising=False)
     backend, jaeger = receivers(HttpReceiver), receivers(GrpcReceiver)
-    _export_to_all({
-        "KVSCOPE_OTLP_ENDPOINTS": f"{backend.url},{jaeger.url}",
-        "KVSCOPE_BACKEND_URL": backend.url.removesuffix("/v1/traces"),
-        "KVSCOPE_BACKEND_TOKEN": TOKEN,
-    })  # fmt: skip
+    _export_to_all(
+        {
+            "KVSCOPE_OTLP_ENDPOINTS": f"{backend.url},{jaeger.url}",
+            "KVSCOPE_BACKEND_URL": backend.url.removesuffix("/v1/traces"),
+            "KVSCOPE_BACKEND_TOKEN": TOKEN,
+        }
+    )
     assert backend.metadata()["authorization"] == f"Bearer {TOKEN}"
     _never_saw_the_token(jaeger.metadata())
     assert len(jaeger.calls[0][1]) == 2
@@ -98,10 +102,12 @@ def test_compose_settings_http_backend_with_token_and_grpc_jaeger(receivers, mon
 def test_without_a_token_no_destination_gets_authorization(receivers, monkeypatch):
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_HEADERS", raising=False)
     backend, jaeger = receivers(GrpcReceiver), receivers(GrpcReceiver)
-    _export_to_all({
-        "KVSCOPE_OTLP_ENDPOINTS": f"{backend.url},{jaeger.url}",
-        "KVSCOPE_BACKEND_GRPC_URL": backend.url,
-    })  # fmt: skip
+    _export_to_all(
+        {
+            "KVSCOPE_OTLP_ENDPOINTS": f"{backend.url},{jaeger.url}",
+            "KVSCOPE_BACKEND_GRPC_URL": backend.url,
+        }
+    )
     for receiver in (backend, jaeger):
         assert "authorization" not in receiver.metadata()
         assert len(receiver.calls[0][1]) == 2
@@ -111,11 +117,13 @@ def test_signal_specific_headers_reach_the_standard_grpc_destination(receivers, 
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-general=no")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "X-Tenant=a,x-Team=b")
     collector = receivers(GrpcReceiver)
-    _export_to_all({
-        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": collector.url.replace("grpc://", "http://"),
-        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc",
-        "KVSCOPE_BACKEND_TOKEN": TOKEN,  # no KVSCOPE_BACKEND_URL: nothing is the backend
-    })  # fmt: skip
+    _export_to_all(
+        {
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": collector.url.replace("grpc://", "http://"),
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc",
+            "KVSCOPE_BACKEND_TOKEN": TOKEN,  # no KVSCOPE_BACKEND_URL: nothing is the backend
+        }
+    )
     metadata = collector.metadata()
     # As the spec orders: the traces variable replaces the general one, it is not merged.
     assert metadata["x-tenant"] == "a" and metadata["x-team"] == "b"
@@ -155,20 +163,24 @@ def test_the_rule_for_backend_destinations(url, expected):
 
 
 def test_a_destination_named_twice_is_exported_to_once():
-    settings = TracingSettings.from_env({
-        "KVSCOPE_OTLP_ENDPOINTS": "http://backend:4318/v1/traces",
-        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://backend:4318/v1/traces",
-    })  # fmt: skip
+    settings = TracingSettings.from_env(
+        {
+            "KVSCOPE_OTLP_ENDPOINTS": "http://backend:4318/v1/traces",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://backend:4318/v1/traces",
+        }
+    )
     assert settings.destinations == (Destination("http/protobuf", "http://backend:4318/v1/traces"),)
 
 
 def test_joining_vllms_provider_leaves_the_standard_endpoint_to_vllms_exporter():
     # vLLM writes its --otlp-traces-endpoint to OTEL_EXPORTER_OTLP_TRACES_ENDPOINT and exports
     # every span of its provider there, ours included.
-    settings = TracingSettings.from_env({
-        "KVSCOPE_OTLP_ENDPOINTS": "http://backend:4318/v1/traces",
-        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://jaeger:4317",
-        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc",
-    })  # fmt: skip
+    settings = TracingSettings.from_env(
+        {
+            "KVSCOPE_OTLP_ENDPOINTS": "http://backend:4318/v1/traces",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://jaeger:4317",
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc",
+        }
+    )
     assert len(_destinations(settings, joined=False)) == 2
     assert _destinations(settings, joined=True) == [settings.destinations[0]]

@@ -32,8 +32,9 @@ class BlockedExporter(SpanExporter):
 
 def test_full_queue_drops_and_counts_without_waiting():
     exporter = BlockedExporter()
-    processor = BoundedBatchProcessor(exporter, max_queue_size=100, max_batch_size=10,
-                                      schedule_delay_s=0.01)  # fmt: skip
+    processor = BoundedBatchProcessor(
+        exporter, max_queue_size=100, max_batch_size=10, schedule_delay_s=0.01
+    )
     provider = TracerProvider()
     provider.add_span_processor(processor)
     tracer = provider.get_tracer("test")
@@ -71,13 +72,15 @@ def test_failed_exports_are_counted_as_dropped():
 
 
 def test_settings_read_standard_and_kvscope_variables():
-    settings = TracingSettings.from_env({
-        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318",
-        "KVSCOPE_OTLP_ENDPOINTS": "grpc://jaeger:4317, http+json://backend:8000/v1/traces",
-        "KVSCOPE_TRACES_FILE": "/tmp/spans.jsonl",
-        "OTEL_SERVICE_NAME": "decode",
-        "OTEL_BSP_MAX_QUEUE_SIZE": "100",
-    })  # fmt: skip
+    settings = TracingSettings.from_env(
+        {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318",
+            "KVSCOPE_OTLP_ENDPOINTS": "grpc://jaeger:4317, http+json://backend:8000/v1/traces",
+            "KVSCOPE_TRACES_FILE": "/tmp/spans.jsonl",
+            "OTEL_SERVICE_NAME": "decode",
+            "OTEL_BSP_MAX_QUEUE_SIZE": "100",
+        }
+    )
     assert settings.destinations == (
         Destination("grpc", "http://jaeger:4317"),
         Destination("http/json", "http://backend:8000/v1/traces"),
@@ -109,12 +112,21 @@ def closed_port() -> int:
 def test_dead_otlp_endpoint_does_not_stop_generation(tiny_model, tmp_path):
     env = engine_env(
         KVSCOPE_OTLP_ENDPOINTS=f"http://127.0.0.1:{closed_port()}/v1/traces",
-        OTEL_EXPORTER_OTLP_TRACES_TIMEOUT="1", OTEL_BSP_SCHEDULE_DELAY="100",
+        OTEL_EXPORTER_OTLP_TRACES_TIMEOUT="1",
+        OTEL_BSP_SCHEDULE_DELAY="100",
         VLLM_ENABLE_V1_MULTIPROCESSING="0",
-    )  # fmt: skip
+    )
     config = json.dumps(traced_example_config(tmp_path))
-    cmd = [sys.executable, "-m", "kvscope.demo.run_prompts", str(tiny_model), config,
-           DISTINCT[0], "--max-tokens", "8"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "kvscope.demo.run_prompts",
+        str(tiny_model),
+        config,
+        DISTINCT[0],
+        "--max-tokens",
+        "8",
+    ]
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     tokens_line, telemetry_line = result.stdout.strip().splitlines()[-2:]

@@ -69,8 +69,13 @@ def _spans():
 def test_bytes_parse_into_the_sdk_encoders_message():
     spans = _spans()
     ours = ExportTraceServiceRequest.FromString(encode_spans(spans))
-    links = [link for r in ours.resource_spans for s in r.scope_spans for span in s.spans
-             for link in span.links]  # fmt: skip
+    links = [
+        link
+        for r in ours.resource_spans
+        for s in r.scope_spans
+        for span in s.spans
+        for link in span.links
+    ]
     # The SDK's encoder leaves a link's trace_state out; OTLP has the field, and we send it.
     assert {link.trace_state for link in links} == {"vendor=x1", ""}
     for link in links:

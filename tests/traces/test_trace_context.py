@@ -23,11 +23,24 @@ def multiprocess_spans(tiny_model, tmp_path_factory):
     """Two passes (store, then load) in a multi-process engine exporting to a spans file."""
     workdir = tmp_path_factory.mktemp("multiprocess")
     spans_file = workdir / "spans.jsonl"
-    env = engine_env(KVSCOPE_TRACES_FILE=str(spans_file), VLLM_ENABLE_V1_MULTIPROCESSING="1",
-                     OTEL_BSP_SCHEDULE_DELAY="100")  # fmt: skip
+    env = engine_env(
+        KVSCOPE_TRACES_FILE=str(spans_file),
+        VLLM_ENABLE_V1_MULTIPROCESSING="1",
+        OTEL_BSP_SCHEDULE_DELAY="100",
+    )
     config = json.dumps(traced_example_config(workdir / "kv"))
-    cmd = [sys.executable, "-m", "kvscope.demo.run_prompts", str(tiny_model), config,
-           *DISTINCT[:2], "--passes", "2", "--executor", "mp"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "kvscope.demo.run_prompts",
+        str(tiny_model),
+        config,
+        *DISTINCT[:2],
+        "--passes",
+        "2",
+        "--executor",
+        "mp",
+    ]
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     first, second = json.loads(result.stdout.strip().splitlines()[-2])
@@ -61,8 +74,11 @@ def test_each_request_has_one_trace_across_processes(multiprocess_spans):
 def test_second_pass_loads_in_the_worker_process(multiprocess_spans):
     first, second, spans = multiprocess_spans
     assert first == second
-    loads = [s for s in spans if s["name"] == names.SPAN_WORKER_REQUEST
-             and s["attributes"].get("kvscope.load.this_step")]  # fmt: skip
+    loads = [
+        s
+        for s in spans
+        if s["name"] == names.SPAN_WORKER_REQUEST and s["attributes"].get("kvscope.load.this_step")
+    ]
     assert len(loads) == 2
     assert all(any(e[names.TIMELINE_POINT] == "layer_ready" for e in s["events"]) for s in loads)
 

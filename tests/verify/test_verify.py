@@ -14,9 +14,12 @@ OFFLOAD_EXTRA = {"cpu_bytes_to_use": 8 << 20, "load_timeout_s": 1.5}
 
 
 def _offload_child(name: str) -> dict:
-    return {"name": name, "kv_connector": "CpuOffloadConnector",
-            "kv_connector_module_path": "kvscope.connector.cpu_offload.connector",
-            "kv_connector_extra_config": dict(OFFLOAD_EXTRA)}  # fmt: skip
+    return {
+        "name": name,
+        "kv_connector": "CpuOffloadConnector",
+        "kv_connector_module_path": "kvscope.connector.cpu_offload.connector",
+        "kv_connector_extra_config": dict(OFFLOAD_EXTRA),
+    }
 
 
 def _verdicts(report) -> dict[tuple[str, str], str]:
@@ -24,8 +27,11 @@ def _verdicts(report) -> dict[tuple[str, str], str]:
 
 
 def _broken(report) -> list[str]:
-    return [f"{r.scenario}[{r.policy}] {v.rule}: {v.evidence()}"
-            for r in report.results for v in r.violations]  # fmt: skip
+    return [
+        f"{r.scenario}[{r.policy}] {v.rule}: {v.evidence()}"
+        for r in report.results
+        for v in r.violations
+    ]
 
 
 def test_cpu_offload_connector_passes(tiny_model):
@@ -49,8 +55,7 @@ def test_p2p_connector_without_a_peer_passes(tiny_model):
     way in every scenario. Its pulls need a P/D pair (tests/reliability covers them)."""
     from kvscope.harness.engine import free_port
 
-    report = verify(parse_connector("P2PConnector", {"side_channel_port": free_port()}),
-                    tiny_model)  # fmt: skip
+    report = verify(parse_connector("P2PConnector", {"side_channel_port": free_port()}), tiny_model)
     assert report.passed, _broken(report)
     verdicts = _verdicts(report)
     assert verdicts.pop(("failed_load", "recompute")) == "skip"

@@ -37,20 +37,26 @@ def flat_spans(request: dict) -> list[dict]:
         resource = _attributes(resource_spans.get("resource", {}).get("attributes", ()))
         for scope_spans in resource_spans.get("scopeSpans", ()):
             for span in scope_spans.get("spans", ()):
-                out.append({
-                    "name": span["name"],
-                    "trace_id": span["traceId"],
-                    "span_id": span["spanId"],
-                    "parent_span_id": span.get("parentSpanId", ""),
-                    "start_ns": int(span["startTimeUnixNano"]),
-                    "end_ns": int(span["endTimeUnixNano"]),
-                    "attributes": _attributes(span.get("attributes", ())),
-                    "events": [{"name": e["name"], **_attributes(e.get("attributes", ()))}
-                               for e in span.get("events", ())],
-                    "links": [{"trace_id": link["traceId"], "span_id": link["spanId"]}
-                              for link in span.get("links", ())],
-                    "resource": resource,
-                })  # fmt: skip
+                out.append(
+                    {
+                        "name": span["name"],
+                        "trace_id": span["traceId"],
+                        "span_id": span["spanId"],
+                        "parent_span_id": span.get("parentSpanId", ""),
+                        "start_ns": int(span["startTimeUnixNano"]),
+                        "end_ns": int(span["endTimeUnixNano"]),
+                        "attributes": _attributes(span.get("attributes", ())),
+                        "events": [
+                            {"name": e["name"], **_attributes(e.get("attributes", ()))}
+                            for e in span.get("events", ())
+                        ],
+                        "links": [
+                            {"trace_id": link["traceId"], "span_id": link["spanId"]}
+                            for link in span.get("links", ())
+                        ],
+                        "resource": resource,
+                    }
+                )
     return out
 
 
@@ -67,8 +73,12 @@ def _attributes(pairs) -> dict:
 def _value(value: dict):
     if "arrayValue" in value:
         return [_value(v) for v in value["arrayValue"].get("values", ())]
-    for key, cast in (("stringValue", str), ("boolValue", bool), ("intValue", int),
-                      ("doubleValue", float)):  # fmt: skip
+    for key, cast in (
+        ("stringValue", str),
+        ("boolValue", bool),
+        ("intValue", int),
+        ("doubleValue", float),
+    ):
         if key in value:
             return cast(value[key])
     return None

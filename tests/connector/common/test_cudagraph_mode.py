@@ -9,14 +9,18 @@ pytest.importorskip("vllm")
 from vllm.config.kv_transfer import KVTransferConfig  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
 
-OFFLOAD = {"kv_connector": "CpuOffloadConnector",
-           "kv_connector_module_path": "kvscope.connector.cpu_offload.connector"}  # fmt: skip
+OFFLOAD = {
+    "kv_connector": "CpuOffloadConnector",
+    "kv_connector_module_path": "kvscope.connector.cpu_offload.connector",
+}
 P2P = {
     "kv_connector": "P2PConnector",
     "kv_connector_module_path": "kvscope.connector.p2p.connector",
 }
-LAYERWISE = {"kv_connector": "LayerwiseConnector",
-             "kv_connector_module_path": "tests.connector.common.layerwise_connector"}  # fmt: skip
+LAYERWISE = {
+    "kv_connector": "LayerwiseConnector",
+    "kv_connector_module_path": "tests.connector.common.layerwise_connector",
+}
 EXAMPLE = {"kv_connector": "ExampleConnector"}
 
 
@@ -28,16 +32,22 @@ def asks_piecewise(connector: dict, extra: dict) -> bool:
 
 
 def multi(*children: dict, **extra) -> tuple[dict, dict]:
-    connector = {"kv_connector": "KvscopeMultiConnector",
-                 "kv_connector_module_path": "kvscope.connector.multi.connector"}  # fmt: skip
+    connector = {
+        "kv_connector": "KvscopeMultiConnector",
+        "kv_connector_module_path": "kvscope.connector.multi.connector",
+    }
     return connector, {"connectors": list(children), **extra}
 
 
 def traced(inner: dict, **extra) -> tuple[dict, dict]:
-    connector = {"kv_connector": "TracedConnector",
-                 "kv_connector_module_path": "kvscope.connector.traced"}  # fmt: skip
-    own = {"connector": inner["kv_connector"],
-           "connector_module_path": inner.get("kv_connector_module_path")}  # fmt: skip
+    connector = {
+        "kv_connector": "TracedConnector",
+        "kv_connector_module_path": "kvscope.connector.traced",
+    }
+    own = {
+        "connector": inner["kv_connector"],
+        "connector_module_path": inner.get("kv_connector_module_path"),
+    }
     return connector, {**own, **extra}
 
 

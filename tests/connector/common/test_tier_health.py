@@ -29,9 +29,11 @@ def fail(health: TierHealth, times: int, prefix: str = "r") -> None:
 def tier_spans(spans, tier: str = "cpu_offload") -> list[dict]:
     """The kvscope.tier.* attributes of each health span of this tier (the pipeline adds its
     seq; spans of earlier tests may still be on their way, hence a tier name per test)."""
-    return [{k: v for k, v in s.attributes.items() if k.startswith("kvscope.tier")}
-            for s in spans() if s.name == names.SPAN_TIER_HEALTH
-            and s.attributes[names.TIER] == tier]  # fmt: skip
+    return [
+        {k: v for k, v in s.attributes.items() if k.startswith("kvscope.tier")}
+        for s in spans()
+        if s.name == names.SPAN_TIER_HEALTH and s.attributes[names.TIER] == tier
+    ]
 
 
 def test_failures_in_a_row_bypass_the_tier_and_lookups_answer_no(spans):
@@ -43,16 +45,23 @@ def test_failures_in_a_row_bypass_the_tier_and_lookups_answer_no(spans):
     assert not health.admit("later") and not health.admit("later2")
     assert health.bypassed_lookups == 2
     [span] = tier_spans(spans, "tier-a")
-    assert span == {names.TIER: "tier-a", names.TIER_STATE: "bypassed",
-                    names.TIER_REASON: "3 loads in a row failed; last: timed out after 0.50 s",
-                    names.TIER_FAILURES: 3, names.TIER_BYPASS_S: 2.0}  # fmt: skip
+    assert span == {
+        names.TIER: "tier-a",
+        names.TIER_STATE: "bypassed",
+        names.TIER_REASON: "3 loads in a row failed; last: timed out after 0.50 s",
+        names.TIER_FAILURES: 3,
+        names.TIER_BYPASS_S: 2.0,
+    }
 
 
 def test_the_span_names_the_engine_that_judged_the_tier(spans):
     health = TierHealth("tier-e", TierHealthConfig(failures_to_bypass=1), engine_id="decode-0")
     fail(health, 1)
-    [span] = [s for s in spans() if s.name == names.SPAN_TIER_HEALTH
-              and s.attributes[names.TIER] == "tier-e"]  # fmt: skip
+    [span] = [
+        s
+        for s in spans()
+        if s.name == names.SPAN_TIER_HEALTH and s.attributes[names.TIER] == "tier-e"
+    ]
     assert span.attributes[names.ENGINE_ID] == "decode-0"
 
 

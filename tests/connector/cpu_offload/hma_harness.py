@@ -49,11 +49,17 @@ HASHER = get_request_block_hasher(BLOCK, sha256_cbor)
 
 def kv_cache_config(groups: tuple[str, ...] = GROUPS) -> KVCacheConfig:
     specs = {
-        "full": FullAttentionSpec(BLOCK, num_kv_heads=HEADS, head_size=HEAD_DIM,
-                                  dtype=torch.bfloat16),
-        "swa": SlidingWindowSpec(BLOCK, num_kv_heads=HEADS, head_size=HEAD_DIM,
-                                 dtype=torch.bfloat16, sliding_window=WINDOW),
-    }  # fmt: skip
+        "full": FullAttentionSpec(
+            BLOCK, num_kv_heads=HEADS, head_size=HEAD_DIM, dtype=torch.bfloat16
+        ),
+        "swa": SlidingWindowSpec(
+            BLOCK,
+            num_kv_heads=HEADS,
+            head_size=HEAD_DIM,
+            dtype=torch.bfloat16,
+            sliding_window=WINDOW,
+        ),
+    }
     return KVCacheConfig(
         num_blocks=NUM_BLOCKS,
         kv_cache_tensors=[],
@@ -75,13 +81,18 @@ def vllm_config(
     )
     config = VllmConfig(
         model_config=ModelConfig(model=str(model), skip_tokenizer_init=True, max_model_len=1024),
-        scheduler_config=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=1024,
-                                         max_model_len=1024, is_encoder_decoder=False),
-        cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=True,
-                                 num_gpu_blocks_override=NUM_BLOCKS),
+        scheduler_config=SchedulerConfig(
+            max_num_seqs=8,
+            max_num_batched_tokens=1024,
+            max_model_len=1024,
+            is_encoder_decoder=False,
+        ),
+        cache_config=CacheConfig(
+            block_size=BLOCK, enable_prefix_caching=True, num_gpu_blocks_override=NUM_BLOCKS
+        ),
         kv_transfer_config=transfer,
         device_config=DeviceConfig("cpu"),
-    )  # fmt: skip
+    )
     config.scheduler_config.disable_hybrid_kv_cache_manager = False
     config.cache_config.num_gpu_blocks = NUM_BLOCKS
     return config
@@ -103,9 +114,13 @@ class Engine:
     def __init__(self, model: Path, extra=None, groups=GROUPS, policy: str = "recompute"):
         self.config = vllm_config(model, extra, policy)
         self.kv_config = kv_cache_config(groups)
-        self.scheduler = Scheduler(self.config, self.kv_config,
-                                   StructuredOutputManager(self.config), block_size=BLOCK,
-                                   log_stats=True)  # fmt: skip
+        self.scheduler = Scheduler(
+            self.config,
+            self.kv_config,
+            StructuredOutputManager(self.config),
+            block_size=BLOCK,
+            log_stats=True,
+        )
         self.worker = CpuOffloadConnector(self.config, KVConnectorRole.WORKER, self.kv_config)
         self.kv_caches = overlaid_kv_caches(groups)
         self.worker.register_kv_caches(self.kv_caches)
@@ -128,17 +143,21 @@ class Engine:
         self._wait_for_copies()
         results = self.worker.get_transfer_results(output.finished_req_ids)
         kv_output = KVConnectorOutput(
-            finished_sending=results.finished_sending, finished_recving=results.finished_recving,
+            finished_sending=results.finished_sending,
+            finished_recving=results.finished_recving,
             failed_recving=results.failed_recving,
             invalid_block_ids=self.worker.get_block_ids_with_load_errors(),
             kv_connector_worker_meta=self.worker.build_connector_worker_meta(),
-        )  # fmt: skip
+        )
         self.worker.clear_connector_metadata()
         self.outputs.append(kv_output)
         req_ids = list(output.num_scheduled_tokens)
-        runner = ModelRunnerOutput(req_ids, {r: i for i, r in enumerate(req_ids)},
-                                   sampled_token_ids=[[7] for _ in req_ids],
-                                   kv_connector_output=kv_output)  # fmt: skip
+        runner = ModelRunnerOutput(
+            req_ids,
+            {r: i for i, r in enumerate(req_ids)},
+            sampled_token_ids=[[7] for _ in req_ids],
+            kv_connector_output=kv_output,
+        )
         self.scheduler.update_from_output(output, runner)
         return output
 

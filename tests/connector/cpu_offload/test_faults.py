@@ -105,8 +105,12 @@ def test_bad_plans_are_rejected_with_the_reason(config, message):
 
 
 def test_by_rank_gives_each_worker_its_own_faults():
-    plan = FaultPlan.from_dict({"store_delay_ms": 5.0, "by_rank": {
-        "0": {"load_delay_ms": 300.0}, "1": {"fail_load_every": 1}}})  # fmt: skip
+    plan = FaultPlan.from_dict(
+        {
+            "store_delay_ms": 5.0,
+            "by_rank": {"0": {"load_delay_ms": 300.0}, "1": {"fail_load_every": 1}},
+        }
+    )
     workers = [FaultInjector(plan) for _ in range(3)]
     for rank, injector in enumerate(workers):
         injector.rank = rank

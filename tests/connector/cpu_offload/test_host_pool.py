@@ -121,9 +121,16 @@ def test_capacity_counts_whole_blocks_across_layers():
 
 def namespace(**changes) -> KVNamespace:
     base = dict(
-        model="tiny-llama", dtype="bfloat16", kv_layout="cpu", block_size=32, tp_rank=0,
-        tp_size=1, num_layers=2, num_kv_heads=2, head_dim=32,
-    )  # fmt: skip
+        model="tiny-llama",
+        dtype="bfloat16",
+        kv_layout="cpu",
+        block_size=32,
+        tp_rank=0,
+        tp_size=1,
+        num_layers=2,
+        num_kv_heads=2,
+        head_dim=32,
+    )
     return KVNamespace(**(base | changes))
 
 

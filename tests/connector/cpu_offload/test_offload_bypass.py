@@ -29,10 +29,12 @@ def offload_config(faults_path) -> dict:
         "kv_role": "kv_both",
         "kv_load_failure_policy": "recompute",
         "kv_connector_extra_config": {
-            "cpu_bytes_to_use": 8 << 20, "load_timeout_s": LOAD_TIMEOUT_S,
-            "faults_path": str(faults_path), "tier_health": TIER_HEALTH,
+            "cpu_bytes_to_use": 8 << 20,
+            "load_timeout_s": LOAD_TIMEOUT_S,
+            "faults_path": str(faults_path),
+            "tier_health": TIER_HEALTH,
         },
-    }  # fmt: skip
+    }
 
 
 def settle(llm, timeout_s: float = 30.0) -> None:
@@ -57,13 +59,20 @@ def timed_pass(llm) -> tuple[list[list[int]], float]:
 def scrape() -> dict[str, float]:
     """The offload tier's samples on vLLM's own Prometheus registry, as /metrics shows them."""
     text = prometheus_client.generate_latest(prometheus_client.REGISTRY).decode()
-    return {sample.name: sample.value for family in text_string_to_metric_families(text)
-            for sample in family.samples if "kvscope_offload_tier" in sample.name}  # fmt: skip
+    return {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if "kvscope_offload_tier" in sample.name
+    }
 
 
 def tier_states(spans) -> list[dict]:
-    return [dict(s.attributes) for s in spans() if s.name == names.SPAN_TIER_HEALTH
-            and s.attributes[names.TIER] == "cpu_offload"]  # fmt: skip
+    return [
+        dict(s.attributes)
+        for s in spans()
+        if s.name == names.SPAN_TIER_HEALTH and s.attributes[names.TIER] == "cpu_offload"
+    ]
 
 
 @pytest.fixture(scope="module")

@@ -60,8 +60,11 @@ def test_hits_after_prefix_cache_reset_give_the_same_tokens(tiny_model, expected
     assert token_mismatches(expected["distinct"], second) == []
     assert stats["hit_tokens"] >= 64 * len(DISTINCT)
     assert stats["loaded_blocks"] >= 2 * len(DISTINCT)
-    loads = [s for s in spans() if s.name == names.SPAN_TRANSFER
-             and s.attributes[names.TRANSFER_DIRECTION] == "load"]  # fmt: skip
+    loads = [
+        s
+        for s in spans()
+        if s.name == names.SPAN_TRANSFER and s.attributes[names.TRANSFER_DIRECTION] == "load"
+    ]
     assert len(loads) == len(DISTINCT) and all(s.attributes[names.TRANSFER_OK] for s in loads)
 
 

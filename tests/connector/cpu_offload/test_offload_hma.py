@@ -74,9 +74,12 @@ def test_a_hit_loads_the_full_prefix_and_only_the_window_of_the_sliding_group(ti
         for layer in range(NUM_LAYERS):
             assert engine.read(SWA, swa_ids[index], layer) == block_value(SWA, index, layer)
     assert engine.offload.stats["loaded_blocks"] == 6 + 2
-    acquired = [e for span in spans() for e in span.events
-                if e.name == names.EVENT_LEASE_ACQUIRED
-                and e.attributes[names.LEASE_HOLDER] == "r2"]  # fmt: skip
+    acquired = [
+        e
+        for span in spans()
+        for e in span.events
+        if e.name == names.EVENT_LEASE_ACQUIRED and e.attributes[names.LEASE_HOLDER] == "r2"
+    ]
     assert list(acquired[0].attributes[names.KV_CACHE_GROUP_IDS]) == [0, 0, 0, 0, 0, 1, 0, 1]
     [loaded] = [e for span in spans() for e in span.events if e.name == names.EVENT_BLOCK_LOADED]
     assert list(loaded.attributes[names.KV_CACHE_GROUP_IDS]) == [0, 0, 0, 0, 0, 1, 0, 1]
@@ -156,7 +159,9 @@ def test_traced_connector_over_a_connector_without_hma_refuses_two_groups(tiny_m
     config.kv_transfer_config.kv_connector = "TracedConnector"
     config.kv_transfer_config.kv_connector_module_path = "kvscope.connector.traced"
     config.kv_transfer_config.kv_connector_extra_config = {
-        "connector": "ExampleConnector", "shared_storage_path": str(tmp_path)}  # fmt: skip
+        "connector": "ExampleConnector",
+        "shared_storage_path": str(tmp_path),
+    }
     TracedConnector(config, KVConnectorRole.SCHEDULER, kv_cache_config(("full",)))
     with pytest.raises(ValueError, match="--disable-hybrid-kv-cache-manager"):
         TracedConnector(config, KVConnectorRole.SCHEDULER, kv_cache_config())

@@ -37,8 +37,15 @@ LABELS = {"model_name": "tiny", "engine": "0"}
 
 
 def scheduler(num_host_blocks: int = 16, world_size: int = 1) -> OffloadScheduler:
-    return OffloadScheduler(OffloadConfig(), NAMESPACE, BLOCK, num_host_blocks, world_size,
-                            FaultInjector(), kv_events=True)  # fmt: skip
+    return OffloadScheduler(
+        OffloadConfig(),
+        NAMESPACE,
+        BLOCK,
+        num_host_blocks,
+        world_size,
+        FaultInjector(),
+        kv_events=True,
+    )
 
 
 def stored(offload: OffloadScheduler, req_id: str, num_tokens: int = 4 * BLOCK + 5, first=0):
@@ -62,10 +69,20 @@ def test_a_store_and_a_load_are_reported_once_as_an_interval():
     start_load(offload, request("r1"))
     offload.on_worker_output(OffloadWorkerMeta(loads_done={"r1": 1}))
     data = report(offload, reporter).data
-    assert data["counters"] == {"lookups": 2, "hit_tokens": 4 * BLOCK, "miss_tokens": 4 * BLOCK,
-                                "stored_blocks": 4, "loaded_blocks": 4}  # fmt: skip
-    assert data["gauges"] == {"host_blocks": 16, "host_blocks_used": 4, "host_blocks_pinned": 0,
-                              "pending_stores": 0, "active_leases": 0}  # fmt: skip
+    assert data["counters"] == {
+        "lookups": 2,
+        "hit_tokens": 4 * BLOCK,
+        "miss_tokens": 4 * BLOCK,
+        "stored_blocks": 4,
+        "loaded_blocks": 4,
+    }
+    assert data["gauges"] == {
+        "host_blocks": 16,
+        "host_blocks_used": 4,
+        "host_blocks_pinned": 0,
+        "pending_stores": 0,
+        "active_leases": 0,
+    }
     assert len(data["histograms"]["kv_wait_seconds"]) == 1
     assert report(offload, reporter) is None, "nothing changed: nothing to report"
 
@@ -106,8 +123,8 @@ def test_stats_of_another_version_or_shape_are_refused():
         CpuOffloadConnector.build_kv_connector_stats({"version": 2})
     with pytest.raises(ValueError, match="'counters' must be a dict"):
         CpuOffloadConnector.build_kv_connector_stats(
-            {"version": 1, "counters": {"bogus": 1}, "gauges": {}, "histograms": {},
-             "failures": {}})  # fmt: skip
+            {"version": 1, "counters": {"bogus": 1}, "gauges": {}, "histograms": {}, "failures": {}}
+        )
 
 
 def value(found: dict, name: str, **labels: str) -> float:
@@ -140,8 +157,12 @@ def test_prometheus_metrics_carry_vllms_labels_and_every_kind_of_value():
     assert value(found, "vllm:kvscope_offload_transfer_size_bytes_sum", path="store") == 65536
     assert value(found, "vllm:kvscope_offload_host_blocks") == 16
     assert value(found, "vllm:kvscope_offload_host_blocks_used") == 4
-    assert value(found, "vllm:kvscope_offload_failures_total", cause="load_failed",
-                 outcome="recomputed") == 1  # fmt: skip
+    assert (
+        value(
+            found, "vllm:kvscope_offload_failures_total", cause="load_failed", outcome="recomputed"
+        )
+        == 1
+    )
     assert value(found, "vllm:kvscope_offload_kv_wait_seconds_count") == 1
 
 

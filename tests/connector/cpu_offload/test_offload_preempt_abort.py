@@ -25,7 +25,7 @@ def offload_config(faults_path) -> dict:
             "cpu_bytes_to_use": 8 << 20,
             "load_timeout_s": 5.0,
             "faults_path": str(faults_path),
-        },  # fmt: skip
+        },
     }
 
 
@@ -70,8 +70,7 @@ def test_preempted_readmitted_with_a_hit_then_aborted(tiny_model, tmp_path):
     with in_process_llm(tiny_model, offload_config(faults_path), **SMALL_ENGINE) as llm:
         watch = PreemptedThenLoading(llm)
         set_faults(faults_path, {"load_delay_ms": 800.0})  # loads outlast a few steps
-        batch: Batch = run(llm, [f"r{i}" for i in range(4)], PROMPTS, MAX_TOKENS,
-                           abort_when=watch)  # fmt: skip
+        batch: Batch = run(llm, [f"r{i}" for i in range(4)], PROMPTS, MAX_TOKENS, abort_when=watch)
         settle(llm)
         leaks = engine_leaks(llm)
     assert batch.preemptions > 0 and watch.aborted, "no preempted request was re-admitted "

@@ -49,8 +49,9 @@ def make_scheduler(world_size: int = 2) -> OffloadScheduler:
 def store_prompt(offload: OffloadScheduler, req: Request) -> list[int]:
     """Plans the stores of a prefill of the whole prompt; returns their reservation ids."""
     offload.lookup(req, 0)
-    metadata = offload.build_metadata(Output({req.request_id: req.num_prompt_tokens}),
-                                      FakeKVCacheManager())  # fmt: skip
+    metadata = offload.build_metadata(
+        Output({req.request_id: req.num_prompt_tokens}), FakeKVCacheManager()
+    )
     return [store.transfer_id for store in metadata.reqs_to_store]
 
 

@@ -56,8 +56,12 @@ class EventSubscriber:
 def served(tiny_model, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("offload-serve")
     events_port, port = free_port(), free_port()
-    events = {"enable_kv_cache_events": True, "publisher": "zmq",
-              "endpoint": f"tcp://*:{events_port}", "topic": TOPIC}  # fmt: skip
+    events = {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": f"tcp://*:{events_port}",
+        "topic": TOPIC,
+    }
     cmd = serve_command(tiny_model, port, OFFLOAD) + ["--kv-events-config", json.dumps(events)]
     subscriber = EventSubscriber(events_port)
     server = ServerProcess(cmd, port, engine_env(VLLM_SERVER_DEV_MODE="1"), workdir / "vllm.log")
@@ -100,7 +104,7 @@ def test_metrics_has_the_kvscope_families_with_vllms_labels(served, traffic):
         "transfer_size_bytes_sum",
         "kv_wait_seconds_count",
     ):
-        assert total(found, "vllm:kvscope_offload_" + name) > 0, name  # fmt: skip
+        assert total(found, "vllm:kvscope_offload_" + name) > 0, name
     for path in ("store", "load"):
         assert total(found, "vllm:kvscope_offload_bytes_total", path=path) > 0, path
         assert total(found, "vllm:kvscope_offload_transfer_seconds_count", path=path) > 0, path

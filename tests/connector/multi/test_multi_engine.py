@@ -59,8 +59,11 @@ def events_named(spans, name: str) -> list[dict]:
 
 
 def test_vllm_example_connector_beside_ours(tiny_model, tmp_path, expected, spans):
-    example = {"name": "example", "kv_connector": "ExampleConnector",
-               "kv_connector_extra_config": {"shared_storage_path": str(tmp_path)}}  # fmt: skip
+    example = {
+        "name": "example",
+        "kv_connector": "ExampleConnector",
+        "kv_connector_extra_config": {"shared_storage_path": str(tmp_path)},
+    }
     with in_process_llm(tiny_model, multi_config(offload_child("offload"), example)) as llm:
         again = two_passes(llm)
         assert_children_clean(llm)

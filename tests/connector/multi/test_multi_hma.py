@@ -34,9 +34,12 @@ FAIL_BAD = {"faults": {"fail_load_req_prefix": "bad"}}
 
 
 def offload_child(name: str, **extra) -> dict:
-    return {"name": name, "kv_connector": "CpuOffloadConnector",
-            "kv_connector_module_path": OFFLOAD,
-            "kv_connector_extra_config": {"cpu_bytes_to_use": 2 << 20, **extra}}  # fmt: skip
+    return {
+        "name": name,
+        "kv_connector": "CpuOffloadConnector",
+        "kv_connector_module_path": OFFLOAD,
+        "kv_connector_extra_config": {"cpu_bytes_to_use": 2 << 20, **extra},
+    }
 
 
 def multi_config(model, children: list[dict], policy: str = "recompute"):
@@ -57,9 +60,13 @@ class MultiEngine(Engine):
     def __init__(self, model, children: list[dict], policy: str = "recompute"):
         self.config = multi_config(model, children, policy)
         self.kv_config = kv_cache_config()
-        self.scheduler = Scheduler(self.config, self.kv_config,
-                                   StructuredOutputManager(self.config), block_size=BLOCK,
-                                   log_stats=True)  # fmt: skip
+        self.scheduler = Scheduler(
+            self.config,
+            self.kv_config,
+            StructuredOutputManager(self.config),
+            block_size=BLOCK,
+            log_stats=True,
+        )
         self.worker = KvscopeMultiConnector(self.config, KVConnectorRole.WORKER, self.kv_config)
         self.kv_caches = overlaid_kv_caches()
         self.worker.register_kv_caches(self.kv_caches)
@@ -161,8 +168,11 @@ def test_a_failed_load_falls_back_to_the_second_child_in_every_group(tiny_model,
     assert not output.failed_recving and not output.invalid_block_ids
     engine.assert_loaded("bad-fallback")
     assert engine.child(1).stats["loaded_blocks"] == 6 + 2
-    [failed] = [e for e in events(spans, names.EVENT_LOAD_FAILED, "bad-fallback")
-                if e.get("kvscope.multi.fallback_child")]  # fmt: skip
+    [failed] = [
+        e
+        for e in events(spans, names.EVENT_LOAD_FAILED, "bad-fallback")
+        if e.get("kvscope.multi.fallback_child")
+    ]
     assert failed[names.FAILURE_OUTCOME] == "served_by_fallback"
     assert failed["kvscope.multi.blocks_not_in_fallback"] == 0
     routes = events(spans, "kvscope.multi.load_routed", "bad-fallback")
@@ -194,45 +204,66 @@ def test_a_shorter_fallback_is_no_fallback_with_two_groups(tiny_model, spans):
     """vLLM recomputes a multi-group failure whole: a fallback without every block is none."""
     engine = stored_engine(tiny_model, FAIL_BAD, {})
     second = engine.child(1)
-    [swa_key] = second.groups.block_keys(second.namespace, request("x", PROMPT).block_hashes[5:6],
-                                         SWA)  # fmt: skip
+    [swa_key] = second.groups.block_keys(
+        second.namespace, request("x", PROMPT).block_hashes[5:6], SWA
+    )
     assert second.pool.evict(swa_key), "the second child's hit now ends at block 5"
     engine.add(request("bad-short", PROMPT))
     engine.step_until_loaded("bad-short")
     assert engine.outputs[-1].failed_recving == {"bad-short"}
     assert engine.child(1).stats["loaded_blocks"] == 0
-    outcomes = {e[names.FAILURE_OUTCOME] for e in events(spans, names.EVENT_LOAD_FAILED,
-                "bad-short") if names.CONNECTOR_CHILD in e}  # fmt: skip
+    outcomes = {
+        e[names.FAILURE_OUTCOME]
+        for e in events(spans, names.EVENT_LOAD_FAILED, "bad-short")
+        if names.CONNECTOR_CHILD in e
+    }
     assert outcomes == {"recomputed"}
     engine.run()
     engine.assert_all_freed()
 
 
 def example_child(tmp_path) -> dict:
-    return {"name": "example", "kv_connector": "ExampleConnector",
-            "kv_connector_extra_config": {"shared_storage_path": str(tmp_path)}}  # fmt: skip
+    return {
+        "name": "example",
+        "kv_connector": "ExampleConnector",
+        "kv_connector_extra_config": {"shared_storage_path": str(tmp_path)},
+    }
 
 
 def traced_example(tmp_path) -> dict:
-    return {"name": "example", "kv_connector": "TracedConnector",
-            "kv_connector_module_path": "kvscope.connector.traced",
-            "kv_connector_extra_config": {"connector": "ExampleConnector",
-                                          "shared_storage_path": str(tmp_path)}}  # fmt: skip
+    return {
+        "name": "example",
+        "kv_connector": "TracedConnector",
+        "kv_connector_module_path": "kvscope.connector.traced",
+        "kv_connector_extra_config": {
+            "connector": "ExampleConnector",
+            "shared_storage_path": str(tmp_path),
+        },
+    }
 
 
 def vllm_multi_over_example(tmp_path) -> dict:
     """vLLM's own MultiConnector, SupportsHMA only when all of its children are."""
-    example = {"kv_connector": "ExampleConnector", "kv_role": "kv_both",
-               "kv_connector_extra_config": {"shared_storage_path": str(tmp_path)}}  # fmt: skip
-    return {"name": "example", "kv_connector": "MultiConnector",
-            "kv_connector_extra_config": {"connectors": [example]}}  # fmt: skip
+    example = {
+        "kv_connector": "ExampleConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"shared_storage_path": str(tmp_path)},
+    }
+    return {
+        "name": "example",
+        "kv_connector": "MultiConnector",
+        "kv_connector_extra_config": {"connectors": [example]},
+    }
 
 
 @pytest.mark.parametrize(
     ("make_child", "class_name"),
-    [(example_child, "ExampleConnector"), (traced_example, "ExampleConnector"),
-     (vllm_multi_over_example, "MultiConnector")],
-)  # fmt: skip
+    [
+        (example_child, "ExampleConnector"),
+        (traced_example, "ExampleConnector"),
+        (vllm_multi_over_example, "MultiConnector"),
+    ],
+)
 def test_a_child_without_hma_is_refused_by_name_with_two_groups(
     tiny_model, tmp_path, make_child, class_name
 ):
@@ -247,12 +278,19 @@ def test_a_child_without_hma_is_refused_by_name_with_two_groups(
 
 def test_with_one_group_a_child_without_hma_gets_request_finished(tiny_model, tmp_path, spans):
     config = multi_config(tiny_model, [offload_child("offload"), example_child(tmp_path)])
-    scheduler = Scheduler(config, kv_cache_config(("full",)), StructuredOutputManager(config),
-                          block_size=BLOCK)  # fmt: skip
+    scheduler = Scheduler(
+        config, kv_cache_config(("full",)), StructuredOutputManager(config), block_size=BLOCK
+    )
     finished = scheduler.connector.request_finished_all_groups(request("one", PROMPT), ([1, 2],))
     assert finished == (False, None)
-    hooks = [s for s in spans() if s.attributes.get(names.HOOK) == "request_finished"
-             and s.attributes.get(names.REQUEST_ID) == "one"]  # fmt: skip
-    counts = {s.attributes.get(names.CONNECTOR_CHILD): s.attributes.get(
-        names.KV_CACHE_GROUP_COUNT) for s in hooks}  # fmt: skip
+    hooks = [
+        s
+        for s in spans()
+        if s.attributes.get(names.HOOK) == "request_finished"
+        and s.attributes.get(names.REQUEST_ID) == "one"
+    ]
+    counts = {
+        s.attributes.get(names.CONNECTOR_CHILD): s.attributes.get(names.KV_CACHE_GROUP_COUNT)
+        for s in hooks
+    }
     assert counts == {None: 1, "offload": 1, "example": 1}, "the Multi's span and each child's"

@@ -31,16 +31,26 @@ PROMPT = long_prompt(3, sentences=6)
 MAX_TOKENS = 12
 CHILDREN = [
     # vLLM's own child format, as in its MultiConnector docs: kv_role and kv_buffer_device.
-    {"name": "nixl", "kv_connector": "NixlConnector", "kv_role": "kv_both",
-     "kv_buffer_device": "cpu"},
-    {"name": "offload", "kv_connector": "CpuOffloadConnector",
-     "kv_connector_module_path": "kvscope.connector.cpu_offload.connector",
-     "kv_connector_extra_config": {"cpu_bytes_to_use": 64 << 20}},
-]  # fmt: skip
-MULTI = {"kv_connector": "KvscopeMultiConnector",
-         "kv_connector_module_path": "kvscope.connector.multi.connector",
-         "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
-         "kv_connector_extra_config": {"connectors": CHILDREN}}  # fmt: skip
+    {
+        "name": "nixl",
+        "kv_connector": "NixlConnector",
+        "kv_role": "kv_both",
+        "kv_buffer_device": "cpu",
+    },
+    {
+        "name": "offload",
+        "kv_connector": "CpuOffloadConnector",
+        "kv_connector_module_path": "kvscope.connector.cpu_offload.connector",
+        "kv_connector_extra_config": {"cpu_bytes_to_use": 64 << 20},
+    },
+]
+MULTI = {
+    "kv_connector": "KvscopeMultiConnector",
+    "kv_connector_module_path": "kvscope.connector.multi.connector",
+    "kv_role": "kv_both",
+    "kv_load_failure_policy": "recompute",
+    "kv_connector_extra_config": {"connectors": CHILDREN},
+}
 
 
 @pytest.fixture(scope="module")
@@ -51,10 +61,13 @@ def expected(tiny_model):
 
 def launch(tiny_model, workdir, role: str, core: int) -> ServerProcess:
     """One server pinned to one core: vLLM's NIXL agent spins a core per server (PLATFORM.md)."""
-    env = engine_env(VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_port()),
-                     VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1", VLLM_SERVER_DEV_MODE="1",
-                     KVSCOPE_TRACES_FILE=str(workdir / f"{role}.jsonl"),
-                     OTEL_BSP_SCHEDULE_DELAY="100")  # fmt: skip
+    env = engine_env(
+        VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_port()),
+        VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1",
+        VLLM_SERVER_DEV_MODE="1",
+        KVSCOPE_TRACES_FILE=str(workdir / f"{role}.jsonl"),
+        OTEL_BSP_SCHEDULE_DELAY="100",
+    )
     port = free_port()
     cmd = ["taskset", "-c", str(core), *serve_command(tiny_model, port, MULTI)]
     return ServerProcess(cmd, port, env, workdir / f"{role}.log")
@@ -80,8 +93,12 @@ def routed_children(workdir, role: str) -> list[str]:
     """Which child served each load on one server, in order."""
     time.sleep(0.5)  # the span exporter writes every 100 ms
     spans = sorted(read_spans_file(workdir / f"{role}.jsonl"), key=lambda s: s["start_ns"])
-    return [e[names.CONNECTOR_CHILD] for s in spans for e in s["events"]
-            if e["name"] == "kvscope.multi.load_routed"]  # fmt: skip
+    return [
+        e[names.CONNECTOR_CHILD]
+        for s in spans
+        for e in s["events"]
+        if e["name"] == "kvscope.multi.load_routed"
+    ]
 
 
 def prompt_length(url: str, model, prompt: str) -> int:

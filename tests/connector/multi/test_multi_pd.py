@@ -41,8 +41,11 @@ def pair(tiny_model, tmp_path_factory):
     try:
         for role in ("prefill", "decode"):
             config = demo_config(free_port(), workdir / "faults.json")
-            env = engine_env(KVSCOPE_TRACES_FILE=str(workdir / f"{role}.jsonl"),
-                             OTEL_BSP_SCHEDULE_DELAY="100", VLLM_SERVER_DEV_MODE="1")  # fmt: skip
+            env = engine_env(
+                KVSCOPE_TRACES_FILE=str(workdir / f"{role}.jsonl"),
+                OTEL_BSP_SCHEDULE_DELAY="100",
+                VLLM_SERVER_DEV_MODE="1",
+            )
             port = free_port()
             cmd = serve_command(tiny_model, port, config)
             servers.append(ServerProcess(cmd, port, env, workdir / f"{role}.log"))
@@ -57,8 +60,14 @@ def pair(tiny_model, tmp_path_factory):
 
 
 def complete(url: str, model, prompt: str) -> list[int]:
-    body = {"model": str(model), "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0,
-            "ignore_eos": True, "return_token_ids": True}  # fmt: skip
+    body = {
+        "model": str(model),
+        "prompt": prompt,
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+    }
     answer = httpx.post(url + "/v1/completions", json=body, timeout=120)
     answer.raise_for_status()
     return list(answer.json()["choices"][0]["token_ids"])
@@ -68,8 +77,12 @@ def routed_children(workdir, role: str) -> list[str]:
     """Which child served each load on one server, in order."""
     time.sleep(0.5)
     spans = sorted(read_spans_file(workdir / f"{role}.jsonl"), key=lambda s: s["start_ns"])
-    return [e[names.CONNECTOR_CHILD] for s in spans for e in s["events"]
-            if e["name"] == "kvscope.multi.load_routed"]  # fmt: skip
+    return [
+        e[names.CONNECTOR_CHILD]
+        for s in spans
+        for e in s["events"]
+        if e["name"] == "kvscope.multi.load_routed"
+    ]
 
 
 def test_p2p_serves_first_then_the_offload_pool(pair, tiny_model, expected):

@@ -49,18 +49,26 @@ def p2p_vllm_config(model: Path, engine_id: str, port: int, policy: str) -> Vllm
         kv_role="kv_both",
         engine_id=engine_id,
         kv_load_failure_policy=policy,
-        kv_connector_extra_config={"side_channel_port": port, "lease_timeout_s": 30,
-                                   "read_timeout_s": 10},
-    )  # fmt: skip
+        kv_connector_extra_config={
+            "side_channel_port": port,
+            "lease_timeout_s": 30,
+            "read_timeout_s": 10,
+        },
+    )
     config = VllmConfig(
         model_config=ModelConfig(model=str(model), skip_tokenizer_init=True, max_model_len=1024),
-        scheduler_config=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=1024,
-                                         max_model_len=1024, is_encoder_decoder=False),
-        cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=True,
-                                 num_gpu_blocks_override=NUM_BLOCKS),
+        scheduler_config=SchedulerConfig(
+            max_num_seqs=8,
+            max_num_batched_tokens=1024,
+            max_model_len=1024,
+            is_encoder_decoder=False,
+        ),
+        cache_config=CacheConfig(
+            block_size=BLOCK, enable_prefix_caching=True, num_gpu_blocks_override=NUM_BLOCKS
+        ),
         kv_transfer_config=transfer,
         device_config=DeviceConfig("cpu"),
-    )  # fmt: skip
+    )
     config.scheduler_config.disable_hybrid_kv_cache_manager = False
     config.cache_config.num_gpu_blocks = NUM_BLOCKS
     return config
@@ -72,9 +80,13 @@ class Side:
     def __init__(self, model: Path, engine_id: str, sign: int, policy: str = "recompute"):
         self.config = p2p_vllm_config(model, engine_id, free_port(), policy)
         self.kv_config = kv_cache_config()
-        self.scheduler = Scheduler(self.config, self.kv_config,
-                                   StructuredOutputManager(self.config), block_size=BLOCK,
-                                   log_stats=True)  # fmt: skip
+        self.scheduler = Scheduler(
+            self.config,
+            self.kv_config,
+            StructuredOutputManager(self.config),
+            block_size=BLOCK,
+            log_stats=True,
+        )
         self.worker = P2PConnector(self.config, KVConnectorRole.WORKER, self.kv_config)
         self.kv_caches = overlaid_kv_caches()
         self.worker.register_kv_caches(self.kv_caches)
@@ -97,17 +109,21 @@ class Side:
         self.worker.wait_for_save()
         results = self.worker.get_transfer_results(output.finished_req_ids)
         kv_output = KVConnectorOutput(
-            finished_sending=results.finished_sending, finished_recving=results.finished_recving,
+            finished_sending=results.finished_sending,
+            finished_recving=results.finished_recving,
             failed_recving=results.failed_recving,
             invalid_block_ids=self.worker.get_block_ids_with_load_errors(),
             kv_connector_worker_meta=self.worker.build_connector_worker_meta(),
-        )  # fmt: skip
+        )
         self.worker.clear_connector_metadata()
         self.outputs.append(kv_output)
         req_ids = list(output.num_scheduled_tokens)
-        runner = ModelRunnerOutput(req_ids, {r: i for i, r in enumerate(req_ids)},
-                                   sampled_token_ids=[[7] for _ in req_ids],
-                                   kv_connector_output=kv_output)  # fmt: skip
+        runner = ModelRunnerOutput(
+            req_ids,
+            {r: i for i, r in enumerate(req_ids)},
+            sampled_token_ids=[[7] for _ in req_ids],
+            kv_connector_output=kv_output,
+        )
         for engine_outputs in self.scheduler.update_from_output(output, runner).values():
             for out in engine_outputs.outputs:
                 if out.kv_transfer_params:

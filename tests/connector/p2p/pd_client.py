@@ -10,8 +10,15 @@ from kvscope.bench.pd_pair import metric
 
 
 def completion_body(model: Path, prompt: str, max_tokens: int, **extra) -> dict:
-    return {"model": str(model), "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-            "ignore_eos": True, "return_token_ids": True, **extra}  # fmt: skip
+    return {
+        "model": str(model),
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+        **extra,
+    }
 
 
 def greedy_via(url: str, body: dict, timeout_s: float = 120) -> list[int]:
@@ -23,8 +30,9 @@ def greedy_via(url: str, body: dict, timeout_s: float = 120) -> list[int]:
 
 def streamed_chunks(url: str, body: dict, timeout_s: float = 120):
     """Yields each streamed chunk's token ids (a list per chunk) as it arrives."""
-    with httpx.stream("POST", url + "/v1/completions", json={**body, "stream": True},
-                      timeout=timeout_s) as answer:  # fmt: skip
+    with httpx.stream(
+        "POST", url + "/v1/completions", json={**body, "stream": True}, timeout=timeout_s
+    ) as answer:
         answer.raise_for_status()
         for line in answer.iter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":

@@ -30,9 +30,13 @@ ENGINE_MARKS = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(500)]
 MAX_TOKENS = 8
 FAILURES = 2  # failures_to_bypass
 BYPASS_S = 6.0  # long enough for the bypassed request to come before the probe
-CONNECTOR = {"lease_timeout_s": 15.0, "lease_margin_s": 1.0, "read_timeout_s": 6.0,
-             "handshake_timeout_s": 2.0,
-             "tier_health": {"failures_to_bypass": FAILURES, "bypass_s": BYPASS_S}}  # fmt: skip
+CONNECTOR = {
+    "lease_timeout_s": 15.0,
+    "lease_margin_s": 1.0,
+    "read_timeout_s": 6.0,
+    "handshake_timeout_s": 2.0,
+    "tier_health": {"failures_to_bypass": FAILURES, "bypass_s": BYPASS_S},
+}
 # Distinct first blocks: the decode server never has a local prefix hit.
 PROMPTS = [f"Bypass case {i}: " + long_prompt(i, sentences=3) for i in range(FAILURES + 2)]
 HITS = "vllm:external_prefix_cache_hits_total"
@@ -67,13 +71,20 @@ def decode_spans(pair: PDPair) -> list[dict]:
 
 
 def reads(spans: list[dict]) -> list[dict]:
-    return [s for s in spans if s["name"] == names.SPAN_TRANSFER
-            and s["attributes"].get(names.TRANSFER_DIRECTION) == "p2p_read"]  # fmt: skip
+    return [
+        s
+        for s in spans
+        if s["name"] == names.SPAN_TRANSFER
+        and s["attributes"].get(names.TRANSFER_DIRECTION) == "p2p_read"
+    ]
 
 
 def health_states(spans: list[dict], tier: str) -> list[dict]:
-    return [s["attributes"] for s in spans if s["name"] == names.SPAN_TIER_HEALTH
-            and s["attributes"][names.TIER] == tier]  # fmt: skip
+    return [
+        s["attributes"]
+        for s in spans
+        if s["name"] == names.SPAN_TIER_HEALTH and s["attributes"][names.TIER] == tier
+    ]
 
 
 def run(pair: PDPair, tiny_model, index: int, dead_peer: bool = False) -> dict:
@@ -85,8 +96,11 @@ def run(pair: PDPair, tiny_model, index: int, dead_peer: bool = False) -> dict:
         params = {**params, "remote_port": free_port()}
     start = time.monotonic()
     tokens = greedy_via(pair.decode.url, {**body, "kv_transfer_params": params})
-    return {"tokens": tokens, "seconds": time.monotonic() - start,
-            "tier": f"p2p:{params['remote_engine_id']}"}  # fmt: skip
+    return {
+        "tokens": tokens,
+        "seconds": time.monotonic() - start,
+        "tier": f"p2p:{params['remote_engine_id']}",
+    }
 
 
 @pytest.fixture(scope="module")
@@ -97,8 +111,14 @@ def sick(pair, tiny_model):
     hits_before = metric(pair.decode.url, HITS)
     bypassed = run(pair, tiny_model, FAILURES)
     after = decode_spans(pair)
-    return {**bypassed, "failed": failed, "before": before, "after": after,
-            "hits_before": hits_before, "hits_after": metric(pair.decode.url, HITS)}  # fmt: skip
+    return {
+        **bypassed,
+        "failed": failed,
+        "before": before,
+        "after": after,
+        "hits_before": hits_before,
+        "hits_after": metric(pair.decode.url, HITS),
+    }
 
 
 @engine_test
@@ -110,9 +130,13 @@ def test_failed_pulls_bypass_the_peer_and_tokens_equal_no_connector(sick, expect
 def test_the_bypassed_request_computes_at_once_and_reads_nothing(sick, pair):
     assert len(reads(sick["after"])) == len(reads(sick["before"])), "a bypassed peer was read"
     assert sick["hits_after"] == sick["hits_before"]
-    refusals = [e for s in sick["after"] for e in s["events"]
-                if e["name"] == names.EVENT_LOAD_FAILED
-                and e[names.FAILURE_CAUSE].startswith("peer bypassed")]  # fmt: skip
+    refusals = [
+        e
+        for s in sick["after"]
+        for e in s["events"]
+        if e["name"] == names.EVENT_LOAD_FAILED
+        and e[names.FAILURE_CAUSE].startswith("peer bypassed")
+    ]
     assert len(refusals) == 1 and refusals[0][names.FAILURE_OUTCOME] == "recomputed"
     assert sick["seconds"] < CONNECTOR["handshake_timeout_s"] + 5  # no timeout waited out
     # The refusal tells the prefill side to free the blocks now, not at its lease's end (the
@@ -125,8 +149,10 @@ def released_leases(pair: PDPair, within_s: float) -> int:
     deadline = time.monotonic() + within_s
     while True:
         events = [e for s in read_spans_file(pair.spans_file("prefill")) for e in s["events"]]
-        count = sum(e["name"] == names.EVENT_LEASE_RELEASED
-                    and e[names.LEASE_OUTCOME] == "released" for e in events)  # fmt: skip
+        count = sum(
+            e["name"] == names.EVENT_LEASE_RELEASED and e[names.LEASE_OUTCOME] == "released"
+            for e in events
+        )
         if count or time.monotonic() > deadline:
             return count
         time.sleep(0.2)
@@ -152,13 +178,16 @@ def test_the_decode_servers_metrics_say_the_peer_is_bypassed(sick, pair):
     assert total(found, p2p + "peers_bypassed") == 1
     assert total(found, p2p + "tier_bypassed_lookups_total") == 1
     assert total(found, p2p + "failed_pulls_total") == FAILURES
-    assert total(found, p2p + "failures_total", cause="peer_unreachable",
-                 outcome="recomputed") == FAILURES  # fmt: skip
+    assert (
+        total(found, p2p + "failures_total", cause="peer_unreachable", outcome="recomputed")
+        == FAILURES
+    )
 
 
 @engine_test
-def test_a_probe_after_the_bypass_pulls_again_and_restores_the_peer(sick, pair, tiny_model,
-                                                                      expected):  # fmt: skip
+def test_a_probe_after_the_bypass_pulls_again_and_restores_the_peer(
+    sick, pair, tiny_model, expected
+):
     time.sleep(BYPASS_S)
     hits_before = metric(pair.decode.url, HITS)
     probe = run(pair, tiny_model, FAILURES + 1)

@@ -28,8 +28,12 @@ pytestmark = [pytest.mark.engine, pytest.mark.slow]
 MAX_TOKENS = 12
 LONG_TOKENS = 48
 LEASE_S = 15.0  # generous: on a loaded 2-core machine a pull can take seconds
-CONNECTOR = {"lease_timeout_s": LEASE_S, "lease_margin_s": 1.0, "read_timeout_s": 6.0,
-             "handshake_timeout_s": 4.0}  # fmt: skip
+CONNECTOR = {
+    "lease_timeout_s": LEASE_S,
+    "lease_margin_s": 1.0,
+    "read_timeout_s": 6.0,
+    "handshake_timeout_s": 4.0,
+}
 # Distinct first blocks, so the decode server never has a local prefix hit.
 PROMPTS = [long_prompt(i, sentences=3 + i) for i in range(3)]
 BYTES_PER_BLOCK = 2 * 2 * 32 * 64 * 2  # layers, KV heads, tokens, K and V dims, bf16
@@ -153,11 +157,19 @@ def test_lease_expired_before_the_pull_is_recomputed_not_read(pd, tiny_model, ex
     tokens = greedy_via(pair.decode.url, {**body, "kv_transfer_params": params})
     assert tokens == expected["expired"]
     assert time.monotonic() - start < 10
-    failures = [e[names.FAILURE_CAUSE] for s in spans_of(pair, "decode")
-                for e in s["events"] if e["name"] == names.EVENT_LOAD_FAILED]  # fmt: skip
+    failures = [
+        e[names.FAILURE_CAUSE]
+        for s in spans_of(pair, "decode")
+        for e in s["events"]
+        if e["name"] == names.EVENT_LOAD_FAILED
+    ]
     assert any(cause.startswith("lease_expired") for cause in failures)
-    expired = [e for s in spans_of(pair, "prefill") for e in s["events"]
-               if e["name"] == names.EVENT_LEASE_EXPIRED]  # fmt: skip
+    expired = [
+        e
+        for s in spans_of(pair, "prefill")
+        for e in s["events"]
+        if e["name"] == names.EVENT_LEASE_EXPIRED
+    ]
     assert expired
     wait_until_no_blocks_held([pair.prefill.url, pair.decode.url], timeout_s=20)
 
@@ -199,8 +211,9 @@ def test_fail_policy_fails_the_request_promptly(pd, tiny_model, tmp_path):
     pair, _ = pd
     port = free_port()
     config = p2p_transfer_config(free_port(), policy="fail", **CONNECTOR)
-    server = ServerProcess(serve_command(tiny_model, port, config), port,
-                           engine_env(), tmp_path / "decode-fail.log")  # fmt: skip
+    server = ServerProcess(
+        serve_command(tiny_model, port, config), port, engine_env(), tmp_path / "decode-fail.log"
+    )
     try:
         server.wait_ready(400)
         body = completion_body(tiny_model, FAULTS["silent"], MAX_TOKENS)
@@ -208,8 +221,11 @@ def test_fail_policy_fails_the_request_promptly(pd, tiny_model, tmp_path):
         with socket.create_server(("127.0.0.1", 0)) as silent:
             params["remote_port"] = silent.getsockname()[1]
             start = time.monotonic()
-            answer = httpx.post(server.url + "/v1/completions", timeout=60,
-                                json={**body, "kv_transfer_params": params})  # fmt: skip
+            answer = httpx.post(
+                server.url + "/v1/completions",
+                timeout=60,
+                json={**body, "kv_transfer_params": params},
+            )
         elapsed = time.monotonic() - start
         failed = answer.status_code >= 400 or (
             answer.json()["choices"][0]["finish_reason"] not in ("length", "stop")

@@ -68,8 +68,9 @@ def first(pair) -> dict:
 
 def pulls_of(decode: Side) -> list:
     metadata = [getattr(meta, "inner", meta) for meta in decode.metadata]  # TracedMetadata
-    return [pull for meta in metadata if isinstance(meta, P2PMetadata)
-            for pull in meta.reqs_to_recv]  # fmt: skip
+    return [
+        pull for meta in metadata if isinstance(meta, P2PMetadata) for pull in meta.reqs_to_recv
+    ]
 
 
 def test_the_p2p_connector_is_supports_hma():
@@ -105,14 +106,20 @@ def test_decode_reads_the_full_prefix_and_only_the_window(pair, first, spans):
     null = decode.scheduler.kv_cache_manager.block_pool.null_block.block_id
     assert all(swa_ids[i] == null for i in range(4)), "vLLM's null block before the window"
     assert not any(view[null].any() for view in decode.kv_caches.values()), "null written"
-    [read] = [s for s in spans() if s.name == names.SPAN_TRANSFER
-              and s.attributes.get(names.TRANSFER_DIRECTION) == "p2p_read"]  # fmt: skip
+    [read] = [
+        s
+        for s in spans()
+        if s.name == names.SPAN_TRANSFER
+        and s.attributes.get(names.TRANSFER_DIRECTION) == "p2p_read"
+    ]
     assert list(read.attributes[names.KV_CACHE_GROUP_IDS]) == [0] * 7 + [1] * 3
     assert list(read.attributes[names.BLOCK_IDS]) == list(pull.flat_local)
     assert read.attributes[names.TRANSFER_BYTES] == 10 * NUM_LAYERS * _page_bytes(decode)
     full, window = params["remote_block_ids"]
-    pump([prefill, decode], lambda: not decode.scheduler.has_unfinished_requests()
-         and "p-1" not in prefill.p2p.held)  # fmt: skip
+    pump(
+        [prefill, decode],
+        lambda: not decode.scheduler.has_unfinished_requests() and "p-1" not in prefill.p2p.held,
+    )
     assert decode.scheduler.requests == {} and decode.p2p.pulling == set()
     [released] = [
         e
@@ -147,8 +154,10 @@ def test_blocks_the_decode_side_has_in_every_group_are_not_pulled(pair):
         assert decode.read(FULL, full_ids[index]) == block_value(FULL, index, 0)
         assert decode.read(SWA, swa_ids[index]) == block_value(SWA, index, 0)
     assert decode.read(FULL, full_ids[0]) == -block_value(FULL, 0, 0), "the local KV stayed"
-    pump([prefill, decode], lambda: not decode.scheduler.has_unfinished_requests()
-         and not prefill.p2p.held)  # fmt: skip
+    pump(
+        [prefill, decode],
+        lambda: not decode.scheduler.has_unfinished_requests() and not prefill.p2p.held,
+    )
 
 
 def test_a_failed_read_is_reported_through_failed_recving(pair):
@@ -163,8 +172,10 @@ def test_a_failed_read_is_reported_through_failed_recving(pair):
     assert output.invalid_block_ids == set(), "block ids are per group: vLLM refuses them"
     decode.step()
     assert req.status is RequestStatus.RUNNING and req.num_computed_tokens == len(prompt(1000))
-    pump([prefill, decode], lambda: not decode.scheduler.has_unfinished_requests()
-         and not prefill.p2p.held)  # fmt: skip
+    pump(
+        [prefill, decode],
+        lambda: not decode.scheduler.has_unfinished_requests() and not prefill.p2p.held,
+    )
     assert prefill.free_blocks() == NUM_BLOCKS - 1, "the failed reader released them"
 
 
@@ -192,8 +203,10 @@ def test_a_window_the_prefill_side_no_longer_holds_is_computed_here(pair):
     decode.scheduler.add_request(req := request("d-edge", tokens, dict(params), 2))
     decode.step()
     assert req.status is RequestStatus.RUNNING and not decode.p2p.pulling
-    pump([prefill, decode], lambda: not decode.scheduler.has_unfinished_requests()
-         and not prefill.p2p.held)  # fmt: skip
+    pump(
+        [prefill, decode],
+        lambda: not decode.scheduler.has_unfinished_requests() and not prefill.p2p.held,
+    )
     assert prefill.free_blocks() == NUM_BLOCKS - 1, "released without a read"
 
 
@@ -209,8 +222,9 @@ def test_two_group_params_at_a_one_group_engine_are_refused(pair, tiny_model):
 
 def test_a_group_p2p_cannot_move_refuses_to_start(tiny_model):
     config = kv_cache_config()
-    local = ChunkedLocalAttentionSpec(BLOCK, num_kv_heads=2, head_size=32, dtype=torch.bfloat16,
-                                      attention_chunk_size=64)  # fmt: skip
+    local = ChunkedLocalAttentionSpec(
+        BLOCK, num_kv_heads=2, head_size=32, dtype=torch.bfloat16, attention_chunk_size=64
+    )
     config.kv_cache_groups[1] = KVCacheGroupSpec(["local.0", "local.1"], local)
     vllm_config = p2p_vllm_config(tiny_model, "x", 5998, "recompute")
     with pytest.raises(ValueError, match="ChunkedLocalAttentionSpec.*hybrid-kv-cache-manager"):
@@ -243,7 +257,7 @@ def test_one_group_params_as_before_are_accepted(first):
         ({"remote_num_blocks": None}, "remote_num_blocks must be an integer"),
         ({"kvscope_p2p_version": 3}, "neither 1 nor 2: run the same kvscope version"),
     ],
-)  # fmt: skip
+)
 def test_bad_two_group_params_are_refused_with_the_reason(first, change, message):
     with pytest.raises(ValueError, match=message):
         RemotePrefill.from_params({**first, **change})

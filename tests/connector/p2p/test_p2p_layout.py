@@ -88,15 +88,22 @@ def test_kernel_blocks_fold_into_the_managers_blocks():
 
     spec = FullAttentionSpec(block_size=64, num_kv_heads=2, head_size=16, dtype=torch.bfloat16)
     layer_stride, block_stride, *_ = compute_layout_strides(spec, 6, 2, KVCacheLayout.LBHNC)
-    tensor = KVCacheTensor(size=12 * spec.page_size_bytes, layers=["a", "b"],
-                           layer_stride=layer_stride, block_stride=block_stride)  # fmt: skip
+    tensor = KVCacheTensor(
+        size=12 * spec.page_size_bytes,
+        layers=["a", "b"],
+        layer_stride=layer_stride,
+        block_stride=block_stride,
+    )
     raw = torch.zeros(tensor.size, dtype=torch.int8)
     views = create_kv_cache_views(raw, spec, 6, KVCacheLayout.LBHNC, tensor, kernel_block_size=32)
     assert views[0].shape[0] == 12  # kernel blocks of 32 tokens
     layout = KVLayout.from_layer_tensors(
-        "p", dict(zip("ab", views, strict=True)), kv_layout="LBHNC", num_blocks=6,
+        "p",
+        dict(zip("ab", views, strict=True)),
+        kv_layout="LBHNC",
+        num_blocks=6,
         tensor_strides=(layer_stride, block_stride),
-    )  # fmt: skip
+    )
     assert (layout.num_blocks, layout.block_size) == (6, 64)
     desc = layout.descriptor_array(per_block=False)[6 + 4]  # layer b, manager block 4
     assert _run(desc) == sorted(_byte_addresses(views[1][8]) + _byte_addresses(views[1][9]))
@@ -109,9 +116,15 @@ def _layout(name: str, **changes) -> KVLayout:
 
 @pytest.mark.parametrize(
     ("local", "remote", "per_block"),
-    [("BLHNC", "BLHNC", True), ("BLNHC", "BLNHC", True), ("BHLNC", "BHLNC", True),
-     ("LBHNC", "LBHNC", False), ("LBHNC", "BLHNC", False), ("BLNHC", "LBNHC", False)],
-)  # fmt: skip
+    [
+        ("BLHNC", "BLHNC", True),
+        ("BLNHC", "BLNHC", True),
+        ("BHLNC", "BHLNC", True),
+        ("LBHNC", "LBHNC", False),
+        ("LBHNC", "BLHNC", False),
+        ("BLNHC", "LBNHC", False),
+    ],
+)
 def test_sides_trade_whole_blocks_when_both_store_them_alike(local, remote, per_block):
     mapping = check_compatible(_layout(local), _layout(remote))
     assert mapping.per_block is per_block
@@ -120,8 +133,11 @@ def test_sides_trade_whole_blocks_when_both_store_them_alike(local, remote, per_
 
 @pytest.mark.parametrize(("local", "remote"), [("LBHNC", "LBNHC"), ("BLHNC", "BHLNC")])
 def test_sides_that_order_a_block_differently_are_refused(local, remote):
-    with pytest.raises(LayoutMismatchError, match=rf"local '{local}', remote '{remote}'.*"
-                       r"VLLM_KV_CACHE_LAYOUT"):  # fmt: skip
+    with pytest.raises(
+        LayoutMismatchError,
+        match=rf"local '{local}', remote '{remote}'.*"
+        r"VLLM_KV_CACHE_LAYOUT",
+    ):
         check_compatible(_layout(local), _layout(remote))
 
 
@@ -164,11 +180,17 @@ def test_vllm_resolves_the_connectors_preferred_layout(monkeypatch):
     from kvscope.connector.p2p import vllm_layout
 
     def resolve(extra: dict, supported: list[str]) -> str:
-        ktc = KVTransferConfig(kv_connector="P2PConnector", kv_role="kv_both",
-                               kv_connector_module_path="kvscope.connector.p2p.connector",
-                               kv_connector_extra_config=extra)  # fmt: skip
-        config = SimpleNamespace(cache_config=CacheConfig(), kv_transfer_config=ktc,
-                                 model_config=SimpleNamespace(use_mla=False))  # fmt: skip
+        ktc = KVTransferConfig(
+            kv_connector="P2PConnector",
+            kv_role="kv_both",
+            kv_connector_module_path="kvscope.connector.p2p.connector",
+            kv_connector_extra_config=extra,
+        )
+        config = SimpleNamespace(
+            cache_config=CacheConfig(),
+            kv_transfer_config=ktc,
+            model_config=SimpleNamespace(use_mla=False),
+        )
         return resolve_kv_cache_layout(config, [supported]).name
 
     every = [layout.name for layout in KVCacheLayout]

@@ -30,8 +30,9 @@ def decode_with_three_lookups() -> P2PScheduler:
         decode.bind(request, ([10, 11, 12, 13],), 99)
     junk = Request("d-junk", 100, {"do_remote_prefill": True, "remote_engine_id": 7})
     assert decode.lookup(junk, 0) == (0, False)
-    decode.on_worker_output(P2PWorkerMeta(loads_failed={"d-bad": "read_failed: boom"}), set(),
-                            set())  # fmt: skip
+    decode.on_worker_output(
+        P2PWorkerMeta(loads_failed={"d-bad": "read_failed: boom"}), set(), set()
+    )
     decode.on_worker_output(P2PWorkerMeta(), set(), {"d-ok", "d-bad"})
     return decode
 
@@ -53,11 +54,14 @@ def test_pulls_and_their_failures_are_counted_once_per_request():
     stats = scheduler_report(decode_with_three_lookups())
     data = stats.data
     assert data["counters"] == {"pulls": 2, "pull_tokens": 198, "failed_pulls": 1}
-    assert data["failures"] == {"bad_params": {"recomputed": 1},
-                                "read_failed": {"recomputed": 1}}  # fmt: skip
+    assert data["failures"] == {"bad_params": {"recomputed": 1}, "read_failed": {"recomputed": 1}}
     assert len(data["histograms"]["kv_wait_seconds"]) == 2
-    assert data["gauges"] == {"held_requests": 0, "pulls_in_flight": 0, "peers": 1,
-                              "peers_bypassed": 0}  # fmt: skip
+    assert data["gauges"] == {
+        "held_requests": 0,
+        "pulls_in_flight": 0,
+        "peers": 1,
+        "peers_bypassed": 0,
+    }
 
 
 def test_inside_a_multi_the_outcome_is_left_to_the_parent():
@@ -96,8 +100,14 @@ def test_stats_of_another_version_or_shape_are_refused():
         P2PConnector.build_kv_connector_stats({"version": 2})
     with pytest.raises(ValueError, match="'failures' must map causes"):
         P2PConnector.build_kv_connector_stats(
-            {"version": 1, "counters": {}, "gauges": {}, "histograms": {},
-             "failures": {"load_failed": {"recomputed": 1}}})  # fmt: skip
+            {
+                "version": 1,
+                "counters": {},
+                "gauges": {},
+                "histograms": {},
+                "failures": {"load_failed": {"recomputed": 1}},
+            }
+        )
 
 
 def value(found: dict, name: str, **labels: str) -> float:
@@ -121,5 +131,7 @@ def test_prometheus_metrics_carry_vllms_labels_and_both_halves_values():
     assert value(found, "vllm:kvscope_p2p_read_size_bytes_sum") == READ_BYTES
     assert value(found, "vllm:kvscope_p2p_kv_wait_seconds_count") == 2
     assert value(found, "vllm:kvscope_p2p_peers") == 1
-    assert value(found, "vllm:kvscope_p2p_failures_total", cause="read_failed",
-                 outcome="recomputed") == 1  # fmt: skip
+    assert (
+        value(found, "vllm:kvscope_p2p_failures_total", cause="read_failed", outcome="recomputed")
+        == 1
+    )

@@ -87,7 +87,7 @@ def test_decode_with_every_block_local_releases_the_prefill_blocks():
         {"remote_block_ids": "1,2"},
         {"remote_port": -1},
         {"remote_engine_id": ""},
-    ],  # fmt: skip
+    ],
 )
 def test_decode_refuses_bad_or_mismatched_params_and_computes_instead(change):
     _, params = prefilled()

@@ -48,8 +48,9 @@ def test_decode_rank_handshakes_with_the_same_prefill_rank(tp_rank):
             server.publish(rank_info(rank))
         transport = FakeTransport()
         puller = BlockPuller(transport, config, tp_rank=tp_rank)  # type: ignore[arg-type]
-        remote = RemotePrefill("prefill", "req-0", "127.0.0.1", base, ((1,),), 32, 32,
-                               time.time() + 30, 1)  # fmt: skip
+        remote = RemotePrefill(
+            "prefill", "req-0", "127.0.0.1", base, ((1,),), 32, 32, time.time() + 30, 1
+        )
         puller.start([], [BlockRelease("req-0", remote)])
         deadline = time.monotonic() + 10
         while not transport.peers and time.monotonic() < deadline:
