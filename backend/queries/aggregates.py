@@ -98,10 +98,13 @@ def counted(connection: Connection, statement, bounds: dict) -> dict[str, int]:
 
 
 def held_at(leases: list[tuple[int, int | None]], times: list[int]) -> list[int]:
-    """How many leases were held at each of the (ascending) times."""
+    """How many leases were held at each of the (ascending) times; never below 0.
+
+    A lease's end can carry an earlier time than its start (the two are stamped in different
+    processes, or a replay shifts them apart): it is then held for no time, never for less."""
     changes = sorted(
         [(acquired, 1) for acquired, _ in leases]
-        + [(ended, -1) for _, ended in leases if ended is not None]
+        + [(max(ended, acquired), -1) for acquired, ended in leases if ended is not None]
     )
     held, index, out = 0, 0, []
     for at in times:
