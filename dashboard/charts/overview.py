@@ -4,7 +4,13 @@ import pandas as pd
 
 from kvscope.dashboard.charts.format import clock, human_bytes, percent
 
-PATH_LABELS = {"store": "GPU→CPU store", "load": "CPU→GPU load", "p2p_read": "P→D read"}
+PATH_LABELS = {
+    "store": "device→host store",
+    "load": "host→device load",
+    "p2p_read": "prefill→decode read",
+}
+"""Paths by what they join, not by a device kind: on vLLM's CPU platform the "device" KV cache is
+CPU memory too, and an operator must not read "GPU" on a machine that has none."""
 
 
 def paths_frame(summary: dict) -> pd.DataFrame:

@@ -16,10 +16,10 @@ S = 1_000_000_000
 def test_paths_always_list_the_three_paths_with_throughput_over_the_window():
     summary = {"window_s": 10.0, "transfers": {"load": {"count": 2, "bytes": 50e6, "failed": 1}}}
     frame = overview.paths_frame(summary).set_index("path")
-    assert list(frame.index) == ["GPU→CPU store", "CPU→GPU load", "P→D read"]
-    assert frame.loc["CPU→GPU load", "MB/s over window"] == 5.0
-    assert frame.loc["CPU→GPU load", "failed"] == 1
-    assert frame.loc["P→D read", "transfers"] == 0
+    assert list(frame.index) == ["device→host store", "host→device load", "prefill→decode read"]
+    assert frame.loc["host→device load", "MB/s over window"] == 5.0
+    assert frame.loc["host→device load", "failed"] == 1
+    assert frame.loc["prefill→decode read", "transfers"] == 0
 
 
 def test_hit_rates_by_request_and_by_token_per_connector_and_child():

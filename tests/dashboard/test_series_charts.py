@@ -50,7 +50,7 @@ SERIES = {
 def test_series_frames_carry_the_backends_numbers_in_reader_units():
     assert list(series.hit_rate_frame(SERIES)["hit rate %"]) == [25.0]  # no prompt: no rate
     moved = series.bytes_frame(SERIES)
-    assert list(moved["path"]) == ["CPU→GPU load"] and list(moved["MB/s"]) == [2.0]
+    assert list(moved["path"]) == ["host→device load"] and list(moved["MB/s"]) == [2.0]
     assert list(series.leases_frame(SERIES)["held"]) == [1, 0]
     assert list(series.failures_frame(SERIES)["incidents"]) == [2]
     ttft = series.ttft_frame(SERIES).set_index("measure")["ms"].to_dict()
