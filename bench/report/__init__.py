@@ -1,1 +1,1 @@
-"""The benchmark report: runs every bench, collects recorded figures (names in figures.py)."""
+"""The benchmark report: runs every bench, collects recorded figures (names in figures/)."""

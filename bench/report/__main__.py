@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         "--rerender",
         action="store_true",
         help="run nothing: rewrite the report in --out from its saved results "
-        "(after renaming figures in figures.py)",
+        "(after renaming figures in figures/)",
     )
     args = parser.parse_args(argv)
     if args.rerender:

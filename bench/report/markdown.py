@@ -65,7 +65,7 @@ def figures_section(rows: list[Row], ratios_png: Path | None) -> list[str]:
             "",
             "### Other recorded figures",
             "",
-            "Recorded under names the expected list (`bench/report/figures.py`) lacks:",
+            "Recorded under names the expected list (`bench/report/figures/`) lacks:",
             "",
             "| figure | value | target | met | bench | note |",
             "| --- | --- | --- | --- | --- | --- |",

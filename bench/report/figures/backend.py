@@ -1,0 +1,120 @@
+"""Expected figures of the backend's benches: ingest rate, telemetry isolation, 10M spans."""
+
+from kvscope.bench.report.figures.figure import Figure
+
+BACKEND_FIGURES: list[Figure] = [
+    Figure(
+        "ingest",
+        "sqlite_spans_per_s",
+        "spans/s",
+        ">= 20000",
+        "backend ingest rate on SQLite, wall clock (client and backend share the cores)",
+    ),
+    Figure(
+        "ingest",
+        "sqlite_spans_per_backend_cpu_s",
+        "spans/CPU-s",
+        ">= 30000",
+        "backend ingest per backend CPU-second on SQLite (what one free core sustains)",
+    ),
+    Figure(
+        "ingest",
+        "sqlite_timeline_p95_ms",
+        "ms",
+        "<= 50",
+        "timeline query p95 with the bench's spans stored, SQLite",
+    ),
+    Figure(
+        "ingest",
+        "sqlite_otel_workers_over_in_process",
+        "ratio",
+        "",
+        "SQLite ingest rate, 2 ingest worker processes over none (OTel exporter clients)",
+    ),
+    Figure(
+        "ingest",
+        "sqlite_replay_workers_spans_per_s",
+        "spans/s",
+        "",
+        "SQLite ingest rate with 2 ingest workers and replaying clients: the backend's "
+        "capacity when clients cost almost nothing",
+    ),
+    Figure(
+        "ingest",
+        "sqlite_replay_workers_over_in_process",
+        "ratio",
+        "",
+        "SQLite ingest rate, 2 ingest worker processes over none (replaying clients)",
+    ),
+    Figure(
+        "telemetry_isolation",
+        "tokens_per_s_down_over_up",
+        "ratio",
+        ">= 0.98",
+        "engine tokens/s with backend and Jaeger down over both up",
+    ),
+    Figure(
+        "telemetry_isolation",
+        "tokens_per_s_slow_over_up",
+        "ratio",
+        ">= 0.98",
+        "engine tokens/s with backend and Jaeger slow over both up",
+    ),
+    Figure(
+        "telemetry_isolation",
+        "spans_dropped_up",
+        "spans",
+        "== 0",
+        "spans dropped while both destinations answered",
+    ),
+    Figure(
+        "telemetry_isolation",
+        "spans_dropped_down",
+        "spans",
+        "",
+        "spans dropped with both destinations down",
+    ),
+    Figure(
+        "telemetry_isolation",
+        "spans_dropped_slow",
+        "spans",
+        "",
+        "spans dropped with both destinations slow",
+    ),
+    Figure(
+        "scale",
+        "sqlite_ingest_10m_over_empty",
+        "ratio",
+        ">= 0.9",
+        "SQLite ingest rate with 10M spans stored over an empty database (bench.scale)",
+    ),
+    Figure(
+        "scale",
+        "sqlite_timeline_p95_ms_10m",
+        "ms",
+        "<= 50",
+        "a request's timeline p95 with 10M spans stored, SQLite",
+    ),
+    Figure(
+        "scale",
+        "sqlite_summary_p95_ms_10m",
+        "ms",
+        "<= 50",
+        "the overview's summary p95 with 10M spans stored, SQLite",
+    ),
+    Figure(
+        "scale",
+        "sqlite_series_p95_ms_10m",
+        "ms",
+        "<= 50",
+        "the overview's time series p95 with 10M spans stored, SQLite",
+    ),
+    Figure(
+        "scale",
+        "sqlite_bytes_per_span_10m",
+        "bytes",
+        "",
+        "database bytes per stored span at 10M spans, SQLite",
+    ),
+]
+"""ingest, telemetry_isolation and scale, in table order."""
