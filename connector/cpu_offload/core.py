@@ -204,6 +204,11 @@ class CpuOffloadCore(KVConnectorBase_V1, SupportsHMA):
             vllm_config, metric_types, labelnames, per_engine_labelvalues
         )
 
+    def held(self) -> dict[str, object]:
+        """What this role's half still holds (its held()); all falsy when it holds nothing."""
+        half = self.scheduler if self.scheduler is not None else self.worker
+        return half.held() if half is not None else {}
+
     def shutdown(self) -> None:
         if self.worker is not None:
             self.worker.shutdown()

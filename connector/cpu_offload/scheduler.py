@@ -286,6 +286,19 @@ class OffloadScheduler(StorePlanning):
         counters = {"evicted_blocks": self._evicted, "lease_expiries": self.hit_leases.expiries}
         return {**self.stats, **counters, **self.health.counters()}, gauges
 
+    def held(self) -> dict[str, object]:
+        """What this half still holds, by kind; every value is falsy once it holds nothing
+        (leak checks read this instead of the private fields)."""
+        return {
+            "active_leases": sorted(lease.lease_id for lease in self.leases.active()),
+            "pinned_host_blocks": self.pool.stats().pinned,
+            "tracked_requests": sorted(self.requests),
+            "stores_in_flight": sorted(self._stores),
+            "expired_leases_in_flight": sorted(self.expired_leases_in_flight()),
+            "stores_reported_by_some_ranks": sorted(self.store_reports.pending()),
+            "loads_reported_by_some_ranks": sorted(self.load_reports.pending()),
+        }
+
     def expired_leases_in_flight(self) -> list[str]:
         """Requests whose lease ran out during their load, blocks still pinned (leak checks)."""
         return [req_id for req_id, s in self.requests.items() if s.expired_lease is not None]

@@ -253,6 +253,14 @@ class OffloadWorker:
                 blocks.update(pending.transfer.device_block_ids)
         return reading
 
+    def held(self) -> dict[str, object]:
+        """Copies not yet reported, by job id, and the copy engine's unfinished jobs; both
+        falsy once every copy ended (a cancelled one leaves the engine when its thread runs)."""
+        return {
+            "copies_pending": sorted(self._pending),
+            "copy_jobs": self.copies.num_pending if self.copies is not None else 0,
+        }
+
     def sleep(self, timeout_s: float) -> None:
         """vLLM's sleep mode is about to unmap the KV cache: every copy ends first.
 
