@@ -98,13 +98,13 @@ def _worker_core_leaks(core: Any) -> dict[str, Any]:
         return {
             "reads_in_flight": list(puller._reads) if puller else [],
             "handshakes_in_flight": list(puller._handshakes) if puller else [],
-            "lender_held": list(lender.held) if lender else [],
+            "lender_held": list(lender.lent) if lender else [],
         }
     if kind == "MultiCore":
         return {
             "routes": list(half.routes),
             "failed_blocks": half.failed_blocks,
             "extra_saves": half.extra_saves,
-            "loads_held_back": half.held,
+            "loads_held_back": half.loads_held_back,
         }
     return {}

@@ -94,7 +94,7 @@ def _offload(scheduler: Any, worker: Any) -> list[str]:
 
 def _p2p(scheduler: Any, worker: Any) -> list[str]:
     held = _nonempty(
-        held_for_readers=list(scheduler.held),
+        held_for_readers=list(scheduler.held_for_readers),
         lookups=list(scheduler.lookups),
         pulling=sorted(scheduler.pulling),
         pull_timers=list(scheduler._pull_started),
@@ -105,7 +105,7 @@ def _p2p(scheduler: Any, worker: Any) -> list[str]:
     return held + _nonempty(
         reads_in_flight=list(puller._reads) if puller else [],
         handshakes_in_flight=list(puller._handshakes) if puller else [],
-        lender_held=list(lender.held) if lender else [],
+        lender_held=list(lender.lent) if lender else [],
     )
 
 
@@ -121,5 +121,5 @@ def _multi(scheduler: Any, worker: Any) -> list[str]:
         routes=list(worker.routes),
         failed_blocks=worker.failed_blocks,
         extra_saves=worker.extra_saves,
-        loads_held_back=worker.held,
+        loads_held_back=worker.loads_held_back,
     )

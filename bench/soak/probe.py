@@ -61,9 +61,9 @@ def connector_state(multi: Any, kv_cache_manager: Any) -> dict[str, Any]:
         half = child.connector.scheduler
         if hasattr(half, "pool"):
             state[child.name] = offload_state(half)
-        elif hasattr(half, "held"):
+        elif hasattr(half, "held_for_readers"):
             state[child.name] = {
-                "held": {r: half._lease_ids.get(r, 0) for r in list(half.held)},
+                "held": {r: half._lease_ids.get(r, 0) for r in list(half.held_for_readers)},
                 "pulling": sorted(half.pulling),
                 "lookups": len(half.lookups),
                 "leases_acquired": half.stats["held"],

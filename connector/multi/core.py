@@ -241,6 +241,13 @@ class MultiCore(KVConnectorBase_V1, SupportsHMA):
                 merged = events if merged is None else merged.merge(events)
         return merged
 
+    def held(self) -> dict[str, object]:
+        """What the Multi's half for this role still holds (its held()), not its children's:
+        each child's core answers for itself."""
+        if self._role == KVConnectorRole.SCHEDULER:
+            return self.scheduler.held()
+        return self.worker.held()
+
     def shutdown(self) -> None:
         self._each("shutdown")
 

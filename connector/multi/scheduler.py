@@ -232,6 +232,15 @@ class MultiScheduler:
             },
         )
 
+    def held(self) -> dict[str, object]:
+        """What this half still holds, by kind (all falsy when idle and leak-free); the
+        children's halves answer for themselves."""
+        return {
+            "loads": sorted(self.loads),
+            "serving": sorted(self.serving),
+            "loads_reported_by_some_ranks": sorted(self.load_reports.pending()),
+        }
+
     def finished(
         self, request: Any, block_ids: tuple[list[int], ...], all_groups: bool
     ) -> tuple[bool, dict | None]:

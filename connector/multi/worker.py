@@ -36,7 +36,7 @@ class MultiWorker:
         self._errors_to_report: set[int] = set()
         self._loads_ended: dict[str, LoadEnd] = {}  # since the last worker_meta
         # held back well loaded -> its missing blocks
-        self.held: dict[str, frozenset[GroupBlock]] = {}
+        self.loads_held_back: dict[str, frozenset[GroupBlock]] = {}
         self._to_release: set[str] = set()
         self._children_recving: list[dict[str, int]] = [{} for _ in children]
 
@@ -94,13 +94,13 @@ class MultiWorker:
                 index, int(not failed), int(failed), frozenset(failed_blocks)
             )
             if not failed:
-                self.held[req_id] = frozenset(pairs(route.missing_block_ids))
+                self.loads_held_back[req_id] = frozenset(pairs(route.missing_block_ids))
             return
         self._report_received(req_id, failed_blocks | pairs(route.missing_block_ids), merged)
 
     def _release(self, req_id: str, merged) -> None:
         """The scheduler heard every rank load it well: vLLM may count it received now."""
-        self._report_received(req_id, set(self.held.pop(req_id, ())), merged)
+        self._report_received(req_id, set(self.loads_held_back.pop(req_id, ())), merged)
 
     def _report_received(
         self, req_id: str, failed_blocks: set[GroupBlock], merged, failed: bool = False
@@ -122,6 +122,16 @@ class MultiWorker:
                 del self.extra_saves[req_id]
             return
         merged.finished_sending.add(req_id)
+
+    def held(self) -> dict[str, object]:
+        """What this half still holds, by kind (all falsy when idle and leak-free); the
+        children's halves answer for themselves."""
+        return {
+            "routes": sorted(self.routes),
+            "failed_blocks": {req: sorted(blocks) for req, blocks in self.failed_blocks.items()},
+            "extra_saves": dict(self.extra_saves),
+            "loads_held_back": {req: sorted(b) for req, b in self.loads_held_back.items()},
+        }
 
     def take_load_errors(self) -> set[int]:
         errors, self._errors_to_report = self._errors_to_report, set()

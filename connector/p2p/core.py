@@ -204,6 +204,11 @@ class P2PCore(KVConnectorBase_V1, SupportsHMA):
     def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
         return prom.P2PPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
+    def held(self) -> dict[str, object]:
+        """What this role's half still holds (its held()); all falsy when it holds nothing."""
+        half = self.scheduler if self.scheduler is not None else self.worker
+        return half.held() if half is not None else {}
+
     def shutdown(self) -> None:
         if self.worker is not None:
             self.worker.shutdown()

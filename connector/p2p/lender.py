@@ -24,7 +24,7 @@ class BlockLender:
 
     def __init__(self, transport: NixlTransport) -> None:
         self.transport = transport
-        self.held: dict[str, HeldBlocks] = {}
+        self.lent: dict[str, HeldBlocks] = {}  # req_id -> blocks a reader has not read yet
         self._early: dict[str, float] = {}  # notified before the worker heard of the request
         self._finished: set[str] = set()
         self.leases_expired: set[str] = set()  # since the last take
@@ -35,7 +35,7 @@ class BlockLender:
             if self._early.pop(spec.req_id, None) is not None:
                 self._finished.add(spec.req_id)  # the reader was faster than our metadata
                 continue
-            self.held[spec.req_id] = spec
+            self.lent[spec.req_id] = spec
             remaining_s = max(spec.lease_deadline_unix_s - time.time(), 0.0)
             self.transport.expect_remote_read(done_notif(spec.req_id), remaining_s)
 
@@ -45,14 +45,14 @@ class BlockLender:
             req_id = req_id_of_notif(notif.message)
             if req_id is None:
                 logger.warning("p2p: ignored a notification that is not ours: %r", notif.message)
-            elif self.held.pop(req_id, None) is not None:
+            elif self.lent.pop(req_id, None) is not None:
                 self.stats["reads_notified"] += 1
                 self._finished.add(req_id)
             else:
                 self._early[req_id] = time.monotonic()
         for message in expired:
             req_id = req_id_of_notif(message)
-            if req_id is not None and (held := self.held.pop(req_id, None)) is not None:
+            if req_id is not None and (held := self.lent.pop(req_id, None)) is not None:
                 self._expire(held)
         self._forget_old_early()
         finished, self._finished = self._finished, set()
@@ -79,6 +79,10 @@ class BlockLender:
             if now - seen > _EARLY_NOTIF_TTL_S:
                 del self._early[req_id]
                 self.stats["late_notifs"] += 1
+
+    def held(self) -> dict[str, object]:
+        """Requests whose blocks are lent to a reader that has not read them yet."""
+        return {"lender_held": sorted(self.lent)}
 
     def take_leases_expired(self) -> set[str]:
         expired, self.leases_expired = self.leases_expired, set()

@@ -263,6 +263,17 @@ class BlockPuller:
         deadline = item.remote.lease_deadline_unix_s - self.config.lease_margin_s
         return deadline - time.time()
 
+    def held(self) -> dict[str, object]:
+        """Reads started and not ended (their requests), and handshakes not ended (their
+        peers, host:port engine) with the requests waiting for them."""
+        return {
+            "reads_in_flight": sorted(pull.req_id for pull in self._reads.values()),
+            "handshakes_in_flight": {
+                f"{host}:{port} {engine}": sorted(item.req_id for item in handshake.waiting)
+                for (host, port, engine), handshake in self._handshakes.items()
+            },
+        }
+
     def take_load_errors(self) -> set[int]:
         errors, self.load_errors = self.load_errors, set()
         return errors

@@ -44,7 +44,7 @@ class P2PScheduler:
         self.block_size = block_size
         self.groups = groups or P2PGroups()
         self.null_block_id = 0  # vLLM's BlockPool makes block 0 its null block
-        self.held: dict[str, HeldBlocks] = {}  # prefill: req_id -> blocks kept for a reader
+        self.held_for_readers: dict[str, HeldBlocks] = {}  # prefill: req_id -> blocks kept
         self._lease_ids: dict[str, int] = {}
         self.lookups: dict[str, tuple[RemotePrefill, int]] = {}  # decode: (remote, computed)
         self.pulling: set[str] = set()  # decode: pulls handed to the worker, not finished
@@ -203,7 +203,7 @@ class P2PScheduler:
         deadline = time.time() + self.config.lease_timeout_s
         tails = held_tails(block_ids, self.null_block_id)
         held = HeldBlocks(req_id, tails, deadline)
-        self.held[req_id] = held
+        self.held_for_readers[req_id] = held
         self._lease_ids[req_id] = next_lease_id()
         self._to_send.append(held)
         self.stats["held"] += 1
@@ -251,15 +251,24 @@ class P2PScheduler:
     def report_values(self) -> tuple[dict[str, int], dict[str, int]]:
         """Cumulative counters and the gauges now, for the connector's stats."""
         gauges = {
-            "held_requests": len(self.held),
+            "held_requests": len(self.held_for_readers),
             "pulls_in_flight": len(self.pulling),
             "peers": len(self.health.peers),
             "peers_bypassed": self.health.bypassed_peers(),
         }
         return dict(self.stats), gauges
 
+    def held(self) -> dict[str, object]:
+        """What this half still holds, by kind (all falsy when idle and leak-free)."""
+        return {
+            "held_for_readers": sorted(self.held_for_readers),
+            "lookups": sorted(self.lookups),
+            "pulling": sorted(self.pulling),
+            "pull_timers": sorted(self._pull_started),
+        }
+
     def _end_lease(self, req_id: str, expired: bool) -> None:
-        held = self.held.pop(req_id, None)
+        held = self.held_for_readers.pop(req_id, None)
         if held is None:
             return
         attributes = self._lease_attributes(held)

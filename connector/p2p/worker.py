@@ -148,6 +148,12 @@ class P2PWorker:
         stats = self.stats
         return {key: stats[key] for key in WORKER_COUNTERS if key in stats}, self.puller.samples
 
+    def held(self) -> dict[str, object]:
+        """What this half still holds, by kind (all falsy when idle and leak-free)."""
+        if self.transport is None:
+            return {"reads_in_flight": [], "handshakes_in_flight": {}, "lender_held": []}
+        return {**self.puller.held(), **self.lender.held()}
+
     def shutdown(self) -> None:
         if self.side_channel is not None:
             self.side_channel.close()

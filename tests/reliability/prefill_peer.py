@@ -46,7 +46,7 @@ def _state(llm: Any) -> dict:
 
     p2p = scheduler_connector(llm).scheduler
     return {
-        "held": sorted(p2p.held),
+        "held": sorted(p2p.held_for_readers),
         "leaked_blocks": leaked_device_blocks(llm),
         "stats": p2p.stats,
     }

@@ -106,7 +106,7 @@ def _scheduler_core_state(core: Any) -> dict[str, Any]:
         }
     if kind == "P2PCore":
         return {
-            "held_for_readers": list(half.held),
+            "held_for_readers": list(half.held_for_readers),
             "lookups": list(half.lookups),
             "pulling": sorted(half.pulling),
         }

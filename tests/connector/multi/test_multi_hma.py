@@ -114,7 +114,9 @@ class MultiEngine(Engine):
             assert offload.leases.active() == [] and offload.pool.stats().pinned == 0
         multi = self.scheduler.connector.inner.scheduler
         assert multi.loads == {} and multi.serving == {}
-        assert self.worker.inner.worker.routes == {} and self.worker.inner.worker.held == {}
+        assert (
+            self.worker.inner.worker.routes == {} and self.worker.inner.worker.loads_held_back == {}
+        )
         assert self.scheduler.requests == {}
         block_pool = self.scheduler.kv_cache_manager.block_pool
         assert block_pool.get_num_free_blocks() == NUM_BLOCKS - 1

@@ -79,7 +79,7 @@ def test_the_p2p_connector_is_supports_hma():
 
 def test_prefill_returns_each_groups_blocks_and_holds_them(pair, first):
     prefill, params = pair[0], first
-    held = prefill.p2p.held["p-1"]
+    held = prefill.p2p.held_for_readers["p-1"]
     assert params["kvscope_p2p_version"] == 2 and params["remote_num_blocks"] == 7
     full, window = params["remote_block_ids"]
     assert len(full) == 7, "full attention: the whole prefix"
@@ -118,7 +118,10 @@ def test_decode_reads_the_full_prefix_and_only_the_window(pair, first, spans):
     full, window = params["remote_block_ids"]
     pump(
         [prefill, decode],
-        lambda: not decode.scheduler.has_unfinished_requests() and "p-1" not in prefill.p2p.held,
+        lambda: (
+            not decode.scheduler.has_unfinished_requests()
+            and "p-1" not in prefill.p2p.held_for_readers
+        ),
     )
     assert decode.scheduler.requests == {} and decode.p2p.pulling == set()
     [released] = [
@@ -133,7 +136,7 @@ def test_decode_reads_the_full_prefix_and_only_the_window(pair, first, spans):
 
 def test_the_prefill_side_frees_every_groups_blocks_once_read(pair):
     prefill, decode = pair
-    pump([prefill, decode], lambda: not prefill.p2p.held, timeout_s=40)
+    pump([prefill, decode], lambda: not prefill.p2p.held_for_readers, timeout_s=40)
     assert prefill.free_blocks() == NUM_BLOCKS - 1, "every block but the null one is free"
     assert prefill.scheduler.requests == {}
 
@@ -156,7 +159,7 @@ def test_blocks_the_decode_side_has_in_every_group_are_not_pulled(pair):
     assert decode.read(FULL, full_ids[0]) == -block_value(FULL, 0, 0), "the local KV stayed"
     pump(
         [prefill, decode],
-        lambda: not decode.scheduler.has_unfinished_requests() and not prefill.p2p.held,
+        lambda: not decode.scheduler.has_unfinished_requests() and not prefill.p2p.held_for_readers,
     )
 
 
@@ -174,7 +177,7 @@ def test_a_failed_read_is_reported_through_failed_recving(pair):
     assert req.status is RequestStatus.RUNNING and req.num_computed_tokens == len(prompt(1000))
     pump(
         [prefill, decode],
-        lambda: not decode.scheduler.has_unfinished_requests() and not prefill.p2p.held,
+        lambda: not decode.scheduler.has_unfinished_requests() and not prefill.p2p.held_for_readers,
     )
     assert prefill.free_blocks() == NUM_BLOCKS - 1, "the failed reader released them"
 
@@ -190,7 +193,7 @@ def test_a_failed_read_under_the_fail_policy_fails_the_request(pair, tiny_model)
         pump([prefill, decode], lambda: recved(decode, "d-fail"))
         assert decode.outputs[-1].failed_recving == {"d-fail"}
         assert req.status is RequestStatus.FINISHED_ERROR
-        pump([prefill, decode], lambda: not prefill.p2p.held)
+        pump([prefill, decode], lambda: not prefill.p2p.held_for_readers)
         assert decode.free_blocks() == NUM_BLOCKS - 1
     finally:
         decode.close()
@@ -205,7 +208,7 @@ def test_a_window_the_prefill_side_no_longer_holds_is_computed_here(pair):
     assert req.status is RequestStatus.RUNNING and not decode.p2p.pulling
     pump(
         [prefill, decode],
-        lambda: not decode.scheduler.has_unfinished_requests() and not prefill.p2p.held,
+        lambda: not decode.scheduler.has_unfinished_requests() and not prefill.p2p.held_for_readers,
     )
     assert prefill.free_blocks() == NUM_BLOCKS - 1, "released without a read"
 

@@ -99,7 +99,7 @@ def test_decode_refuses_bad_or_mismatched_params_and_computes_instead(change):
 def test_expired_lease_is_told_apart_from_a_read():
     prefill, _ = prefilled()
     prefill.on_worker_output(P2PWorkerMeta(leases_expired={"p-1"}), {"p-1"}, set())
-    assert prefill.stats["leases_expired"] == 1 and not prefill.held
+    assert prefill.stats["leases_expired"] == 1 and not prefill.held_for_readers
 
 
 def test_notifications_name_the_prefill_request():
