@@ -1,0 +1,126 @@
+"""What a request did: its row, its timeline points, its transfers and its failures."""
+
+from sqlalchemy import Index, UniqueConstraint
+from sqlmodel import Field, SQLModel
+
+from kvscope.backend.db.models.columns import int64_column
+
+
+class RequestBase(SQLModel):
+    trace_id: str = Field(max_length=32)
+    span_id: str = Field(max_length=16)
+    request_id: str | None = Field(default=None, index=True)
+    engine_id: str | None = Field(default=None, index=True)
+    connector: str | None = Field(default=None, index=True)
+    kv_role: str | None = None
+    instance_id: str | None = None
+    start_ns: int = int64_column(index=True, nullable=False)
+    end_ns: int | None = int64_column()
+    status: str = Field(default="running", index=True)
+    status_message: str | None = None
+    prompt_tokens: int | None = int64_column()
+
+
+class Request(RequestBase, table=True):
+    __tablename__ = "kv_request"
+    __table_args__ = (
+        UniqueConstraint("trace_id", "span_id", name="uq_request_span"),
+        Index("ix_request_end", "end_ns"),
+        # The prompt length of a lookup's request: one probe per lookup in the hit rates.
+        Index("ix_request_request_engine", "request_id", "engine_id"),
+        Index("ix_request_instance_status", "instance_id", "status"),
+    )
+    id: int | None = Field(default=None, primary_key=True)
+
+
+class RequestPublic(RequestBase):
+    id: int
+    duration_ms: float | None = None
+
+
+class TimelinePointBase(SQLModel):
+    trace_id: str = Field(max_length=32)
+    span_id: str = Field(max_length=16)
+    ordinal: int = 0
+    engine_id: str | None = None
+    request_id: str | None = None
+    point: str
+    time_ns: int = int64_column(nullable=False)
+    value: int | None = int64_column()
+    layer: int | None = int64_column()
+
+
+class TimelinePoint(TimelinePointBase, table=True):
+    __table_args__ = (
+        UniqueConstraint("trace_id", "span_id", "point", "ordinal", name="uq_point_source"),
+        # Retention deletes by time; timelines read by request; series sum one point kind.
+        Index("ix_point_time", "time_ns"),
+        Index("ix_point_request", "request_id", "engine_id"),
+        Index("ix_point_kind_time", "point", "time_ns"),
+    )
+    id: int | None = Field(default=None, primary_key=True)
+
+
+class TimelinePointPublic(TimelinePointBase):
+    pass
+
+
+# --- Transfers ------------------------------------------------------------------------------------
+
+
+class TransferBase(SQLModel):
+    trace_id: str = Field(max_length=32)
+    span_id: str = Field(max_length=16)
+    request_id: str | None = Field(default=None, index=True)
+    engine_id: str | None = None
+    direction: str | None = Field(default=None, index=True)
+    peer: str | None = None
+    bytes: int | None = int64_column()
+    duration_ms: float | None = None
+    gbps: float | None = None
+    descriptors: int | None = int64_column()
+    ok: bool = True
+    start_ns: int = int64_column(index=True, nullable=False)
+    end_ns: int = int64_column(nullable=False)
+
+
+class Transfer(TransferBase, table=True):
+    __table_args__ = (UniqueConstraint("trace_id", "span_id", name="uq_transfer_span"),)
+    id: int | None = Field(default=None, primary_key=True)
+
+
+class TransferPublic(TransferBase):
+    id: int
+
+
+# --- Failures -------------------------------------------------------------------------------------
+
+
+class FailureBase(SQLModel):
+    trace_id: str = Field(max_length=32)
+    span_id: str = Field(max_length=16)
+    ordinal: int = 0
+    time_ns: int = int64_column(index=True, nullable=False)
+    kind: str = Field(index=True)
+    cause: str | None = None
+    policy: str | None = None
+    outcome: str | None = None
+    request_id: str | None = None
+    engine_id: str | None = None
+    lease_id: str | None = None
+    block_ids: str | None = None
+    # A MultiConnector's report: the child whose load failed and the one that served instead.
+    child: str | None = None
+    fallback_child: str | None = None
+
+
+class Failure(FailureBase, table=True):
+    __table_args__ = (
+        UniqueConstraint("trace_id", "span_id", "ordinal", name="uq_failure_source"),
+        Index("ix_failure_request", "request_id", "engine_id"),
+    )
+    id: int | None = Field(default=None, primary_key=True)
+
+
+class FailurePublic(FailureBase):
+    id: int
