@@ -1,10 +1,12 @@
-"""Shared fixtures: the tiny model, one in-memory span exporter per session, engine environment."""
+"""Shared fixtures: the tiny model, the run's one oracle, one in-memory span exporter per
+session, engine environment."""
 
 from pathlib import Path
 
 import pytest
 
 from kvscope.harness.engine import use_in_process_engine
+from tests.oracle import Oracle
 
 # Engines in tests run in-process unless a test starts a subprocess on purpose.
 use_in_process_engine()
@@ -16,6 +18,13 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from kvscope.model.build import build_model
 
     return build_model(tmp_path_factory.mktemp("models") / "tiny-seed0")
+
+
+@pytest.fixture(scope="session")
+def oracle(tiny_model: Path, request: pytest.FixtureRequest) -> Oracle:
+    """Greedy tokens without a connector, one baseline engine per TP for the whole run (and
+    pytest's cache across runs): ask it in a fixture before the test's own engine starts."""
+    return Oracle(tiny_model, getattr(request.config, "cache", None))
 
 
 @pytest.fixture(scope="session")

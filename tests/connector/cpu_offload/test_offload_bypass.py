@@ -9,45 +9,40 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvscope.connector.common.tier_health import TierState
+from kvscope.harness.configs import offload_config
 from kvscope.harness.engine import in_process_llm
 from kvscope.harness.engine_state import scheduler_connector, worker_connector
 from kvscope.harness.oracle import greedy_tokens, token_mismatches
 from kvscope.harness.prompts import DISTINCT
 from kvscope.traces import names
+from tests.oracle import prompt_set
 from tests.reliability.engine_ops import set_faults
+from tests.stepping import step_until
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(300)]
 LOAD_TIMEOUT_S = 2.0
 SLOW_LOADS = {"load_delay_ms": 5000.0}  # past the load timeout: each load fails at 2 s
 TIER_HEALTH = {"failures_to_bypass": 3, "bypass_s": 1.0, "max_bypass_s": 8.0}
+BASELINE = prompt_set(DISTINCT)
 
 
-def offload_config(faults_path) -> dict:
-    return {
-        "kv_connector": "CpuOffloadConnector",
-        "kv_connector_module_path": "kvscope.connector.cpu_offload.connector",
-        "kv_role": "kv_both",
-        "kv_load_failure_policy": "recompute",
-        "kv_connector_extra_config": {
-            "cpu_bytes_to_use": 8 << 20,
-            "load_timeout_s": LOAD_TIMEOUT_S,
-            "faults_path": str(faults_path),
-            "tier_health": TIER_HEALTH,
-        },
-    }
+def bypass_config(faults_path) -> dict:
+    return offload_config(
+        load_timeout_s=LOAD_TIMEOUT_S, faults_path=str(faults_path), tier_health=TIER_HEALTH
+    )
 
 
 def settle(llm, timeout_s: float = 30.0) -> None:
     """Steps the idle engine until no copy is in flight (timed-out ones included) and vLLM's
     prefix cache is reset, so the next pass asks the host pool."""
     offload, worker = scheduler_connector(llm).scheduler, worker_connector(llm).worker
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        llm.llm_engine.step()
-        if not (offload._stores or worker._pending) and llm.reset_prefix_cache():
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"still in flight: stores {offload._stores}, copies {worker._pending}")
+    step_until(
+        llm,
+        lambda: not (offload._stores or worker._pending) and llm.reset_prefix_cache(),
+        timeout_s,
+        lambda: f"in flight: stores {offload._stores}, copies {worker._pending}",
+        pause_s=0.01,
+    )
 
 
 def timed_pass(llm) -> tuple[list[list[int]], float]:
@@ -76,15 +71,14 @@ def tier_states(spans) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def expected(tiny_model):
-    with in_process_llm(tiny_model) as llm:
-        return greedy_tokens(llm, DISTINCT)
+def expected(oracle):
+    return oracle.tokens(BASELINE)
 
 
 def test_a_sick_pool_is_bypassed_then_probed_back(tiny_model, tmp_path, expected, spans):
     faults_path = tmp_path / "faults.json"
     set_faults(faults_path, {})
-    with in_process_llm(tiny_model, offload_config(faults_path)) as llm:
+    with in_process_llm(tiny_model, bypass_config(faults_path)) as llm:
         offload = scheduler_connector(llm).scheduler
         assert token_mismatches(expected, greedy_tokens(llm, DISTINCT)) == []  # stores
         settle(llm)

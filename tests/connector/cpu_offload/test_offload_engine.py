@@ -2,31 +2,24 @@
 
 import pytest
 
+from kvscope.harness.configs import offload_config
 from kvscope.harness.engine import in_process_llm
 from kvscope.harness.engine_state import leaked_device_blocks, scheduler_connector, worker_connector
 from kvscope.harness.oracle import greedy_params, greedy_tokens, token_mismatches
 from kvscope.harness.prompts import DISTINCT, long_prompt
 from kvscope.traces import names
+from tests.oracle import prompt_set
+from tests.stepping import step_until
 
 pytestmark = pytest.mark.engine
 SHARED = [long_prompt(0, 3) + f" Then question {i} asks something else entirely." for i in range(6)]
-
-
-def offload_config(policy: str = "recompute", **extra) -> dict:
-    return {
-        "kv_connector": "CpuOffloadConnector",
-        "kv_connector_module_path": "kvscope.connector.cpu_offload.connector",
-        "kv_role": "kv_both",
-        "kv_load_failure_policy": policy,
-        "kv_connector_extra_config": {"cpu_bytes_to_use": 8 << 20, **extra},
-    }
+BASELINES = {"distinct": prompt_set(DISTINCT), "shared": prompt_set(SHARED)}
 
 
 @pytest.fixture(scope="module")
-def expected(tiny_model):
+def expected(oracle):
     """Greedy tokens of every prompt set without any connector."""
-    with in_process_llm(tiny_model) as llm:
-        return {"distinct": greedy_tokens(llm, DISTINCT), "shared": greedy_tokens(llm, SHARED)}
+    return {name: oracle.tokens(prompts) for name, prompts in BASELINES.items()}
 
 
 def assert_no_leaks(llm) -> None:
@@ -41,11 +34,7 @@ def assert_no_leaks(llm) -> None:
 def wait_for_stores(llm) -> None:
     """Stores commit a step or two after the forward: step the idle engine until they have."""
     offload = scheduler_connector(llm).scheduler
-    for _ in range(50):
-        if not offload._stores:
-            return
-        llm.llm_engine.step()
-    raise AssertionError(f"stores never committed: {offload._stores}")
+    step_until(llm, lambda: not offload._stores, still=lambda: f"stores {offload._stores}")
 
 
 def test_hits_after_prefix_cache_reset_give_the_same_tokens(tiny_model, expected, spans):

@@ -3,6 +3,7 @@ load runs: freed once (vLLM's own wait for finished_recving), tokens of the othe
 
 import pytest
 
+from kvscope.harness.configs import offload_config
 from kvscope.harness.engine import in_process_llm
 from kvscope.harness.engine_state import engine_scheduler, scheduler_connector
 from kvscope.harness.prompts import long_prompt
@@ -13,20 +14,6 @@ pytestmark = pytest.mark.engine
 PROMPTS = [f"[preempt-abort #{i}] " + long_prompt(i, 6) for i in range(4)]
 """4 requests of 5 blocks that grow by 5 while decoding: 24 blocks cannot hold them all."""
 MAX_TOKENS = 160
-
-
-def offload_config(faults_path) -> dict:
-    return {
-        "kv_connector": "CpuOffloadConnector",
-        "kv_connector_module_path": "kvscope.connector.cpu_offload.connector",
-        "kv_role": "kv_both",
-        "kv_load_failure_policy": "recompute",
-        "kv_connector_extra_config": {
-            "cpu_bytes_to_use": 8 << 20,
-            "load_timeout_s": 5.0,
-            "faults_path": str(faults_path),
-        },
-    }
 
 
 class PreemptedThenLoading:
@@ -67,7 +54,8 @@ def test_preempted_readmitted_with_a_hit_then_aborted(tiny_model, tmp_path):
     faults_path.write_text("{}")
     with in_process_llm(tiny_model, **SMALL_ENGINE) as llm:
         expected = run(llm, [f"e{i}" for i in range(4)], PROMPTS, MAX_TOKENS)
-    with in_process_llm(tiny_model, offload_config(faults_path), **SMALL_ENGINE) as llm:
+    config = offload_config(load_timeout_s=5.0, faults_path=str(faults_path))
+    with in_process_llm(tiny_model, config, **SMALL_ENGINE) as llm:
         watch = PreemptedThenLoading(llm)
         set_faults(faults_path, {"load_delay_ms": 800.0})  # loads outlast a few steps
         batch: Batch = run(llm, [f"r{i}" for i in range(4)], PROMPTS, MAX_TOKENS, abort_when=watch)

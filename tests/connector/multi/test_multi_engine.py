@@ -2,55 +2,36 @@
 
 import pytest
 
+from kvscope.harness.configs import child, multi_config, offload_child
 from kvscope.harness.engine import in_process_llm
 from kvscope.harness.engine_state import leaked_device_blocks, scheduler_connector
 from kvscope.harness.oracle import greedy_tokens, token_mismatches
 from kvscope.harness.prompts import DISTINCT
 from kvscope.traces import names
+from tests.oracle import prompt_set
+from tests.stepping import step_until_prefix_cache_reset
 
 pytestmark = pytest.mark.engine
-OFFLOAD = "kvscope.connector.cpu_offload.connector"
-
-
-def offload_child(name: str, **extra) -> dict:
-    return {
-        "name": name,
-        "kv_connector": "CpuOffloadConnector",
-        "kv_connector_module_path": OFFLOAD,
-        "kv_connector_extra_config": {"cpu_bytes_to_use": 8 << 20, **extra},
-    }
-
-
-def multi_config(*children: dict, **extra) -> dict:
-    return {
-        "kv_connector": "KvscopeMultiConnector",
-        "kv_connector_module_path": "kvscope.connector.multi.connector",
-        "kv_role": "kv_both",
-        "kv_load_failure_policy": "recompute",
-        "kv_connector_extra_config": {"connectors": list(children), **extra},
-    }
+BASELINE = prompt_set(DISTINCT)
 
 
 @pytest.fixture(scope="module")
-def expected(tiny_model):
-    with in_process_llm(tiny_model) as llm:
-        return greedy_tokens(llm, DISTINCT)
+def expected(oracle):
+    return oracle.tokens(BASELINE)
 
 
 def two_passes(llm) -> list[list[int]]:
     """Store on the first pass; the second, after a prefix cache reset, loads."""
     greedy_tokens(llm, DISTINCT)
-    for _ in range(10):
-        llm.llm_engine.step()  # let asynchronous stores commit
-    llm.reset_prefix_cache()
+    step_until_prefix_cache_reset(llm)  # asynchronous stores commit meanwhile
     return greedy_tokens(llm, DISTINCT)
 
 
 def assert_children_clean(llm) -> None:
-    for child in scheduler_connector(llm).children:
-        offload = getattr(child.connector, "scheduler", None)
+    for named in scheduler_connector(llm).children:
+        offload = getattr(named.connector, "scheduler", None)
         if offload is not None:
-            assert offload.leases.active() == [] and offload.requests == {}, child.name
+            assert offload.leases.active() == [] and offload.requests == {}, named.name
     assert leaked_device_blocks(llm) == 0
 
 
@@ -59,11 +40,7 @@ def events_named(spans, name: str) -> list[dict]:
 
 
 def test_vllm_example_connector_beside_ours(tiny_model, tmp_path, expected, spans):
-    example = {
-        "name": "example",
-        "kv_connector": "ExampleConnector",
-        "kv_connector_extra_config": {"shared_storage_path": str(tmp_path)},
-    }
+    example = child("example", "ExampleConnector", None, shared_storage_path=str(tmp_path))
     with in_process_llm(tiny_model, multi_config(offload_child("offload"), example)) as llm:
         again = two_passes(llm)
         assert_children_clean(llm)
