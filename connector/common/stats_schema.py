@@ -14,14 +14,16 @@ byte and second counters stay exact either way. Each connector (cpu_offload/stat
 p2p/stats.py) names its keys in a StatsSchema and subclasses SchemaStats with it.
 """
 
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, TypeVar
 
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
 STATS_VERSION = 1
 MAX_SAMPLES = 256
 """Histogram samples kept per name per interval (one engine step, or one logging interval)."""
+
+CountersType = TypeVar("CountersType", bound="Counters")
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,34 @@ class StatsSchema:
                 f"{self.failure_outcomes}"
             )
         return data
+
+    def counted_by(self, counters: type[CountersType]) -> type[CountersType]:
+        """Class decorator of a half's Counters: every field must be one of this schema's
+        counter names, so the schema stays the one list of names the wire dict may carry."""
+        unknown = [f.name for f in fields(counters) if f.name not in self.counters]
+        if unknown:
+            raise TypeError(
+                f"{counters.__name__} counts {unknown}, which {self.owner}'s stats schema does "
+                f"not name: add them to its counters or rename the fields to one of "
+                f"{self.counters}"
+            )
+        return counters
+
+
+@dataclass
+class Counters:
+    """A connector half's cumulative counters as typed fields (a dataclass subclass, checked
+    by StatsSchema.counted_by); they become the wire dict only where KVConnectorStats is built."""
+
+    def as_dict(self) -> dict[str, float]:
+        """The counters by their wire names, for IntervalReporter.report."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def __getitem__(self, name: str) -> float:
+        """A counter by its wire name (stats["loaded_blocks"]), as the stats dict names it."""
+        if name not in {f.name for f in fields(self)}:
+            raise KeyError(f"{type(self).__name__} has no counter {name!r}")
+        return getattr(self, name)
 
 
 def empty_data() -> dict[str, Any]:
