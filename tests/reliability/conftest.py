@@ -3,15 +3,29 @@
 import pytest
 
 from kvscope.bench.pd_pair import p2p_transfer_config
-from kvscope.harness.engine import engine_env, free_port, in_process_llm
-from kvscope.harness.oracle import greedy_tokens
+from kvscope.harness.engine import engine_env, free_port
+from tests.oracle import prompt_set
 from tests.reliability.backend_proc import BackendProcess
-from tests.reliability.cases import CASES
+from tests.reliability.cases import CASES, Case
 from tests.reliability.prefill_peer import PrefillPeer
 from tests.reliability.record import PEER_LEASE_S, Recorder
 
 EXPORT_QUEUE = 16384
 """This process's export queue to the backend: no cell fills it (queue_full cells shrink it)."""
+
+
+def _cells_by_max_tokens() -> dict[int, list[Case]]:
+    return {
+        max_tokens: [case for case in CASES if case.max_tokens == max_tokens]
+        for max_tokens in sorted({case.max_tokens for case in CASES})
+    }
+
+
+BASELINES = {
+    max_tokens: prompt_set([prompt for case in cells for prompt in case.prompts()], max_tokens)
+    for max_tokens, cells in _cells_by_max_tokens().items()
+}
+"""Every cell's prompts, one set per max_tokens."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -56,15 +70,12 @@ def recorder(span_exporter, backend) -> Recorder:
 
 
 @pytest.fixture(scope="session")
-def expected(tiny_model) -> dict[str, list[int]]:
+def expected(oracle) -> dict[str, list[int]]:
     """The oracle: greedy tokens of every cell's prompts from an engine without a connector."""
     tokens: dict[str, list[int]] = {}
-    with in_process_llm(tiny_model) as llm:
-        for max_tokens in sorted({case.max_tokens for case in CASES}):
-            cells = [case for case in CASES if case.max_tokens == max_tokens]
-            prompts = [prompt for case in cells for prompt in case.prompts()]
-            ids = [f"{case.id}-{i}" for case in cells for i in range(case.num_prompts)]
-            tokens |= dict(zip(ids, greedy_tokens(llm, prompts, max_tokens), strict=True))
+    for max_tokens, cells in _cells_by_max_tokens().items():
+        ids = [f"{case.id}-{i}" for case in cells for i in range(case.num_prompts)]
+        tokens |= dict(zip(ids, oracle.tokens(BASELINES[max_tokens]), strict=True))
     return tokens
 
 

@@ -6,11 +6,9 @@ from typing import Any
 
 from kvscope.harness.engine import in_process_llm
 from kvscope.harness.engine_state import worker_stats
-from kvscope.harness.oracle import greedy_tokens
 from tests.topology.configs import multi_config, p2p_config
 from tests.topology.leaks import engine_leaks, in_process
 from tests.topology.runs import (
-    MAX_TOKENS,
     Passes,
     Pulls,
     prefill_then_decode,
@@ -34,12 +32,6 @@ def topology_of(llm: Any) -> Topology:
     return Topology(
         str(parallel.distributed_executor_backend), in_process(llm), parallel.tensor_parallel_size
     )
-
-
-def baseline(model: Path, prompts: list[str], tp_size: int) -> list[list[int]]:
-    """Greedy tokens without any connector at this tensor-parallel size."""
-    with in_process_llm(model, tensor_parallel_size=tp_size) as llm:
-        return greedy_tokens(llm, prompts, MAX_TOKENS)
 
 
 @dataclass

@@ -4,21 +4,22 @@ model's worker each in a process of their own, as `vllm serve` runs by default."
 import pytest
 
 from kvscope.harness.prompts import DISTINCT
+from tests.oracle import prompt_set
 from tests.topology.checks import assert_pulled, assert_store_then_hit, p2p_stats
 from tests.topology.configs import offload_config, traced_example_config
-from tests.topology.runs import environ
-from tests.topology.suite import Topology, baseline, run_alone, run_pd
+from tests.topology.runs import MAX_TOKENS, environ
+from tests.topology.suite import Topology, run_alone, run_pd
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 PROMPTS = DISTINCT[:2]
+BASELINE = prompt_set(PROMPTS, MAX_TOKENS)
 DEFAULT = Topology(executor="mp", scheduler_in_process=False, tp_size=1)
 
 
 @pytest.fixture(scope="module")
-def expected(tiny_model):
+def expected(oracle):
     """The tokens without a connector: the executor does not change the arithmetic at TP=1."""
-    with environ(VLLM_ENABLE_V1_MULTIPROCESSING="0"):
-        return baseline(tiny_model, PROMPTS, tp_size=1)
+    return oracle.tokens(BASELINE)
 
 
 @pytest.fixture(scope="module")

@@ -5,13 +5,15 @@ import pytest
 
 from kvscope.harness.oracle import token_mismatches
 from kvscope.harness.prompts import DISTINCT
+from tests.oracle import prompt_set
 from tests.topology.checks import assert_pulled, assert_store_then_hit, p2p_stats
 from tests.topology.configs import offload_config, traced_example_config
-from tests.topology.runs import environ
-from tests.topology.suite import Topology, baseline, run_alone, run_pd
+from tests.topology.runs import MAX_TOKENS, environ
+from tests.topology.suite import Topology, run_alone, run_pd
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 PROMPTS = DISTINCT[:2]
+BASELINE = prompt_set(PROMPTS, MAX_TOKENS, tp_size=2)
 TP2 = Topology(executor="mp", scheduler_in_process=True, tp_size=2)
 EXAMPLE_TP_BUG = (
     "vLLM's ExampleConnector names its files by token hash and layer, not by rank: at TP=2 both"
@@ -32,9 +34,9 @@ def two_ranks():
 
 
 @pytest.fixture(scope="module")
-def expected(tiny_model):
+def expected(oracle):
     """Greedy tokens without a connector at TP=2 (they differ from TP=1's)."""
-    return baseline(tiny_model, PROMPTS, tp_size=2)
+    return oracle.tokens(BASELINE)
 
 
 @pytest.fixture(scope="module")

@@ -8,14 +8,8 @@ import httpx
 import pytest
 
 from kvscope.bench.pd_pair import metric
-from kvscope.harness.engine import (
-    ServerProcess,
-    engine_env,
-    free_port,
-    in_process_llm,
-    serve_command,
-)
-from kvscope.harness.oracle import greedy_tokens
+from kvscope.harness.configs import multi_config, offload_child
+from kvscope.harness.engine import ServerProcess, engine_env, free_port, serve_command
 from kvscope.harness.prompts import long_prompt
 from kvscope.traces import names
 from kvscope.traces.sdk.otlp_json import read_spans_file
@@ -25,10 +19,12 @@ from tests.connector.p2p.pd_client import (
     prefill_only,
     wait_until_no_blocks_held,
 )
+from tests.oracle import prompt_set
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(900)]
 PROMPT = long_prompt(3, sentences=6)
 MAX_TOKENS = 12
+BASELINE = prompt_set([PROMPT], MAX_TOKENS)
 CHILDREN = [
     # vLLM's own child format, as in its MultiConnector docs: kv_role and kv_buffer_device.
     {
@@ -37,26 +33,14 @@ CHILDREN = [
         "kv_role": "kv_both",
         "kv_buffer_device": "cpu",
     },
-    {
-        "name": "offload",
-        "kv_connector": "CpuOffloadConnector",
-        "kv_connector_module_path": "kvscope.connector.cpu_offload.connector",
-        "kv_connector_extra_config": {"cpu_bytes_to_use": 64 << 20},
-    },
+    offload_child(cpu_bytes_to_use=64 << 20),
 ]
-MULTI = {
-    "kv_connector": "KvscopeMultiConnector",
-    "kv_connector_module_path": "kvscope.connector.multi.connector",
-    "kv_role": "kv_both",
-    "kv_load_failure_policy": "recompute",
-    "kv_connector_extra_config": {"connectors": CHILDREN},
-}
+MULTI = multi_config(*CHILDREN)
 
 
 @pytest.fixture(scope="module")
-def expected(tiny_model):
-    with in_process_llm(tiny_model) as llm:
-        return greedy_tokens(llm, [PROMPT], MAX_TOKENS)[0]
+def expected(oracle):
+    return oracle.tokens(BASELINE)[0]
 
 
 def launch(tiny_model, workdir, role: str, core: int) -> ServerProcess:

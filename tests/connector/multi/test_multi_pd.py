@@ -8,28 +8,22 @@ import pytest
 
 from kvscope.bench.pd_pair import ProxyThread
 from kvscope.harness.configs import demo_config
-from kvscope.harness.engine import (
-    ServerProcess,
-    engine_env,
-    free_port,
-    in_process_llm,
-    serve_command,
-)
-from kvscope.harness.oracle import greedy_tokens
+from kvscope.harness.engine import ServerProcess, engine_env, free_port, serve_command
 from kvscope.harness.prompts import long_prompt
 from kvscope.traces import names
 from kvscope.traces.sdk.otlp_json import read_spans_file
 from tests.connector.p2p.pd_client import wait_until_no_blocks_held
+from tests.oracle import prompt_set
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 PROMPT = long_prompt(1, sentences=6)
 MAX_TOKENS = 12
+BASELINE = prompt_set([PROMPT], MAX_TOKENS)
 
 
 @pytest.fixture(scope="module")
-def expected(tiny_model):
-    with in_process_llm(tiny_model) as llm:
-        return greedy_tokens(llm, [PROMPT], MAX_TOKENS)[0]
+def expected(oracle):
+    return oracle.tokens(BASELINE)[0]
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,6 @@ from kvscope.connector.common.tier_health import TierHealthConfig, TierState
 from kvscope.connector.p2p.config import P2PConfig
 from kvscope.connector.p2p.metadata import P2PWorkerMeta
 from kvscope.connector.p2p.scheduler import P2PScheduler
-from kvscope.harness.engine import in_process_llm
-from kvscope.harness.oracle import greedy_tokens
 from kvscope.harness.prompts import long_prompt
 from kvscope.traces import names
 from kvscope.traces.sdk.otlp_json import read_spans_file
@@ -24,6 +22,7 @@ from tests.connector.p2p.pd_client import (
 )
 from tests.connector.p2p.test_p2p_protocol import Request, prefilled
 from tests.connector.prom_scrape import total, wait_for
+from tests.oracle import prompt_set
 
 ENGINE_MARKS = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(500)]
 
@@ -40,6 +39,7 @@ CONNECTOR = {
 # Distinct first blocks: the decode server never has a local prefix hit.
 PROMPTS = [f"Bypass case {i}: " + long_prompt(i, sentences=3) for i in range(FAILURES + 2)]
 HITS = "vllm:external_prefix_cache_hits_total"
+BASELINE = prompt_set(PROMPTS, MAX_TOKENS)
 
 
 def engine_test(test):
@@ -49,9 +49,8 @@ def engine_test(test):
 
 
 @pytest.fixture(scope="module")
-def expected(tiny_model):
-    with in_process_llm(tiny_model) as llm:
-        return greedy_tokens(llm, PROMPTS, MAX_TOKENS)
+def expected(oracle):
+    return oracle.tokens(BASELINE)
 
 
 @pytest.fixture(scope="module")

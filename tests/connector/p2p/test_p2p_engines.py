@@ -9,8 +9,7 @@ import httpx
 import pytest
 
 from kvscope.bench.pd_pair import PDPair, ProxyThread, free_port, metric, p2p_transfer_config
-from kvscope.harness.engine import ServerProcess, engine_env, in_process_llm, serve_command
-from kvscope.harness.oracle import greedy_tokens
+from kvscope.harness.engine import ServerProcess, engine_env, serve_command
 from kvscope.harness.prompts import long_prompt
 from kvscope.traces import names
 from kvscope.traces.sdk.otlp_json import read_spans_file
@@ -22,6 +21,7 @@ from tests.connector.p2p.pd_client import (
     wait_until_no_blocks_held,
 )
 from tests.connector.prom_scrape import total, wait_for
+from tests.oracle import prompt_set
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -39,14 +39,14 @@ PROMPTS = [long_prompt(i, sentences=3 + i) for i in range(3)]
 BYTES_PER_BLOCK = 2 * 2 * 32 * 64 * 2  # layers, KV heads, tokens, K and V dims, bf16
 FAULT_NAMES = ["expired", "silent", "stopped", "killed", "stream"]
 FAULTS = {name: f"Fault case {name}: " + long_prompt(i + 1) for i, name in enumerate(FAULT_NAMES)}
+BASELINE = prompt_set([*PROMPTS, *FAULTS.values()], MAX_TOKENS)
+BASELINE_LONG = prompt_set([FAULTS["stream"]], LONG_TOKENS)
 
 
 @pytest.fixture(scope="module")
-def expected(tiny_model):
+def expected(oracle):
     """A single server's greedy tokens for every prompt (in-process engine, no connector)."""
-    with in_process_llm(tiny_model) as llm:
-        short = greedy_tokens(llm, [*PROMPTS, *FAULTS.values()], MAX_TOKENS)
-        long = greedy_tokens(llm, [FAULTS["stream"]], LONG_TOKENS)
+    short, long = oracle.tokens(BASELINE), oracle.tokens(BASELINE_LONG)
     named = dict(zip([*range(len(PROMPTS)), *FAULTS], short, strict=True))
     return named | {"stream_long": long[0]}
 
