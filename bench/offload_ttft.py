@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from kvscope.bench.results import length_metric, record
+from kvscope.harness import configs
 
 TARGET = "<= 0.1"
 """The goal at the headline length (2k tokens on the mid model)."""
@@ -25,13 +26,8 @@ ROOM_TOKENS = 512
 
 
 def offload_config(pool_bytes: int = 256 << 20) -> dict:
-    return {
-        "kv_connector": "CpuOffloadConnector",
-        "kv_connector_module_path": "kvscope.connector.cpu_offload.connector",
-        "kv_role": "kv_both",
-        "kv_load_failure_policy": "recompute",
-        "kv_connector_extra_config": {"cpu_bytes_to_use": pool_bytes},
-    }
+    """The offload connector alone, with a pool large enough for every prefix length."""
+    return configs.offload_config(cpu_bytes_to_use=pool_bytes)
 
 
 def ttft_s(llm, prompt_ids: list[int]) -> float:

@@ -10,20 +10,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvscope.harness.configs import p2p_config
 from kvscope.harness.engine import ServerProcess, engine_env, free_port, serve_command
-
-P2P_MODULE = "kvscope.connector.p2p.connector"
 
 
 def p2p_transfer_config(side_channel_port: int, policy: str = "recompute", **extra: Any) -> dict:
     """kvscope's P2P connector on one engine of the pair."""
-    return {
-        "kv_connector": "P2PConnector",
-        "kv_connector_module_path": P2P_MODULE,
-        "kv_role": "kv_both",
-        "kv_load_failure_policy": policy,
-        "kv_connector_extra_config": {"side_channel_port": side_channel_port, **extra},
-    }
+    return p2p_config(policy, side_channel_port=side_channel_port, **extra)
 
 
 def stock_transfer_config() -> dict:

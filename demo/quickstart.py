@@ -4,6 +4,7 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
+from kvscope.harness.configs import engine_config, traced_child
 from kvscope.traces import names
 
 PROMPTS = [
@@ -17,16 +18,8 @@ PROMPTS = [
 def traced_example_config(storage: Path, **tracing: str) -> dict:
     """TracedConnector around vLLM's ExampleConnector, which stores KV as files in storage;
     tracing: TracedConnector's own keys (trace_layer_mode, trace_quiet_hooks)."""
-    return {
-        "kv_connector": "TracedConnector",
-        "kv_connector_module_path": "kvscope.connector.traced",
-        "kv_role": "kv_both",
-        "kv_connector_extra_config": {
-            "connector": "ExampleConnector",
-            "shared_storage_path": str(storage),
-            **tracing,
-        },
-    }
+    connector = traced_child("ExampleConnector", shared_storage_path=str(storage), **tracing)
+    return engine_config(connector, policy="fail")  # vLLM's default: a failed load fails
 
 
 def run_quickstart(model_dir: Path | None, num_prompts: int = 4) -> int:

@@ -21,7 +21,7 @@ OFFLOAD_BYTES = 8 << 20
 """Host pool of the tests' offload connectors unless they say otherwise (512 tiny-model blocks)."""
 
 
-def child(name: str, connector: str, module: str | None, **extra: Any) -> dict[str, Any]:
+def child(name: str, connector: str, module: str | None, /, **extra: Any) -> dict[str, Any]:
     """One connector as a Multi's child: its name, class, module and extra config."""
     config: dict[str, Any] = {"name": name, "kv_connector": connector}
     if module is not None:
@@ -72,11 +72,23 @@ def p2p_config(policy: str = "recompute", **extra: Any) -> dict[str, Any]:
     return engine_config(p2p_child(**extra), policy)
 
 
-def demo_config(side_channel_port: int, faults_path: Any, policy: str = "recompute") -> dict:
-    """The demo's engines: P2P first (it serves a request prefilled elsewhere), then offload."""
-    return multi_config(
+def demo_children(
+    side_channel_port: int, faults_path: Any, **offload_extra: Any
+) -> list[dict[str, Any]]:
+    """The demo's connectors: P2P first (it serves a request prefilled elsewhere), then offload;
+    offload_extra adds to (or replaces) the offload child's keys."""
+    return [
         p2p_child(side_channel_port=side_channel_port, lease_timeout_s=20.0),
-        # Shorter than the slow-load fault, so those loads time out and recompute.
-        offload_child(cpu_bytes_to_use=64 << 20, faults_path=str(faults_path), load_timeout_s=0.5),
-        policy=policy,
-    )
+        offload_child(
+            cpu_bytes_to_use=64 << 20,
+            faults_path=str(faults_path),
+            # Shorter than the slow-load fault, so those loads time out and recompute.
+            load_timeout_s=0.5,
+            **offload_extra,
+        ),
+    ]
+
+
+def demo_config(side_channel_port: int, faults_path: Any, policy: str = "recompute") -> dict:
+    """The demo's engines: a Multi over demo_children."""
+    return multi_config(*demo_children(side_channel_port, faults_path), policy=policy)

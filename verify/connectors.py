@@ -5,10 +5,12 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvscope.harness import configs
+
 KVSCOPE_CONNECTORS: dict[str, str] = {
-    "CpuOffloadConnector": "kvscope.connector.cpu_offload.connector",
-    "P2PConnector": "kvscope.connector.p2p.connector",
-    "KvscopeMultiConnector": "kvscope.connector.multi.connector",
+    configs.OFFLOAD_CLASS: configs.OFFLOAD_MODULE,
+    configs.P2P_CLASS: configs.P2P_MODULE,
+    configs.MULTI_CLASS: configs.MULTI_MODULE,
 }
 """kvscope's own connectors, accepted by class name alone."""
 
@@ -68,16 +70,12 @@ def _is_example_connector(spec: ConnectorSpec) -> bool:
 
 def traced_transfer_config(spec: ConnectorSpec, policy: str) -> dict[str, Any]:
     """The connector wrapped in kvscope's TracedConnector, under that load failure policy."""
-    extra = {"connector": spec.name, **spec.extra_config}
+    traced = configs.traced_child(spec.name)
+    # Updated, not passed as keywords: the user's config may hold any key, even "name".
+    traced["kv_connector_extra_config"].update(spec.extra_config)
     if spec.module_path:
-        extra["connector_module_path"] = spec.module_path
-    return {
-        "kv_connector": "TracedConnector",
-        "kv_connector_module_path": "kvscope.connector.traced",
-        "kv_role": "kv_both",
-        "kv_load_failure_policy": policy,
-        "kv_connector_extra_config": extra,
-    }
+        traced["kv_connector_extra_config"]["connector_module_path"] = spec.module_path
+    return configs.engine_config(traced, policy)
 
 
 def fault_plan_paths(spec: ConnectorSpec) -> list[str]:
@@ -93,7 +91,7 @@ def add_fault_paths(spec: ConnectorSpec, folder: str) -> ConnectorSpec:
     """kvscope's offload connector (alone or as a Multi's child) without a fault plan file
     gets one in folder, so the failed-load scenarios can go through its own failure path."""
     extra = dict(spec.extra_config)
-    offload = KVSCOPE_CONNECTORS["CpuOffloadConnector"]
+    offload = configs.OFFLOAD_MODULE
     if spec.module_path == offload and FAULTS_PATH_KEY not in extra:
         extra[FAULTS_PATH_KEY] = f"{folder}/faults.json"
     children = []

@@ -11,10 +11,11 @@ from pathlib import Path
 
 from kvscope.bench.soak.probe import STATE_FILE_ENV
 from kvscope.demo.stack import Service, Stack
-from kvscope.harness.configs import demo_config
+from kvscope.harness.configs import child, demo_children, engine_config
 from kvscope.harness.engine import engine_env, free_port, serve_command
 
 SERVERS = ("prefill", "decode")
+PROBE_MODULE = "kvscope.bench.soak.probe"
 NUM_DEVICE_BLOCKS = 64
 """The demo's small KV cache: vLLM's prefix cache evicts and the offload pool gets hits."""
 
@@ -41,16 +42,10 @@ def probe_config(
 ) -> dict:
     """The demo's engine config, loaded through the soak's probe subclass; tier_health, when
     given, replaces the offload pool's breaker settings (connector/common/tier_health.py)."""
-    config = demo_config(side_channel_port, faults_path, policy)
-    if tier_health is not None:
-        for child in config["kv_connector_extra_config"]["connectors"]:
-            if child["name"] == "offload":
-                child["kv_connector_extra_config"]["tier_health"] = tier_health
-    return {
-        **config,
-        "kv_connector": "SoakProbeConnector",
-        "kv_connector_module_path": "kvscope.bench.soak.probe",
-    }
+    offload_extra = {} if tier_health is None else {"tier_health": tier_health}
+    children = demo_children(side_channel_port, faults_path, **offload_extra)
+    probe = child("multi", "SoakProbeConnector", PROBE_MODULE, connectors=children)
+    return engine_config(probe, policy)
 
 
 def start_system(

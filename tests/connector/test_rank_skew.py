@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from kvscope.harness import configs
 from kvscope.harness.engine import in_process_llm
 from kvscope.harness.engine_state import leaked_device_blocks, scheduler_connector, worker_leaks
 from kvscope.harness.oracle import greedy_tokens, token_mismatches
@@ -31,36 +32,25 @@ def faults_path(tmp_path_factory):
     return path
 
 
-def offload_config(faults_path, **extra) -> dict:
-    return {
-        "kv_connector": "CpuOffloadConnector",
-        "kv_connector_module_path": "kvscope.connector.cpu_offload.connector",
-        "kv_role": "kv_both",
-        "kv_load_failure_policy": "recompute",
-        "kv_connector_extra_config": {
-            "cpu_bytes_to_use": 16 << 20,
-            "load_timeout_s": 5.0,
-            "faults_path": str(faults_path),
-            **extra,
-        },
+def offload_child(name: str, faults_path, **extra) -> dict:
+    extra = {
+        "cpu_bytes_to_use": 16 << 20,
+        "load_timeout_s": 5.0,
+        "faults_path": str(faults_path),
+        **extra,
     }
+    return configs.offload_child(name, **extra)
+
+
+def offload_config(faults_path, **extra) -> dict:
+    return configs.engine_config(offload_child("offload", faults_path, **extra))
 
 
 def multi_config(first_faults, second_faults) -> dict:
     """Two offload pools: the second serves what the first fails to load."""
-    children = [
-        {"name": name, **offload_config(path)}
-        for name, path in (("first", first_faults), ("second", second_faults))
-    ]
-    for child in children:
-        del child["kv_role"], child["kv_load_failure_policy"]  # the Multi's own
-    return {
-        "kv_connector": "KvscopeMultiConnector",
-        "kv_connector_module_path": "kvscope.connector.multi.connector",
-        "kv_role": "kv_both",
-        "kv_load_failure_policy": "recompute",
-        "kv_connector_extra_config": {"connectors": children},
-    }
+    return configs.multi_config(
+        offload_child("first", first_faults), offload_child("second", second_faults)
+    )
 
 
 @pytest.fixture(scope="module")

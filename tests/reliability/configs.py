@@ -1,8 +1,9 @@
-"""kv_transfer_configs of the matrix's engines: short timeouts, runtime fault plans."""
+"""kv_transfer_configs of the matrix's engines: harness/configs.py's, with short timeouts and
+runtime fault plans."""
 
 from pathlib import Path
 
-from kvscope.harness.engine import free_port
+from kvscope.harness import configs
 from tests.reliability.record import PEER_LEASE_S
 
 OFFLOAD_EXTRA = {"cpu_bytes_to_use": 8 << 20, "load_timeout_s": 1.5}
@@ -17,43 +18,21 @@ P2P_DECODE_EXTRA = {
 
 
 def offload_child(faults_path: Path) -> dict:
-    return {
-        "name": "offload",
-        "kv_connector": "CpuOffloadConnector",
-        "kv_connector_module_path": "kvscope.connector.cpu_offload.connector",
-        "kv_connector_extra_config": {**OFFLOAD_EXTRA, "faults_path": str(faults_path)},
-    }
+    return configs.offload_child(**OFFLOAD_EXTRA, faults_path=str(faults_path))
 
 
 def p2p_child() -> dict:
-    return {
-        "name": "p2p",
-        "kv_connector": "P2PConnector",
-        "kv_connector_module_path": "kvscope.connector.p2p.connector",
-        "kv_connector_extra_config": {"side_channel_port": free_port(), **P2P_DECODE_EXTRA},
-    }
-
-
-def _alone(child: dict, policy: str) -> dict:
-    """A child's config as an engine's only connector."""
-    config = {key: value for key, value in child.items() if key != "name"}
-    return {**config, "kv_role": "kv_both", "kv_load_failure_policy": policy}
+    return configs.p2p_child(**P2P_DECODE_EXTRA)
 
 
 def offload_config(policy: str, faults_path: Path) -> dict:
-    return _alone(offload_child(faults_path), policy)
+    return configs.engine_config(offload_child(faults_path), policy)
 
 
 def p2p_config(policy: str) -> dict:
-    return _alone(p2p_child(), policy)
+    return configs.engine_config(p2p_child(), policy)
 
 
 def multi_config(policy: str, faults_path: Path) -> dict:
     """P2P first (it serves requests prefilled elsewhere), then the offload pool."""
-    return {
-        "kv_connector": "KvscopeMultiConnector",
-        "kv_connector_module_path": "kvscope.connector.multi.connector",
-        "kv_role": "kv_both",
-        "kv_load_failure_policy": policy,
-        "kv_connector_extra_config": {"connectors": [p2p_child(), offload_child(faults_path)]},
-    }
+    return configs.multi_config(p2p_child(), offload_child(faults_path), policy=policy)

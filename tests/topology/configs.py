@@ -1,11 +1,11 @@
-"""kv_transfer_configs for the topology tests: every connector, short timeouts, fresh ports."""
+"""kv_transfer_configs for the topology tests: harness/configs.py's, with generous P2P timeouts
+and side-channel ports free on every rank."""
 
 import socket
 
+from kvscope.harness import configs
 from kvscope.harness.engine import free_port
 
-OFFLOAD = "kvscope.connector.cpu_offload.connector"
-P2P = "kvscope.connector.p2p.connector"
 P2P_EXTRA = {
     "lease_timeout_s": 30.0,
     "lease_margin_s": 1.0,
@@ -33,56 +33,25 @@ def _free(port: int) -> bool:
     return True
 
 
-def _alone(config: dict, policy: str = "recompute") -> dict:
-    return {**config, "kv_role": "kv_both", "kv_load_failure_policy": policy}
-
-
-def offload_child() -> dict:
-    return {
-        "name": "offload",
-        "kv_connector": "CpuOffloadConnector",
-        "kv_connector_module_path": OFFLOAD,
-        "kv_connector_extra_config": {"cpu_bytes_to_use": 8 << 20},
-    }
-
-
 def p2p_child(tp_size: int) -> dict:
-    extra = {"side_channel_port": side_channel_port(tp_size), **P2P_EXTRA}
-    return {
-        "name": "p2p",
-        "kv_connector": "P2PConnector",
-        "kv_connector_module_path": P2P,
-        "kv_connector_extra_config": extra,
-    }
+    return configs.p2p_child(side_channel_port=side_channel_port(tp_size), **P2P_EXTRA)
 
 
 def offload_config() -> dict:
-    return _alone({k: v for k, v in offload_child().items() if k != "name"})
+    return configs.offload_config()
 
 
 def p2p_config(tp_size: int) -> dict:
-    return _alone({k: v for k, v in p2p_child(tp_size).items() if k != "name"})
+    return configs.engine_config(p2p_child(tp_size))
 
 
 def multi_config(tp_size: int) -> dict:
     """The demo's composition: P2P first (requests prefilled elsewhere), then the offload pool."""
-    children = [p2p_child(tp_size), offload_child()]
-    return _alone(
-        {
-            "kv_connector": "KvscopeMultiConnector",
-            "kv_connector_module_path": "kvscope.connector.multi.connector",
-            "kv_connector_extra_config": {"connectors": children},
-        }
-    )
+    return configs.multi_config(p2p_child(tp_size), configs.offload_child())
 
 
 def traced_example_config(storage: str) -> dict:
     """vLLM's own ExampleConnector (disk), wrapped in kvscope's TracedConnector."""
-    extra = {"connector": "ExampleConnector", "shared_storage_path": storage}
-    return _alone(
-        {
-            "kv_connector": "TracedConnector",
-            "kv_connector_module_path": "kvscope.connector.traced",
-            "kv_connector_extra_config": extra,
-        }
+    return configs.engine_config(
+        configs.traced_child("ExampleConnector", shared_storage_path=storage)
     )
