@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvscope.harness.configs import p2p_config
+from kvscope.harness.configs import child, engine_config, p2p_config
 from kvscope.harness.engine import ServerProcess, engine_env, free_port, serve_command
 
 
@@ -21,7 +21,8 @@ def p2p_transfer_config(side_channel_port: int, policy: str = "recompute", **ext
 
 def stock_transfer_config() -> dict:
     """vLLM's own NixlConnector with its KV in CPU memory (PLATFORM.md)."""
-    return {"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu"}
+    nixl = child("nixl", "NixlConnector", None)
+    return engine_config(nixl, policy="fail", kv_buffer_device="cpu")  # vLLM's default policy
 
 
 @dataclass
