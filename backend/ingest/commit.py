@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import Engine
 from sqlalchemy.exc import OperationalError
 
-from kvscope.backend.ingest.derive import Facts
+from kvscope.backend.ingest.facts import Facts
 from kvscope.backend.ingest.prepare import Prepared
 from kvscope.backend.ingest.write import write_rows
 

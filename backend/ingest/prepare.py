@@ -5,7 +5,8 @@ from dataclasses import dataclass
 
 from kvscope.backend.ingest import decode
 from kvscope.backend.ingest.bound import Limits
-from kvscope.backend.ingest.derive import Facts, derive
+from kvscope.backend.ingest.derive import derive
+from kvscope.backend.ingest.facts import Facts
 
 
 @dataclass(slots=True)

@@ -18,8 +18,9 @@ from kvscope.backend.db.models import (
     TimelinePoint,
     Transfer,
 )
-from kvscope.backend.ingest.derive import SPAN_COLUMNS, Facts
+from kvscope.backend.ingest.facts import Facts
 from kvscope.backend.ingest.record import SERVICE_NAME, clean
+from kvscope.backend.ingest.span_row import SPAN_COLUMNS
 from kvscope.traces import names
 
 STAGED_TABLES = tuple(

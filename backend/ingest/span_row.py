@@ -1,0 +1,76 @@
+"""The span table's row for one span (SPAN_COLUMNS order), its JSON text, and column_text()."""
+
+import json
+from json.encoder import c_make_encoder, encode_basestring_ascii
+
+from kvscope.backend.ingest.record import SpanRecord, clean
+from kvscope.traces import names
+
+
+def _json_text_function():
+    """Compact JSON text of attribute trees; the C encoder is built once, not per call.
+
+    Decoded OTLP values are trees (no cycles), so the circular-reference check is off.
+    """
+    if c_make_encoder is None:  # a Python without the C accelerator
+        return json.JSONEncoder(separators=(",", ":"), default=str).encode
+    encoder = c_make_encoder(None, str, encode_basestring_ascii, None, ":", ",", False, False, True)
+    return lambda value: "".join(encoder(value, 0))
+
+
+json_text = _json_text_function()
+
+SPAN_COLUMNS = (
+    "trace_id",
+    "span_id",
+    "parent_span_id",
+    "name",
+    "kind",
+    "start_ns",
+    "end_ns",
+    "status_code",
+    "status_message",
+    "service_name",
+    "instance_id",
+    "seq",
+    "engine_id",
+    "request_id",
+    "attributes",
+    "events",
+    "links",
+    "received_ns",
+)
+"""The span table's columns in the order of span_row's tuples."""
+
+
+def span_row(span: SpanRecord, attributes: dict, dumps, received_ns: int) -> tuple:
+    """One span as the span table stores it; dumps turns attribute trees into JSON text."""
+    seq = attributes.get(names.SEQ)
+    request_id = attributes.get(names.REQUEST_ID)
+    return (
+        span.trace_id,
+        span.span_id,
+        span.parent_span_id,
+        span.name,
+        span.kind,
+        span.start_ns,
+        span.end_ns,
+        span.status_code,
+        span.status_message,
+        span.service_name,
+        span.instance_id,
+        seq if type(seq) is int else None,
+        span.engine_id,
+        None if request_id is None else column_text(request_id),
+        dumps(attributes),
+        dumps(span.events) if span.events else "[]",
+        dumps(span.links) if span.links else "[]",
+        received_ns,
+    )
+
+
+def column_text(value) -> str | None:
+    """An attribute value as a text column holds it: None stays None, NUL is replaced."""
+    if type(value) is str and "\x00" not in value:
+        return value  # the usual case, without a call
+    return None if value is None else clean(str(value))
