@@ -42,6 +42,9 @@ class RecordingConnector(KVConnectorBase_V1):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         self.extra = self._kv_transfer_config.kv_connector_extra_config
         self.calls: list[tuple[str, Any]] = []
+        # What the worker half reports next (then nothing): set by the test.
+        self.finished: tuple[set[str], set[str]] = (set(), set())
+        self.load_errors: set[int] = set()
 
     def get_handshake_metadata(self):
         return Handshake(self.extra["owner"]) if self.extra.get("handshake") else None
@@ -65,6 +68,14 @@ class RecordingConnector(KVConnectorBase_V1):
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None):
         return SummedStats(data=dict(data or {}))
+
+    def get_finished(self, finished_req_ids):
+        finished, self.finished = self.finished, (set(), set())
+        return finished
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        errors, self.load_errors = self.load_errors, set()
+        return errors
 
     # The abstract hooks: nothing to do without an engine.
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
