@@ -51,6 +51,9 @@ class SequenceProcessor(SpanProcessor):
         attributes._immutable = False
         try:
             attributes[names.SEQ] = next(self._next)
+            # A span started before this processor joined the provider (vLLM's own start-up
+            # spans) missed on_start: without the origin its number would leave a hole here.
+            attributes[names.SEQ_ORIGIN] = self._origin
         finally:
             attributes._immutable = frozen
 

@@ -79,6 +79,31 @@ def test_a_request_open_for_minutes_leaves_no_hole_in_its_stream(make_backend):
     assert stream["holes"] == [] and stream["received"] == 6
 
 
+def test_spans_started_before_tracing_joined_the_provider_leave_no_hole(make_backend):
+    """vLLM starts its own start-up spans ('EngineCoreProc init', 'Allocate KV cache') on the
+    provider kvscope later joins: they end numbered in kvscope's stream, so they must carry its
+    origin too, or a healthy engine shows holes in one stream and a stray second stream."""
+    backend = make_backend(gap_grace_s=0.0)
+    origin = f"proc-{uuid.uuid4().hex[:12]}"
+    provider = TracerProvider(resource=Resource.create({names.PROCESS_ID: f"vllm-{origin}"}))
+    memory = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    vllm_tracer = provider.get_tracer("vllm")
+    init = vllm_tracer.start_span("EngineCoreProc init")
+    allocate = vllm_tracer.start_span("Allocate KV cache")
+    provider.add_span_processor(SequenceProcessor(origin))  # kvscope joins vLLM's provider
+    ours = provider.get_tracer(names.INSTRUMENTATION_NAME)
+    ours.start_span(names.SPAN_HOOK_PREFIX + "register_kv_caches").end()
+    allocate.end()
+    ours.start_span(names.SPAN_HOOK_PREFIX + "set_xfer_handshake_metadata").end()
+    init.end()
+    backend.export(memory.get_finished_spans())
+    streams = {s["origin"]: s for s in _get(backend, "/api/v1/streams")}
+    assert (streams[origin]["received"], streams[origin]["holes"]) == (4, [])
+    # The provider's own process id (vLLM's resource) names a stream with nothing numbered in it.
+    assert streams[f"vllm-{origin}"]["holes"] == [] and streams[f"vllm-{origin}"]["received"] == 0
+
+
 def test_an_engine_that_stops_reporting_is_closed_as_engine_lost(make_backend):
     backend = make_backend(engine_lost_after_s=0.3, retention_interval_s=3600.0)
     engine_id = f"engine-{uuid.uuid4().hex[:6]}"
