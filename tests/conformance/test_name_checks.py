@@ -13,8 +13,10 @@ from kvscope.harness.oracle import greedy_tokens, token_mismatches
 from kvscope.harness.prompts import DISTINCT
 from tests.conformance.recording import MODULE, RECORDING
 from tests.conformance.wrappers import build, vllm_config
+from tests.oracle import prompt_set
 
 MULTI_PATH = "kvscope.connector.multi.connector"
+# Children in vLLM's own format (no name: vLLM's MultiConnector parses each as a KVTransferConfig).
 NIXL = {"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu"}
 OFFLOAD = {
     "kv_connector": "CpuOffloadConnector",
@@ -22,6 +24,7 @@ OFFLOAD = {
     "kv_role": "kv_both",
     "kv_connector_extra_config": {"cpu_bytes_to_use": 64 << 20},
 }
+BASELINE = prompt_set(DISTINCT)
 
 
 def find_simple_cpu_offload_connector(connector):
@@ -108,9 +111,8 @@ def test_the_multi_under_vllms_name_builds_its_children():
 
 
 @pytest.mark.engine
-def test_an_engine_runs_the_multi_under_vllms_name(tiny_model):
-    with in_process_llm(tiny_model) as llm:
-        expected = greedy_tokens(llm, DISTINCT)
+def test_an_engine_runs_the_multi_under_vllms_name(tiny_model, oracle):
+    expected = oracle.tokens(BASELINE)
     config = {
         "kv_connector": "MultiConnector",
         "kv_connector_module_path": MULTI_PATH,

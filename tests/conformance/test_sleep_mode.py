@@ -9,6 +9,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
 from kvscope.connector.multi.connector import KvscopeMultiConnector
 from kvscope.connector.traced import TracedConnector
+from kvscope.harness import configs
 from kvscope.traces import names
 from tests.conformance.recording import RECORDING
 from tests.conformance.wrappers import vllm_config
@@ -40,33 +41,22 @@ Written032 = RECORDING["ExampleConnector"]
 
 
 def child(name: str, sleeps: bool | None = None) -> dict[str, Any]:
+    """A class of this module as a Multi's child; sleeps=None leaves its answer to the class."""
     extra = {} if sleeps is None else {"sleeps": sleeps}
-    return {
-        "kv_connector": name,
-        "kv_connector_module_path": MODULE,
-        "kv_connector_extra_config": extra,
-    }
+    return configs.child(name, name, MODULE, **extra)
+
+
+def traced_child(name: str, sleeps: bool | None = None) -> dict[str, Any]:
+    extra = {} if sleeps is None else {"sleeps": sleeps}
+    return configs.traced_child(name, connector_module_path=MODULE, **extra)
 
 
 def traced_config(name: str, sleeps: bool | None = None) -> KVTransferConfig:
-    extra = {"connector": name, "connector_module_path": MODULE}
-    if sleeps is not None:
-        extra["sleeps"] = sleeps
-    return KVTransferConfig(
-        kv_connector="TracedConnector",
-        kv_role="kv_both",
-        kv_connector_module_path="kvscope.connector.traced",
-        kv_connector_extra_config=extra,
-    )
+    return KVTransferConfig(**configs.engine_config(traced_child(name, sleeps)))
 
 
 def multi_config(*children: dict) -> KVTransferConfig:
-    return KVTransferConfig(
-        kv_connector="KvscopeMultiConnector",
-        kv_role="kv_both",
-        kv_connector_module_path="kvscope.connector.multi.connector",
-        kv_connector_extra_config={"connectors": list(children)},
-    )
+    return KVTransferConfig(**configs.multi_config(*children))
 
 
 @pytest.mark.parametrize("sleeps", [True, False])
@@ -85,16 +75,8 @@ def test_the_multi_follows_sleep_mode_only_when_every_child_does():
 
 
 def test_a_traced_child_is_asked_through_its_wrapper():
-    traced_child = {
-        "kv_connector": "TracedConnector",
-        "kv_connector_module_path": "kvscope.connector.traced",
-        "kv_connector_extra_config": {
-            "connector": "SleepsLike033",
-            "connector_module_path": MODULE,
-            "sleeps": False,
-        },
-    }
-    assert KvscopeMultiConnector.supports_sleep_mode(multi_config(traced_child)) is False
+    traced = traced_child("SleepsLike033", sleeps=False)
+    assert KvscopeMultiConnector.supports_sleep_mode(multi_config(traced)) is False
 
 
 def test_sleep_and_wake_reach_the_wrapped_connector_traced(spans):

@@ -6,6 +6,7 @@ import prometheus_client
 import pytest
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
+from kvscope.harness.configs import engine_config, traced_child
 from kvscope.harness.engine import in_process_llm
 from kvscope.harness.oracle import greedy_tokens
 from kvscope.harness.prompts import long_prompt
@@ -16,16 +17,14 @@ pytestmark = [pytest.mark.engine, pytest.mark.timeout(300)]
 PROMPT = long_prompt(2, sentences=6)
 FAMILY = "vllm:kvscope_offload_"
 
-TRACED_CORE = {
-    "kv_connector": "TracedConnector",
-    "kv_connector_module_path": "kvscope.connector.traced",
-    "kv_role": "kv_both",
-    "kv_connector_extra_config": {
-        "connector": "CpuOffloadCore",
-        "connector_module_path": "kvscope.connector.cpu_offload.core",
+TRACED_CORE = engine_config(
+    traced_child(
+        "CpuOffloadCore",
+        connector_module_path="kvscope.connector.cpu_offload.core",
         **OFFLOAD["kv_connector_extra_config"],
-    },
-}
+    ),
+    policy=OFFLOAD["kv_load_failure_policy"],
+)
 """The offload connector's core, which traces nothing itself, wrapped by TracedConnector."""
 
 

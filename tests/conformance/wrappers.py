@@ -11,6 +11,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 
 from kvscope.connector.multi.connector import KvscopeMultiConnector
 from kvscope.connector.traced import TracedConnector
+from kvscope.harness import configs
 from kvscope.traces.forwarding import vllm_connector_api
 from tests.conformance.examples import ARGS_BY_MEMBER, Token, example_args
 from tests.conformance.recording import MODULE, RECORDING
@@ -48,21 +49,12 @@ def vllm_config(kv_transfer_config: KVTransferConfig) -> VllmConfig:
 
 def wrapper_config(wrapper: str, stock_name: str) -> KVTransferConfig:
     recording = RECORDING[stock_name].__name__
+    # vLLM's default load-failure policy, which inner_config leaves the wrapped class too.
     if wrapper == "traced":
-        extra = {"connector": recording, "connector_module_path": MODULE}
-        return KVTransferConfig(
-            kv_connector="TracedConnector",
-            kv_role="kv_both",
-            kv_connector_module_path="kvscope.connector.traced",
-            kv_connector_extra_config=extra,
-        )
-    child = {"kv_connector": recording, "kv_connector_module_path": MODULE}
-    return KVTransferConfig(
-        kv_connector="KvscopeMultiConnector",
-        kv_role="kv_both",
-        kv_connector_module_path="kvscope.connector.multi.connector",
-        kv_connector_extra_config={"connectors": [child]},
-    )
+        traced = configs.traced_child(recording, connector_module_path=MODULE)
+        return KVTransferConfig(**configs.engine_config(traced, policy="fail"))
+    child = configs.child(recording, recording, MODULE)
+    return KVTransferConfig(**configs.multi_config(child, policy="fail"))
 
 
 def inner_config(stock_name: str) -> KVTransferConfig:

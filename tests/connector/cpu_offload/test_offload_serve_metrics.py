@@ -11,6 +11,7 @@ import pytest
 import zmq
 from vllm.distributed.kv_events import BlockStored, KVEventBatch
 
+from kvscope.harness.configs import offload_config
 from kvscope.harness.engine import ServerProcess, engine_env, free_port, serve_command
 from kvscope.harness.prompts import long_prompt
 from tests.connector.prom_scrape import total, wait_for
@@ -18,12 +19,7 @@ from tests.connector.prom_scrape import total, wait_for
 pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(400)]
 PROMPT = long_prompt(2, sentences=6)
 TOPIC = "kv-events"
-OFFLOAD = {
-    "kv_connector": "CpuOffloadConnector",
-    "kv_connector_module_path": "kvscope.connector.cpu_offload.connector",
-    "kv_role": "kv_both",
-    "kv_connector_extra_config": {"cpu_bytes_to_use": 64 << 20},
-}
+OFFLOAD = offload_config("fail", cpu_bytes_to_use=64 << 20)  # vLLM's default load-failure policy
 
 
 class EventSubscriber:
