@@ -5,12 +5,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from kvscope.connector.p2p.transport.layout import BlockMapping, KVLayout, check_compatible
+from kvscope.connector.p2p.transport.layout import KVLayout, check_compatible
 from kvscope.connector.p2p.transport.nixl_agent import (
     as_str,
     new_agent,
@@ -20,6 +19,7 @@ from kvscope.connector.p2p.transport.nixl_agent import (
 )
 from kvscope.connector.p2p.transport.notif_inbox import NotifInbox
 from kvscope.connector.p2p.transport.pacing import TransportConfig, next_poll_delay
+from kvscope.connector.p2p.transport.peers import Peer
 from kvscope.connector.p2p.transport.poller import PollerStats, ProgressPoller
 from kvscope.connector.p2p.transport.reads import Inflight, ReadBook
 from kvscope.connector.p2p.transport.results import (
@@ -32,14 +32,6 @@ from kvscope.connector.p2p.transport.results import (
 from kvscope.connector.p2p.transport.side_channel import PeerInfo
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class _Peer:
-    agent_name: str
-    layout: KVLayout
-    mapping: BlockMapping
-    remote_dlist: Any  # nixl_prepped_dlist_handle, per block or per layer page as mapping says
 
 
 class NixlTransport:
@@ -68,7 +60,7 @@ class NixlTransport:
         self._setup_lock = threading.Lock()  # handshakes (slow NIXL calls) outside self._lock
         self._agent, self.agent_name = new_agent(engine_id, tp_rank)
         self._registered, self._local_dlists = register_layout(self._agent, self.layout)
-        self._peers: dict[str, _Peer] = {}
+        self._peers: dict[str, Peer] = {}
         self._reads = ReadBook()
         self._inbox = NotifInbox()
         self._next_xfer_id = 0
@@ -102,9 +94,9 @@ class NixlTransport:
             with self._lock:
                 replaced = self._peers.pop(name, None)
                 if not self._closed:
-                    self._peers[name] = _Peer(name, layout, mapping, remote_dlist)
+                    self._peers[name] = Peer(name, layout, mapping, remote_dlist)
             if replaced is not None:
-                try_cleanup(self._agent.release_dlist_handle, replaced.remote_dlist)
+                replaced.release(self._agent, forget_agent=False)
             if self._closed:  # closed while NIXL prepared it: nothing may use it now
                 try_cleanup(self._agent.release_dlist_handle, remote_dlist)
                 try_cleanup(self._agent.remove_remote_agent, name)
@@ -117,8 +109,7 @@ class NixlTransport:
         with self._lock:
             removed = self._peers.pop(peer, None)
             if removed is not None:
-                try_cleanup(self._agent.release_dlist_handle, removed.remote_dlist)
-                try_cleanup(self._agent.remove_remote_agent, peer)
+                removed.release(self._agent)
 
     @property
     def poller_stats(self) -> PollerStats:
@@ -174,22 +165,15 @@ class NixlTransport:
         peer = self._peers.get(xfer.peer)
         if peer is None:
             raise TransportError(f"unknown peer {xfer.peer!r}: handshake and call add_peer first")
-        try:
-            local_idx, remote_idx = peer.mapping.descriptor_ids(local_ids, remote_ids)
-        except ValueError as exc:
-            raise TransportError(f"bad block ids: {exc}") from None
-        xfer.nbytes = len(local_ids) * self.layout.bytes_per_block
-        xfer.descriptors = len(local_idx)
-        xfer.started = time.monotonic()
-        if not len(local_idx):
-            if notif_msg:  # the owner may be waiting for it to free blocks
-                self._agent.send_notif(xfer.peer, notif_msg)
-            return "DONE"
-        local_dlist = self._local_dlists[peer.mapping.per_block]
-        xfer.handle = self._agent.make_prepped_xfer(
-            "READ", local_dlist, local_idx, peer.remote_dlist, remote_idx, notif_msg
+        return peer.post_read(
+            self._agent,
+            self._local_dlists,
+            xfer,
+            remote_ids,
+            local_ids,
+            notif_msg,
+            self.layout.bytes_per_block,
         )
-        return self._agent.transfer(xfer.handle)
 
     def poll(self) -> list[TransferResult]:
         """Transfers that finished or failed since the last call."""
