@@ -1,47 +1,6 @@
-"""Every span name, attribute key and event name kvscope emits: the one place they are written.
-
-Keys reuse OpenTelemetry's `gen_ai.*` semantic conventions and vLLM's own tracing names where
-those exist; everything else lives under the `kvscope.` prefix. The backend reads spans by
-these names only, so renaming one here is a protocol change (bump SCHEMA_VERSION).
-"""
+"""Attribute keys of kvscope spans, events and resources, by what they describe."""
 
 from typing import Final
-
-SCHEMA_VERSION: Final = 1
-"""Version of this naming scheme; carried as a resource attribute."""
-
-INSTRUMENTATION_NAME: Final = "kvscope"
-"""The instrumentation scope name of every kvscope tracer."""
-
-# --- Span names -------------------------------------------------------------------------------
-
-SPAN_REQUEST: Final = "kvscope.request"
-"""One request's life in one engine's scheduler: parent of its scheduler hook spans."""
-
-SPAN_HOOK_PREFIX: Final = "kvscope.hook."
-"""Prefix of hook spans; the full name is SPAN_HOOK_PREFIX + the connector method's name."""
-
-SPAN_STEP: Final = "kvscope.step"
-"""One engine step on a worker: parent of that step's worker hook spans, linked to its requests."""
-
-SPAN_WORKER_REQUEST: Final = "kvscope.worker.request"
-"""A request's KV work in one worker step (in the request's trace): load, layers, save."""
-
-SPAN_REQUEST_EVENT: Final = "kvscope.request.event"
-"""A short span in a request's trace for a fact seen outside its own spans (e.g. load done)."""
-
-SPAN_TRANSFER: Final = "kvscope.transfer"
-"""One block transfer (host copy or network read) with its bytes and duration."""
-
-SPAN_HANDSHAKE: Final = "kvscope.handshake"
-"""The first contact with a peer engine over the side channel."""
-
-SPAN_TELEMETRY: Final = "kvscope.telemetry"
-"""Periodic self-report of the tracing pipeline: spans emitted and dropped so far."""
-
-SPAN_TIER_HEALTH: Final = "kvscope.tier.health"
-"""A KV tier (offload pool, P2P peer) changed health state (TIER_STATE): a root span, emitted
-by the scheduler half when the tier is bypassed, probed or healthy again."""
 
 # --- Resource and process attributes ----------------------------------------------------------
 
@@ -58,6 +17,7 @@ SEQ_ORIGIN: Final = "kvscope.seq.origin"
 PROCESS_ID: Final = "service.instance.id"
 """Unique id of one process start (OTel semantic convention), equal to SEQ_ORIGIN where
 kvscope created the tracer provider (not when it joined one vLLM had set up)."""
+
 
 # --- Connector, engine, request, step ---------------------------------------------------------
 
@@ -127,6 +87,7 @@ HOOK: Final = "kvscope.hook"
 HOOK_RESULT: Final = "kvscope.hook.result"
 """Short text form of a hook's return value."""
 
+
 # --- Tokens -----------------------------------------------------------------------------------
 
 TOKENS_LOCAL_HIT: Final = "kvscope.tokens.local_hit"
@@ -146,6 +107,7 @@ TOKENS_TO_LOAD: Final = "kvscope.tokens.to_load"
 
 TOKENS_SCHEDULED: Final = "kvscope.tokens.scheduled"
 """Tokens the scheduler scheduled in the step."""
+
 
 # --- Blocks, layers ---------------------------------------------------------------------------
 
@@ -188,6 +150,7 @@ LAYER_DURATIONS_MS: Final = "kvscope.layer.durations_ms"
 LAYER_TOTAL_MS: Final = "kvscope.layer.total_ms"
 """Sum of the per-layer durations in milliseconds (aggregated mode)."""
 
+
 # --- Transfers --------------------------------------------------------------------------------
 
 TRANSFER_DIRECTION: Final = "kvscope.transfer.direction"
@@ -211,6 +174,7 @@ TRANSFER_DESCRIPTORS: Final = "kvscope.transfer.descriptors"
 TRANSFER_OK: Final = "kvscope.transfer.ok"
 """False when the transfer failed."""
 
+
 # --- Leases -----------------------------------------------------------------------------------
 
 LEASE_ID: Final = "kvscope.lease.id"
@@ -224,6 +188,7 @@ LEASE_OUTCOME: Final = "kvscope.lease.outcome"
 
 LEASE_HOLDER: Final = "kvscope.lease.holder"
 """Request id holding the lease."""
+
 
 # --- Failures ---------------------------------------------------------------------------------
 
@@ -241,6 +206,7 @@ given up) when a lease runs out (traces/outcomes.py)."""
 FALLBACK_CHILD: Final = "kvscope.multi.fallback_child"
 """On a MultiConnector's load-failed event: the child that served the blocks instead."""
 
+
 # --- Tracing pipeline self-report -------------------------------------------------------------
 
 TRACE_MODE: Final = "kvscope.trace.layer_mode"
@@ -252,52 +218,6 @@ SPANS_EMITTED: Final = "kvscope.telemetry.spans_emitted"
 SPANS_DROPPED: Final = "kvscope.telemetry.spans_dropped"
 """Spans this process has dropped so far (queue full or export failed)."""
 
-# --- Span events ------------------------------------------------------------------------------
-
-EVENT_LEASE_ACQUIRED: Final = "kvscope.lease.acquired"
-"""A lease was taken on blocks a lookup counted."""
-
-EVENT_LEASE_RELEASED: Final = "kvscope.lease.released"
-"""A lease was released (load done, request finished or aborted)."""
-
-EVENT_LEASE_EXPIRED: Final = "kvscope.lease.expired"
-"""A lease expired before it was released: a failure."""
-
-EVENT_BLOCK_STORED: Final = "kvscope.block.stored"
-"""Blocks were committed to a tier (their data is final)."""
-
-EVENT_BLOCK_EVICTED: Final = "kvscope.block.evicted"
-"""Blocks were evicted from a tier."""
-
-EVENT_BLOCK_LOADED: Final = "kvscope.block.loaded"
-"""Blocks were loaded into the engine's KV cache."""
-
-EVENT_EVICTION_REFUSED: Final = "kvscope.block.eviction_refused"
-"""An eviction was refused because the blocks were leased."""
-
-EVENT_LOAD_FAILED: Final = "kvscope.load.failed"
-"""A load failed; FAILURE_CAUSE and FAILURE_POLICY say why and what follows."""
-
-EVENT_TIMELINE: Final = "kvscope.timeline"
-"""A request timeline point; TIMELINE_POINT names it."""
-
-TIMELINE_POINT: Final = "kvscope.timeline.point"
-"""Name of a timeline point, one of TIMELINE_POINTS."""
-
-# --- Request timeline -------------------------------------------------------------------------
-
-TIMELINE_POINTS: Final = (
-    "lookup_start",  # start of the first get_num_new_matched_tokens span
-    "lookup_result",  # end of the last get_num_new_matched_tokens span (TOKENS_EXTERNAL_HIT)
-    "blocks_allocated",  # end of update_state_after_alloc with TOKENS_TO_LOAD > 0
-    "transfer_submitted",  # EVENT_TIMELINE on SPAN_WORKER_REQUEST at start_load_kv
-    "layer_ready",  # EVENT_TIMELINE per layer on SPAN_WORKER_REQUEST (wait_for_layer_load)
-    "forward_start",  # EVENT_TIMELINE on SPAN_WORKER_REQUEST at the first per-layer hook
-    "transfer_complete",  # SPAN_REQUEST_EVENT when the scheduler gets FINISHED_RECVING
-    "resumed",  # EVENT_TIMELINE on SPAN_REQUEST when first scheduled after its load
-    "finished",  # end of the request_finished hook span
-)
-"""The KV timeline points of a request, in their usual order, and where each is read from."""
 
 # --- KV cache groups (vLLM's hybrid KV cache manager) ------------------------------------------
 
@@ -309,6 +229,7 @@ with one group."""
 KV_CACHE_GROUP_COUNT: Final = "kvscope.kv_cache_groups.count"
 """How many KV cache groups a request's blocks came in, on request_finished spans (which also
 cover vLLM's request_finished_all_groups); 1 without vLLM's hybrid KV cache manager."""
+
 
 # --- Tier health (connector/common/tier_health.py) --------------------------------------------
 
