@@ -1,120 +1,50 @@
-"""Fuzzes the P2P side channel: bad input gets a reason, good peers are still served, nothing runs.
+"""Fuzzes the P2P side channel's server: bad frames and requests get a reason, good peers are
+still served.
 
-A live SideChannelServer gets random bytes, truncated frames, wrong versions, flags and sizes,
-malformed JSON headers and pickle payloads; fetch_peer_info gets garbage answers from a fake
-owner. KVSCOPE_FUZZ_EXAMPLES sets the cases per property (default 600: some
-4,000 cases in all, about 15 s on two busy cores).
+A live SideChannelServer gets random bytes, truncated frames, wrong versions, flags and sizes
+and malformed JSON headers (side_channel_frames says how many cases; KVSCOPE_FUZZ_EXAMPLES).
 """
 
 import json
-import os
-import pickle
-import socket
-import struct
 import threading
 import time
-from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvscope.connector.p2p.transport import side_channel
-from kvscope.connector.p2p.transport.layout import KVLayout
 from kvscope.connector.p2p.transport.side_channel import (
     MAGIC,
     MAX_HEADER_BYTES,
     PROTOCOL_VERSION,
     Frame,
     PeerInfo,
-    SideChannelError,
-    SideChannelServer,
     encode_frame,
-    fetch_peer_info,
-    read_frame,
 )
-from kvscope.harness.nixl_peer import FakeKVShape, make_fake_kv_caches
-
-from . import DERANDOMIZE
+from tests.fuzz.side_channel_frames import (
+    FUZZ,
+    PREFIX,
+    assert_refused,
+    assert_serving,
+    exchange,
+    frame_bytes,
+    fuzzed_peer_info,
+    fuzzed_server,
+    json_values,
+)
 
 pytestmark = pytest.mark.timeout(300)
-
-FUZZ = settings(
-    max_examples=int(os.environ.get("KVSCOPE_FUZZ_EXAMPLES", "600")),
-    deadline=None,  # neighbours on a shared machine make any per-case deadline flaky
-    database=None,  # nothing written into the working tree
-    derandomize=DERANDOMIZE,  # the same cases every run; KVSCOPE_FUZZ_RANDOM=1 draws new ones
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-PREFIX = struct.Struct("!4sHHII")
-MARKER = Path(f"/tmp/kvscope-fuzz-pickle-ran-{os.getpid()}")
-"""Created by the pickle payloads below if anything ever unpickles them."""
-
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=16),
-    lambda inner: (
-        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
-    ),
-    max_leaves=10,
-)
-
-
-class _CreatesAFile:
-    """Unpickling this runs `touch MARKER`: proof that a payload was executed."""
-
-    def __reduce__(self):
-        return (os.system, (f"touch {MARKER}",))
-
-
-def pickle_payload(protocol: int) -> bytes:
-    return pickle.dumps(_CreatesAFile(), protocol=protocol)
 
 
 @pytest.fixture(scope="module")
 def peer_info() -> PeerInfo:
-    kv_caches = make_fake_kv_caches(FakeKVShape(num_layers=2, num_blocks=4), seed=None)
-    layout = KVLayout.from_layer_tensors("prefill", kv_caches)
-    return PeerInfo("agent-prefill", b"\x00nixl-metadata\xff" * 10, layout)
+    return fuzzed_peer_info()
 
 
 @pytest.fixture(scope="module")
 def server(peer_info):
-    MARKER.unlink(missing_ok=True)
-    with SideChannelServer(port=0, io_timeout_s=1.0) as server:
-        server.publish(peer_info)
+    with fuzzed_server(peer_info) as server:
         yield server
-    assert not MARKER.exists(), "a pickle payload sent to the side channel was executed"
-
-
-def exchange(server: SideChannelServer, raw: bytes) -> Frame:
-    """Send raw bytes, half-close, and read the server's answer (it must give one)."""
-    with socket.create_connection((server.host, server.port), timeout=5) as sock:
-        sock.sendall(raw)
-        sock.shutdown(socket.SHUT_WR)
-        return read_frame(sock, deadline=time.monotonic() + 5)
-
-
-def assert_refused(server: SideChannelServer, raw: bytes, reason: str = "") -> str:
-    refused = server.requests_refused
-    answer = exchange(server, raw)
-    assert answer.header["type"] == "error", answer.header
-    assert answer.body == b""
-    error = answer.header["error"]
-    assert isinstance(error, str) and error and reason in error, error
-    assert server.requests_refused == refused + 1
-    return error
-
-
-def assert_serving(server: SideChannelServer, peer_info: PeerInfo) -> None:
-    assert fetch_peer_info(server.host, server.port, timeout_s=5) == peer_info
-    assert not MARKER.exists()
-
-
-def frame_bytes(header: bytes, body: bytes = b"", version=PROTOCOL_VERSION, flags=0) -> bytes:
-    return PREFIX.pack(MAGIC, version, flags, len(header), len(body)) + header + body
-
-
-# --- the server -------------------------------------------------------------------------------
 
 
 @FUZZ
@@ -221,33 +151,6 @@ def test_wrong_version_flags_and_sizes_are_refused_before_any_body_is_read(
     assert time.monotonic() - started < 1.0  # refused from the prefix, not after a timeout
 
 
-@FUZZ
-@given(protocol=st.integers(0, pickle.HIGHEST_PROTOCOL), where=st.integers(0, 4))
-def test_pickle_payloads_are_never_executed(server, peer_info, protocol, where):
-    payload = pickle_payload(protocol)
-    raw = [
-        payload,  # the whole message
-        frame_bytes(payload),  # as the header
-        frame_bytes(b'{"type":"get_peer_info"}', payload),  # as a request body
-        frame_bytes(json.dumps({"type": payload.decode("latin-1")}).encode()),
-        MAGIC + payload,
-    ][where]
-    assert_refused(server, raw)
-    assert not MARKER.exists(), "the side channel executed a pickle payload"
-    if where == 0:
-        assert_serving(server, peer_info)
-
-
-def test_the_pickle_payloads_are_live_and_the_module_never_unpickles(tmp_path, monkeypatch):
-    """The payloads above really create the file when unpickled: the test above can fail."""
-    monkeypatch.setattr(f"{__name__}.MARKER", tmp_path / "ran")
-    pickle.loads(pickle_payload(pickle.HIGHEST_PROTOCOL))
-    assert (tmp_path / "ran").exists()
-    source = Path(side_channel.__file__).read_text()
-    assert "pickle" not in source.replace("never pickled", "").replace("unpickled", "")
-    assert "eval(" not in source and "exec(" not in source
-
-
 def test_the_server_keeps_serving_many_good_peers_after_the_fuzzing(server, peer_info):
     served = server.requests_served
     threads = [threading.Thread(target=assert_serving, args=(server, peer_info)) for _ in range(8)]
@@ -256,74 +159,3 @@ def test_the_server_keeps_serving_many_good_peers_after_the_fuzzing(server, peer
     for thread in threads:
         thread.join(timeout=10)
     assert server.requests_served == served + 8
-
-
-# --- the client -------------------------------------------------------------------------------
-
-
-class FakeOwner:
-    """Answers every handshake with `answer` (set per case), then closes."""
-
-    def __init__(self) -> None:
-        self.answer = b""
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self._listener.getsockname()[1]
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self._listener.accept()
-            except OSError:
-                return
-            with conn:
-                try:
-                    read_frame(conn, deadline=time.monotonic() + 5)
-                    conn.sendall(self.answer)
-                    conn.shutdown(socket.SHUT_WR)
-                except OSError:
-                    pass
-
-    def close(self) -> None:
-        self._listener.close()
-
-
-@pytest.fixture(scope="module")
-def fake_owner():
-    owner = FakeOwner()
-    yield owner
-    owner.close()
-
-
-def _mutated_layouts(peer_info: PeerInfo):
-    wire = peer_info.layout.to_wire()
-    return st.fixed_dictionaries(
-        {key: st.just(value) | json_values for key, value in wire.items()},
-        optional={"surprise": json_values},
-    ) | st.dictionaries(st.sampled_from(sorted(wire)), json_values, max_size=len(wire))
-
-
-@FUZZ
-@given(data=st.data())
-def test_a_garbage_answer_is_a_side_channel_error(fake_owner, peer_info, data):
-    kind = data.draw(st.sampled_from(["bytes", "header", "peer_info"]), label="kind")
-    if kind == "bytes":
-        answer = data.draw(st.binary(max_size=512), label="answer")
-    elif kind == "header":
-        header = json.dumps(data.draw(json_values, label="header")).encode()
-        answer = frame_bytes(header, data.draw(st.binary(max_size=16), label="body"))
-    else:
-        layout = data.draw(_mutated_layouts(peer_info), label="layout")
-        answer_type = data.draw(st.sampled_from(["peer_info", "error", "x"]), label="type")
-        agent_name = data.draw(st.just("agent-b") | json_values, label="agent_name")
-        header = {"type": answer_type, "agent_name": agent_name, "layout": layout}
-        answer = frame_bytes(json.dumps(header).encode(), data.draw(st.binary(max_size=16)))
-    fake_owner.answer = answer
-    started = time.monotonic()
-    try:
-        info = fetch_peer_info("127.0.0.1", fake_owner.port, timeout_s=2)
-    except SideChannelError as exc:
-        assert str(exc).startswith(f"side channel 127.0.0.1:{fake_owner.port}")
-    else:  # only a fully valid peer_info may be accepted
-        assert kind == "peer_info" and info.layout == KVLayout.from_wire(layout)
-    assert time.monotonic() - started < 3
