@@ -1,7 +1,8 @@
 """CpuOffloadCore: the untraced connector; builds the half for its role and delegates each hook."""
 
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
+import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
@@ -11,12 +12,13 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from kvscope.connector.common.kv_layout import distinct_kv_memories, layout_name
+from kvscope.connector.common.kv_layout import distinct_kv_memories
 from kvscope.connector.cpu_offload import prom
 from kvscope.connector.cpu_offload.config import OffloadConfig
 from kvscope.connector.cpu_offload.faults import FaultInjector
 from kvscope.connector.cpu_offload.groups import KVGroups, layers_per_block
 from kvscope.connector.cpu_offload.host_pool import KVNamespace, num_host_blocks
+from kvscope.connector.cpu_offload.layout import preferred_layout
 from kvscope.connector.cpu_offload.metadata import OffloadMetadata
 from kvscope.connector.cpu_offload.replicas import ReplicaGroup
 from kvscope.connector.cpu_offload.scheduler import OffloadScheduler
@@ -24,11 +26,16 @@ from kvscope.connector.cpu_offload.stats import IntervalReporter, OffloadStats
 from kvscope.connector.cpu_offload.worker import OffloadWorker
 from kvscope.traces.outcomes import outcome_of_policy
 
-PREFERRED_LAYOUT: Final = "LBHNC"
-"""Layers outermost, then blocks, heads before tokens: a block of one layer is one contiguous
-run. The per-layer views of LBNHC, CUDA's default, are not: every copy goes through a gather."""
-EXTRA_LAYOUT: Final = "kv_cache_layout"
-"""kv_connector_extra_config key overriding PREFERRED_LAYOUT ("none": state no preference)."""
+if TYPE_CHECKING:
+    from vllm.config import KVTransferConfig, VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.attention.backend import AttentionMetadata
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
 SLEEP_DRAIN_TIMEOUT_S: Final = 30.0
 """How long unregister_kv_caches lets a copy run before cancelling it (and waiting for it)."""
 
@@ -39,7 +46,9 @@ class CpuOffloadCore(KVConnectorBase_V1, SupportsHMA):
 
     _cache_hit_source = CacheHitSource.HOST
 
-    def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any):
+    def __init__(
+        self, vllm_config: "VllmConfig", role: KVConnectorRole, kv_cache_config: "KVCacheConfig"
+    ):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         extra = self._kv_transfer_config.kv_connector_extra_config or {}
         config = OffloadConfig.from_extra_config(extra)
@@ -87,13 +96,17 @@ class CpuOffloadCore(KVConnectorBase_V1, SupportsHMA):
 
     # --- scheduler side -----------------------------------------------------------------------
 
-    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int):
+    def get_num_new_matched_tokens(
+        self, request: "Request", num_computed_tokens: int
+    ) -> tuple[int, bool]:
         return self.scheduler.lookup(request, num_computed_tokens)
 
-    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int):
+    def update_state_after_alloc(
+        self, request: "Request", blocks: "KVCacheBlocks", num_external_tokens: int
+    ) -> None:
         self.scheduler.bind(request, blocks.get_block_ids(), num_external_tokens)
 
-    def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
+    def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
         return self.scheduler.build_metadata(scheduler_output, self._kv_cache_manager)
 
     @classmethod
@@ -107,19 +120,23 @@ class CpuOffloadCore(KVConnectorBase_V1, SupportsHMA):
     def requires_kv_delivery(self) -> bool:
         return False  # a best-effort cache: a store dropped by a preemption is a later miss
 
-    def update_connector_output(self, connector_output: Any) -> None:
+    def update_connector_output(self, connector_output: "KVConnectorOutput") -> None:
         self.scheduler.on_worker_output(connector_output.kv_connector_worker_meta)
 
-    def request_finished(self, request: Any, block_ids: list[int]):
+    def request_finished(
+        self, request: "Request", block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
         return self.scheduler.finished(request), None
 
-    def request_finished_all_groups(self, request: Any, block_ids: tuple[list[int], ...]):
+    def request_finished_all_groups(
+        self, request: "Request", block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
         """Blocks of every group are freed together: one answer covers them all."""
         return self.scheduler.finished(request), None
 
     # --- worker side --------------------------------------------------------------------------
 
-    def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         self.worker.register(distinct_kv_memories(kv_caches, self._kv_cache_config))
 
     def unregister_kv_caches(self) -> None:
@@ -131,12 +148,12 @@ class CpuOffloadCore(KVConnectorBase_V1, SupportsHMA):
         self.worker.wake_up()
 
     @classmethod
-    def supports_sleep_mode(cls, kv_transfer_config: Any) -> bool:
+    def supports_sleep_mode(cls, kv_transfer_config: "KVTransferConfig") -> bool:
         """True: unregister_kv_caches drains the copies and restore_kv_caches re-arms them."""
         return True
 
     @classmethod
-    def get_required_kvcache_layout(cls, vllm_config: Any) -> str | None:
+    def get_required_kvcache_layout(cls, vllm_config: "VllmConfig") -> str | None:
         return preferred_layout(vllm_config)
 
     @classmethod
@@ -145,19 +162,25 @@ class CpuOffloadCore(KVConnectorBase_V1, SupportsHMA):
         (P2P's BLNHC in a Multi) this preference should give way rather than refuse."""
         return True
 
-    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+    def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
         self.worker.start_loads(self._metadata())
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return None  # loads are asynchronous: their requests are not in this forward
 
-    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs) -> None:
+    def save_kv_layer(
+        self,
+        layer_name: str,
+        kv_layer: torch.Tensor,
+        attn_metadata: "AttentionMetadata",
+        **kwargs: Any,
+    ) -> None:
         return None  # whole blocks are stored after the forward, in wait_for_save
 
     def wait_for_save(self) -> None:
         self.worker.start_stores(self._metadata())
 
-    def handle_preemptions(self, kv_connector_metadata: Any) -> None:
+    def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
         assert isinstance(kv_connector_metadata, OffloadMetadata), type(kv_connector_metadata)
         self.worker.wait_for_stores(kv_connector_metadata.reqs_preempted)
 
@@ -190,7 +213,7 @@ class CpuOffloadCore(KVConnectorBase_V1, SupportsHMA):
         """What changed since the last call (the halves keep cumulative counters); vLLM sums
         the workers' over ranks and adds the scheduler half's."""
         if self.worker is not None:
-            return self._reporter.report(self.worker.stats, {}, self.worker.samples)
+            return self._reporter.report(self.worker.stats.as_dict(), {}, self.worker.samples)
         counters, gauges = self.scheduler.report_values()
         return self._reporter.report(counters, gauges, self.scheduler.samples)
 
@@ -219,28 +242,7 @@ class CpuOffloadCore(KVConnectorBase_V1, SupportsHMA):
         return metadata
 
 
-def preferred_layout(vllm_config: Any) -> str | None:
-    """LBHNC on CUDA-alike devices (vLLM's own offloader asks for it); None on the CPU, whose
-    attention backend reads only LBHNC (a preference would only warn), and for MLA, whose
-    pages have no heads to order. Any layout works: vLLM drops it, warning, when the backends
-    cannot use it. The extra config key kv_cache_layout overrides it ("none": no preference)."""
-    model_config = getattr(vllm_config, "model_config", None)
-    if model_config is None or getattr(model_config, "use_mla", False):
-        return None
-    extra = getattr(vllm_config.kv_transfer_config, "kv_connector_extra_config", None) or {}
-    asked = extra.get(EXTRA_LAYOUT)
-    if asked is not None:
-        return None if str(asked).lower() == "none" else layout_name(asked)
-    return None if _platform_is_cpu() else PREFERRED_LAYOUT
-
-
-def _platform_is_cpu() -> bool:
-    from vllm.platforms import current_platform
-
-    return current_platform.is_cpu()
-
-
-def kv_events_enabled(vllm_config: Any) -> bool:
+def kv_events_enabled(vllm_config: "VllmConfig") -> bool:
     """Whether vLLM publishes KV events (--kv-events-config): the host tier's are kept only then."""
     events = getattr(vllm_config, "kv_events_config", None)
     return bool(events is not None and events.enable_kv_cache_events)
@@ -256,7 +258,7 @@ def world_rank() -> int:
         return 0
 
 
-def kv_namespace(vllm_config: Any, spec: Any, num_layers: int) -> KVNamespace:
+def kv_namespace(vllm_config: "VllmConfig", spec: "AttentionSpec", num_layers: int) -> KVNamespace:
     """What makes KV incompatible; every worker holds its own tensor-parallel shard of a block."""
     from vllm.platforms import current_platform
 

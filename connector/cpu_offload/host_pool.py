@@ -200,6 +200,13 @@ class HostBlockPool:
         self._counters.evicted_blocks += 1
         return True
 
+    def evict_committed(self) -> list[bytes]:
+        """Drops every committed, unpinned block (a cache reset); the keys it dropped."""
+        keys = [key for key in self._keys if key is not None]
+        return [
+            key for key in keys if self.state_of(key) is BlockState.COMMITTED and self.evict(key)
+        ]
+
     @property
     def eviction_refused(self) -> int:
         return self._counters.eviction_refused

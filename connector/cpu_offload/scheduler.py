@@ -4,10 +4,8 @@ Never touches tensors: it owns the host pool's index (which host block holds whi
 and tells the workers, through OffloadMetadata, which blocks to copy where.
 """
 
-import itertools
 import time
-from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from kvscope.connector.common.rank_tally import RankTally
 from kvscope.connector.common.tier_health import TierHealth, failure_reason
@@ -16,19 +14,25 @@ from kvscope.connector.cpu_offload.faults import FaultInjector
 from kvscope.connector.cpu_offload.groups import KVGroups
 from kvscope.connector.cpu_offload.hit_leases import HitLeases
 from kvscope.connector.cpu_offload.hits import GroupBlock, plan_hit, request_blocks
-from kvscope.connector.cpu_offload.host_pool import BlockState, HostBlockPool, KVNamespace
+from kvscope.connector.cpu_offload.host_pool import HostBlockPool, KVNamespace
 from kvscope.connector.cpu_offload.kv_events import HostTierEvents
 from kvscope.connector.cpu_offload.leases import LeaseTable
 from kvscope.connector.cpu_offload.metadata import BlockTransfer, OffloadMetadata, OffloadWorkerMeta
 from kvscope.connector.cpu_offload.request_state import LoadPhase, PlannedStore, RequestState
-from kvscope.connector.cpu_offload.stats import Samples
-from kvscope.connector.cpu_offload.stores import StorePlanning, block_ids_by_group
+from kvscope.connector.cpu_offload.stats import PoolGauges, Samples, SchedulerCounters
+from kvscope.connector.cpu_offload.stores import StorePlanner, block_ids_by_group
 from kvscope.traces.outcomes import RECOMPUTED
+
+if TYPE_CHECKING:
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorWorkerMetadata
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.request import Request
 
 __all__ = ["LoadPhase", "OffloadScheduler", "RequestState"]
 
 
-class OffloadScheduler(StorePlanning):
+class OffloadScheduler:
     """Looks blocks up in the host pool, leases hits, and plans loads and stores per step."""
 
     def __init__(
@@ -47,7 +51,6 @@ class OffloadScheduler(StorePlanning):
         self.namespace = namespace
         self.block_size = block_size
         self.pool = HostBlockPool(num_host_blocks)
-        self._host_block_group: list[int] = [0] * num_host_blocks  # for eviction events
         self.faults = faults
         self.requests: dict[str, RequestState] = {}
         # Every rank copies its own shard of each block: a copy ends when all of them did.
@@ -55,31 +58,24 @@ class OffloadScheduler(StorePlanning):
         self.load_reports: RankTally[str] = RankTally(world_size)
         self._loads_to_send: list[BlockTransfer] = []
         self._to_flush: set[str] = set()
-        self._stores: dict[int, PlannedStore] = {}
-        self._store_ids = itertools.count(1)
-        self.stats: dict[str, int] = {
-            "lookups": 0,
-            "hit_tokens": 0,
-            "stored_blocks": 0,
-            "loaded_blocks": 0,
-            "failed_loads": 0,
-            "failed_load_blocks": 0,
-            "miss_tokens": 0,
-        }
+        self.stats = SchedulerCounters()
         self.samples = Samples()  # histogram samples and failures for the next stats report
         self.failure_outcome = RECOMPUTED  # what a failed load becomes; the core says
         self.kv_events = HostTierEvents(kv_events, block_size)
+        self.stores = StorePlanner(
+            self.pool, self.groups, namespace, block_size, self.kv_events, self.samples, self.stats
+        )
         # Fed by every load's outcome (once all ranks reported); lookups ask it first.
         self.health = TierHealth("cpu_offload", config.tier_health)
         self.hit_leases = HitLeases(
             self.pool, config.lease_timeout_s, faults, self.health, self.samples
         )
         self.leases: LeaseTable = self.hit_leases.table
-        self._pool_read_at, self._pool_gauges, self._evicted = float("-inf"), {}, 0
+        self.pool_gauges = PoolGauges(self.pool)
 
     # --- lookups --------------------------------------------------------------------------
 
-    def lookup(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
+    def lookup(self, request: "Request", num_computed_tokens: int) -> tuple[int, bool]:
         """Longest run of the prompt's blocks in the pool after the local hit, leased.
 
         Asking again with the same local hit gives the same answer and only extends the
@@ -97,7 +93,7 @@ class OffloadScheduler(StorePlanning):
         end = (request.num_prompt_tokens - 1) // self.block_size
         state.load_start_block = start
         state.next_block_to_store = max(state.next_block_to_store, start)
-        self.stats["lookups"] += 1
+        self.stats.lookups += 1
         if end <= start:
             return 0, False
         if not self.health.admit(req_id):  # a sick pool: recompute now, not after a timeout
@@ -108,24 +104,26 @@ class OffloadScheduler(StorePlanning):
         hit = hit[: len(lease.host_block_ids)] if lease else ()
         hit_end = max(b.index for b in hit) + 1 if hit else start
         num_tokens = (hit_end - start) * self.block_size
-        self.stats["miss_tokens"] += (end - start) * self.block_size - num_tokens
+        self.stats.miss_tokens += (end - start) * self.block_size - num_tokens
         if lease is None:
             self.health.cancel(req_id)  # nothing to load: no outcome will come
             return 0, False
         state.lease, state.asked_at, state.hit = lease, num_computed_tokens, hit
         state.hit_end = hit_end
         self.hit_leases.acquired(state)
-        self.stats["hit_tokens"] += num_tokens
+        self.stats.hit_tokens += num_tokens
         return num_tokens, True
 
-    def _plan_hit(self, request: Any, start: int, end: int) -> tuple[GroupBlock, ...]:
+    def _plan_hit(self, request: "Request", start: int, end: int) -> tuple[GroupBlock, ...]:
         """The blocks of every group to lease for the longest hit of blocks [start, end)."""
         by_group = request_blocks(self.groups, self.namespace, request.block_hashes, start, end)
         if not self.groups.multi:  # one full-attention group: the pool's own prefix lookup
             return tuple(by_group[self.groups.groups[0].group_id])
         return tuple(plan_hit(self.pool, self.groups, by_group, start))
 
-    def _repeat_answer(self, state: RequestState, num_computed_tokens: int):
+    def _repeat_answer(
+        self, state: RequestState, num_computed_tokens: int
+    ) -> tuple[int, bool] | None:
         """The held lease's answer when the question is the one it answered, else None."""
         if state.lease is None or state.asked_at != num_computed_tokens:
             return None
@@ -133,7 +131,12 @@ class OffloadScheduler(StorePlanning):
             return None
         return (state.hit_end - state.load_start_block) * self.block_size, True
 
-    def bind(self, request: Any, block_ids: Any, num_external_tokens: int) -> None:
+    def bind(
+        self,
+        request: "Request",
+        block_ids: tuple[list[int], ...] | list[int],
+        num_external_tokens: int,
+    ) -> None:
         """update_state_after_alloc: the destination blocks of a hit; releases a declined hit.
 
         block_ids: vLLM's block ids per KV cache group (one list of ints for one group)."""
@@ -143,34 +146,19 @@ class OffloadScheduler(StorePlanning):
         if num_external_tokens <= 0:  # e.g. a MultiConnector chose another child
             self.hit_leases.release(state, outcome="declined")
             return
-        lease, ids_by_group = state.lease, block_ids_by_group(block_ids)
-        count = num_external_tokens // self.block_size
-        destination = tuple(
-            ids_by_group[b.group_id][b.index]
-            for b in state.hit
-            if b.index < len(ids_by_group[b.group_id])
+        ids_by_group = block_ids_by_group(block_ids)
+        multi = self.groups.multi
+        self._loads_to_send.append(
+            state.load_transfer(ids_by_group, num_external_tokens, self.block_size, multi)
         )
-        if count != state.hit_end - state.load_start_block or len(destination) != len(state.hit):
-            raise RuntimeError(
-                f"request {request.request_id}: {num_external_tokens} external tokens do not "
-                f"match the {state.hit_end - state.load_start_block} leased blocks"
-            )
         state.phase, state.load_started_at = LoadPhase.LOADING, time.monotonic()
         state.next_block_to_store = max(state.next_block_to_store, state.hit_end)
-        group_ids = tuple(b.group_id for b in state.hit) if self.groups.multi else ()
-        self._loads_to_send.append(
-            BlockTransfer(
-                str(request.request_id),
-                destination,
-                lease.host_block_ids,
-                lease.lease_id,
-                group_ids,
-            )
-        )
 
     # --- per step -------------------------------------------------------------------------
 
-    def build_metadata(self, scheduler_output: Any, kv_cache_manager: Any) -> OffloadMetadata:
+    def build_metadata(
+        self, scheduler_output: "SchedulerOutput", kv_cache_manager: "KVCacheManager"
+    ) -> OffloadMetadata:
         self.hit_leases.expire(self.requests)
         stores = [
             store
@@ -187,9 +175,20 @@ class OffloadScheduler(StorePlanning):
         self._loads_to_send, self._to_flush = [], set()
         return metadata
 
+    def _plan_store(
+        self, req_id: str, num_tokens: int, kv_cache_manager: "KVCacheManager"
+    ) -> BlockTransfer | None:
+        state = self.requests.get(req_id)
+        if state is None or state.loading:
+            return None
+        store = self.stores.plan(state, num_tokens, kv_cache_manager)
+        if store is not None:
+            state.stores_in_flight.add(store.transfer_id)
+        return store
+
     # --- worker reports -------------------------------------------------------------------
 
-    def on_worker_output(self, worker_meta: Any) -> None:
+    def on_worker_output(self, worker_meta: "KVConnectorWorkerMetadata | None") -> None:
         """One step's copy reports, summed over ranks; a copy ends once every rank reported."""
         if not isinstance(worker_meta, OffloadWorkerMeta):
             return
@@ -199,6 +198,13 @@ class OffloadScheduler(StorePlanning):
             self._end_store(store_id, committed=ok)
         for req_id, ok in self.load_reports.add(worker_meta.loads_done, worker_meta.loads_failed):
             self._end_load(req_id, failed=not ok)
+
+    def _end_store(self, store_id: int, committed: bool) -> None:
+        store = self.stores.end(store_id, committed)
+        state = self.requests.get(store.req_id) if store is not None else None
+        if state is not None:
+            state.stores_in_flight.discard(store_id)
+            self._forget_if_done(store.req_id, state)
 
     def _end_load(self, req_id: str, failed: bool) -> None:
         state = self.requests.get(req_id)
@@ -211,9 +217,11 @@ class OffloadScheduler(StorePlanning):
         if failed:
             self.samples.fail("load_failed", self.failure_outcome)
         if lease is not None:
-            blocks = "failed_load_blocks" if failed else "loaded_blocks"
-            self.stats[blocks] += len(lease.host_block_ids)
-            self.stats["failed_loads"] += failed
+            if failed:
+                self.stats.failed_loads += 1
+                self.stats.failed_load_blocks += len(lease.host_block_ids)
+            else:
+                self.stats.loaded_blocks += len(lease.host_block_ids)
             self.hit_leases.release(state, outcome="failed" if failed else "released")
         if state.expired_lease is not None:
             self.pool.unpin(list(state.expired_lease.host_block_ids))
@@ -222,7 +230,7 @@ class OffloadScheduler(StorePlanning):
 
     # --- request end ----------------------------------------------------------------------
 
-    def finished(self, request: Any) -> bool:
+    def finished(self, request: "Request") -> bool:
         """Releases the request's lease; True when the workers will report it in
         finished_sending because stores still read its blocks.
 
@@ -254,37 +262,22 @@ class OffloadScheduler(StorePlanning):
         for state in self.requests.values():
             if not state.loading:
                 self.hit_leases.release(state, outcome="reset")
-        self._stores = {i: replace(s, dropped=True) for i, s in self._stores.items()}
-        keys = [
-            key for i in range(self.pool.num_blocks) if (key := self.pool.key_of(i)) is not None
-        ]
-        dropped = [
-            key
-            for key in keys
-            if self.pool.state_of(key) is BlockState.COMMITTED and self.pool.evict(key)
-        ]
-        self.kv_events.removed(dropped)
+        self.stores.drop_all()
+        self.kv_events.removed(self.pool.evict_committed())
         return not any(state.loading for state in self.requests.values())
 
     def report_values(self) -> tuple[dict[str, int], dict[str, int]]:
         """Cumulative counters and gauges for the connector's stats. The pool's part walks
         every host block, so it is refreshed at most once a second, not every step."""
-        if time.monotonic() - self._pool_read_at >= 1.0:
-            self._pool_read_at, pool = time.monotonic(), self.pool.stats()
-            self._pool_gauges = {
-                "host_blocks": pool.num_blocks,
-                "host_blocks_used": pool.reserved + pool.committed,
-                "host_blocks_pinned": pool.pinned,
-            }
-            self._evicted = pool.evicted_blocks
+        pool_gauges, evicted = self.pool_gauges.read()
         gauges = {
-            **self._pool_gauges,
-            "pending_stores": len(self._stores),
+            **pool_gauges,
+            "pending_stores": len(self.stores.in_flight),
             "active_leases": len(self.leases.active()),
             **self.health.gauges(),
         }
-        counters = {"evicted_blocks": self._evicted, "lease_expiries": self.hit_leases.expiries}
-        return {**self.stats, **counters, **self.health.counters()}, gauges
+        counters = {"evicted_blocks": evicted, "lease_expiries": self.hit_leases.expiries}
+        return {**self.stats.as_dict(), **counters, **self.health.counters()}, gauges
 
     def held(self) -> dict[str, object]:
         """What this half still holds, by kind; every value is falsy once it holds nothing
@@ -293,7 +286,7 @@ class OffloadScheduler(StorePlanning):
             "active_leases": sorted(lease.lease_id for lease in self.leases.active()),
             "pinned_host_blocks": self.pool.stats().pinned,
             "tracked_requests": sorted(self.requests),
-            "stores_in_flight": sorted(self._stores),
+            "stores_in_flight": sorted(self.stores.in_flight),
             "expired_leases_in_flight": sorted(self.expired_leases_in_flight()),
             "stores_reported_by_some_ranks": sorted(self.store_reports.pending()),
             "loads_reported_by_some_ranks": sorted(self.load_reports.pending()),
@@ -302,3 +295,9 @@ class OffloadScheduler(StorePlanning):
     def expired_leases_in_flight(self) -> list[str]:
         """Requests whose lease ran out during their load, blocks still pinned (leak checks)."""
         return [req_id for req_id, s in self.requests.items() if s.expired_lease is not None]
+
+    @property
+    def _stores(self) -> dict[int, PlannedStore]:
+        """The stores in flight (self.stores.in_flight), by the name tests read before
+        StorePlanner held them; new code reads held() or self.stores.in_flight."""
+        return self.stores.in_flight

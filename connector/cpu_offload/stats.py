@@ -1,17 +1,31 @@
 """The offload connector's KVConnectorStats: the names its versioned, bounded stats dict carries
 (the dict's shape and rules: connector/common/stats_schema.py)."""
 
+import time
 from dataclasses import dataclass
 
 from kvscope.connector.common.stats_schema import (
     MAX_SAMPLES,
+    Counters,
     IntervalReporter,
     Samples,
     SchemaStats,
     StatsSchema,
 )
+from kvscope.connector.cpu_offload.copy.engine import Direction
+from kvscope.connector.cpu_offload.host_pool import HostBlockPool
 
-__all__ = ["MAX_SAMPLES", "SCHEMA", "IntervalReporter", "OffloadStats", "Samples", "checked"]
+__all__ = [
+    "MAX_SAMPLES",
+    "SCHEMA",
+    "IntervalReporter",
+    "OffloadStats",
+    "PoolGauges",
+    "Samples",
+    "SchedulerCounters",
+    "WorkerCounters",
+    "checked",
+]
 
 COUNTERS = (
     "lookups",
@@ -66,3 +80,58 @@ class OffloadStats(SchemaStats):
     gauges are the scheduler half's newest, histogram samples concatenate."""
 
     SCHEMA = SCHEMA
+
+
+@SCHEMA.counted_by
+@dataclass
+class SchedulerCounters(Counters):
+    """The scheduler half's own counters since start (the pool's and health's are read)."""
+
+    lookups: int = 0
+    hit_tokens: int = 0
+    stored_blocks: int = 0
+    loaded_blocks: int = 0
+    failed_loads: int = 0  # counted once, when every rank reported the load
+    failed_load_blocks: int = 0
+    miss_tokens: int = 0
+
+
+@SCHEMA.counted_by
+@dataclass
+class WorkerCounters(Counters):
+    """One worker's bytes copied (successful copies only) and seconds spent copying."""
+
+    load_bytes: int = 0
+    store_bytes: int = 0
+    load_s: float = 0.0
+    store_s: float = 0.0
+
+    def add_copy(self, direction: Direction, num_bytes: int, seconds: float) -> None:
+        """One copy's bytes moved and time taken."""
+        if direction is Direction.LOAD:
+            self.load_bytes, self.load_s = self.load_bytes + num_bytes, self.load_s + seconds
+        else:
+            self.store_bytes, self.store_s = self.store_bytes + num_bytes, self.store_s + seconds
+
+
+class PoolGauges:
+    """The host pool's gauges and eviction count for the stats, read at most once a second:
+    reading them walks every host block."""
+
+    def __init__(self, pool: "HostBlockPool") -> None:
+        self.pool = pool
+        self._read_at = float("-inf")
+        self._gauges: dict[str, int] = {}
+        self._evicted = 0
+
+    def read(self) -> tuple[dict[str, int], int]:
+        """(host_blocks, host_blocks_used and host_blocks_pinned gauges; evicted blocks)."""
+        if time.monotonic() - self._read_at >= 1.0:
+            self._read_at, pool = time.monotonic(), self.pool.stats()
+            self._gauges = {
+                "host_blocks": pool.num_blocks,
+                "host_blocks_used": pool.reserved + pool.committed,
+                "host_blocks_pinned": pool.pinned,
+            }
+            self._evicted = pool.evicted_blocks
+        return dict(self._gauges), self._evicted

@@ -13,14 +13,13 @@ from kvscope.connector.cpu_offload.config import OffloadConfig
 from kvscope.connector.cpu_offload.copy.engine import CopyResult, Direction
 from kvscope.connector.cpu_offload.copy.factory import make_copy_engine
 from kvscope.connector.cpu_offload.copy.host_buffer import BlockLayout, HostBuffer, find_block_dim
+from kvscope.connector.cpu_offload.copy_events import blocks_loaded, copy_recorded, load_failed
 from kvscope.connector.cpu_offload.faults import FaultInjector
 from kvscope.connector.cpu_offload.host_pool import num_host_blocks
 from kvscope.connector.cpu_offload.kernel_blocks import group_layers
 from kvscope.connector.cpu_offload.metadata import BlockTransfer, OffloadMetadata, OffloadWorkerMeta
 from kvscope.connector.cpu_offload.replicas import ReplicaGroup
-from kvscope.connector.cpu_offload.stats import Samples
-from kvscope.traces import names
-from kvscope.traces.events import add_event, record_transfer
+from kvscope.connector.cpu_offload.stats import Samples, WorkerCounters
 from kvscope.traces.outcomes import outcome_of_policy
 
 
@@ -61,12 +60,7 @@ class OffloadWorker:
         self._failed_loads: set[str] = set()  # request ids, for vLLM's failed_recving
         self._meta = OffloadWorkerMeta()
         # Failed loads are counted once, by the scheduler half, when every rank reported.
-        self.stats: dict[str, float] = {
-            "load_bytes": 0,
-            "store_bytes": 0,
-            "load_s": 0.0,
-            "store_s": 0.0,
-        }
+        self.stats = WorkerCounters()
         self.samples = Samples()  # per-copy durations and sizes for the stats' histograms
 
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
@@ -143,22 +137,12 @@ class OffloadWorker:
         return sending, recving
 
     def _finish(self, pending: PendingCopy, result: CopyResult, recving: set[str]) -> None:
-        transfer = pending.transfer
-        direction = pending.direction.value
-        record_transfer(
-            transfer.req_id,
-            direction,
-            result.num_bytes,
-            result.finished_at - result.duration_s,
-            result.finished_at,
-            error=result.error,
-            **{names.TRANSFER_PEER: "host", names.BLOCK_COUNT: result.num_blocks},
-        )
-        self.stats[f"{direction}_bytes"] += result.num_bytes if result.ok else 0
-        self.stats[f"{direction}_s"] += result.duration_s
+        transfer, direction = pending.transfer, pending.direction
+        copy_recorded(transfer, direction, result)
+        self.stats.add_copy(direction, result.num_bytes if result.ok else 0, result.duration_s)
         if result.ok:
-            self.samples.observe(f"{direction}_seconds", result.duration_s)
-            self.samples.observe(f"{direction}_size_bytes", result.num_bytes)
+            self.samples.observe(f"{direction.value}_seconds", result.duration_s)
+            self.samples.observe(f"{direction.value}_size_bytes", result.num_bytes)
         if pending.direction is Direction.STORE:
             outcomes = self._meta.stores_done if result.ok else self._meta.stores_failed
             outcomes[transfer.transfer_id] = 1
@@ -166,15 +150,7 @@ class OffloadWorker:
         recving.add(transfer.req_id)
         if result.ok and not pending.timed_out:
             self._meta.loads_done[transfer.req_id] = 1
-            add_event(
-                names.EVENT_BLOCK_LOADED,
-                **{
-                    names.REQUEST_ID: transfer.req_id,
-                    names.BLOCK_TIER: "device",
-                    names.BLOCK_IDS: list(transfer.device_block_ids),
-                },
-                **_group_attribute(transfer),
-            )
+            blocks_loaded(transfer)
         else:
             cause = "timeout" if pending.timed_out else result.error or "load failed"
             self._fail_load(transfer, cause)
@@ -183,19 +159,7 @@ class OffloadWorker:
         self._load_errors.update(transfer.device_block_ids)
         self._failed_loads.add(transfer.req_id)
         self._meta.loads_failed[transfer.req_id] = 1
-        outcome = {names.FAILURE_OUTCOME: self.failure_outcome} if self.failure_outcome else {}
-        add_event(
-            names.EVENT_LOAD_FAILED,
-            **{
-                names.REQUEST_ID: transfer.req_id,
-                names.FAILURE_CAUSE: cause,
-                names.BLOCK_COUNT: len(transfer.device_block_ids),
-                names.BLOCK_IDS: list(transfer.device_block_ids),
-                names.FAILURE_POLICY: self.failure_policy or "recompute",
-            },
-            **outcome,
-            **_group_attribute(transfer),
-        )
+        load_failed(transfer, cause, self.failure_policy, self.failure_outcome)
 
     def _time_out_loads(self) -> set[str]:
         """Loads past their deadline fail. One whose copy never began or already ended is
@@ -298,8 +262,3 @@ class OffloadWorker:
         if self.buffer is not None:
             # After the copies: on CUDA shutdown waits for both streams, so no DMA reads it.
             self.buffer.close()
-
-
-def _group_attribute(transfer: BlockTransfer) -> dict[str, list[int]]:
-    """The KV cache group of each device block id (ids are addresses within a group)."""
-    return {names.KV_CACHE_GROUP_IDS: list(transfer.group_ids)} if transfer.group_ids else {}

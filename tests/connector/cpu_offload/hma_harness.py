@@ -164,7 +164,7 @@ class Engine:
     def run(self, max_steps: int = 40) -> None:
         """Steps until no request is left (or loads still pending after max_steps)."""
         for _ in range(max_steps):
-            if not self.scheduler.has_unfinished_requests() and not self.offload._stores:
+            if not self.scheduler.has_unfinished_requests() and not self.offload.stores.in_flight:
                 return
             self.step()
         raise AssertionError("requests still unfinished")

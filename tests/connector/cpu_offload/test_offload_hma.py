@@ -50,7 +50,7 @@ def test_the_connectors_are_supports_hma():
 def test_every_group_is_stored_under_its_own_keys(tiny_model):
     engine = stored_engine(tiny_model)
     offload = engine.offload
-    assert offload.stats["stored_blocks"] == 2 * 6, "six full blocks in each of two groups"
+    assert offload.stats.stored_blocks == 2 * 6, "six full blocks in each of two groups"
     hashes = engine.scheduler.requests.get("r1") or request("x", PROMPT)
     for group in (FULL, SWA):
         keys = offload.groups.block_keys(offload.namespace, hashes.block_hashes[:6], group)
@@ -73,7 +73,7 @@ def test_a_hit_loads_the_full_prefix_and_only_the_window_of_the_sliding_group(ti
         assert swa_ids[index] != null
         for layer in range(NUM_LAYERS):
             assert engine.read(SWA, swa_ids[index], layer) == block_value(SWA, index, layer)
-    assert engine.offload.stats["loaded_blocks"] == 6 + 2
+    assert engine.offload.stats.loaded_blocks == 6 + 2
     acquired = [
         e
         for span in spans()
@@ -130,7 +130,9 @@ def test_everything_is_freed_after_the_requests_end(tiny_model):
     engine.add(request("r3", PROMPT[: BLOCK * 3] + list(range(5000, 5000 + 3 * BLOCK))))
     engine.run()
     offload = engine.offload
-    assert offload.requests == {} and offload._stores == {} and offload.leases.active() == []
+    assert (
+        offload.requests == {} and offload.stores.in_flight == {} and offload.leases.active() == []
+    )
     assert offload.pool.stats().pinned == 0 and offload.pool.stats().reserved == 0
     block_pool = engine.scheduler.kv_cache_manager.block_pool
     # Sliding-window blocks held for stores went back: every block but the null one is free.

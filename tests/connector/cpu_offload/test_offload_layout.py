@@ -8,7 +8,7 @@ import pytest
 from vllm.config import CacheConfig, KVTransferConfig
 from vllm.v1.attention.backends.utils import resolve_kv_cache_layout
 
-from kvscope.connector.cpu_offload import core
+from kvscope.connector.cpu_offload import layout
 from kvscope.connector.cpu_offload.core import CpuOffloadCore
 from kvscope.connector.p2p import vllm_layout
 from tests.connector.hook_orders import OFFLOAD, offload_extra, offload_transfer
@@ -51,7 +51,7 @@ def offload_and_p2p() -> KVTransferConfig:
 @pytest.fixture
 def on_cuda(monkeypatch):
     """Both connectors answer as on a CUDA-alike platform."""
-    monkeypatch.setattr(core, "_platform_is_cpu", lambda: False)
+    monkeypatch.setattr(layout, "_platform_is_cpu", lambda: False)
     monkeypatch.setattr(vllm_layout, "_platform_is_cpu", lambda: False)
 
 

@@ -60,10 +60,10 @@ def test_a_store_commits_when_the_last_rank_reports_a_step_later():
     req = request("r1")
     [store_id] = store_prompt(offload, req)
     offload.on_worker_output(OffloadWorkerMeta(stores_done={store_id: 1}))
-    assert offload._stores, "committed after one rank of two"
+    assert offload.stores.in_flight, "committed after one rank of two"
     offload.on_worker_output(None)  # a step in which no rank reported anything
     offload.on_worker_output(OffloadWorkerMeta(stores_done={store_id: 1}))
-    assert offload._stores == {} and offload.stats["stored_blocks"] == 4
+    assert offload.stores.in_flight == {} and offload.stats.stored_blocks == 4
     assert offload.lookup(request("r2"), 0) == (4 * BLOCK, True)
 
 
@@ -73,7 +73,7 @@ def test_a_store_one_rank_failed_is_aborted_only_after_every_rank_reported():
     offload.on_worker_output(OffloadWorkerMeta(stores_failed={store_id: 1}))
     assert offload.pool.stats().reserved == 4, "freed while the other rank may still write"
     offload.on_worker_output(OffloadWorkerMeta(stores_done={store_id: 1}))
-    assert offload.pool.stats().reserved == 0 and offload.stats["stored_blocks"] == 0
+    assert offload.pool.stats().reserved == 0 and offload.stats.stored_blocks == 0
     assert offload.lookup(request("r2"), 0) == (0, False)
 
 
@@ -103,8 +103,8 @@ def test_a_load_failed_on_one_rank_fails_although_the_other_rank_finished_first(
     _, events = call_buffered(offload.on_worker_output, OffloadWorkerMeta(loads_failed={"r1": 1}))
     assert offload.requests["r1"].phase is LoadPhase.RECOMPUTE
     assert offload.lookup(req, 0) == (0, False), "a failed hit offered again"
-    assert offload.stats["failed_loads"] == 1 and offload.stats["loaded_blocks"] == 0
-    assert offload.stats["failed_load_blocks"] == 4
+    assert offload.stats.failed_loads == 1 and offload.stats.loaded_blocks == 0
+    assert offload.stats.failed_load_blocks == 4
     released = [attrs for name, attrs, _ in events if name == names.EVENT_LEASE_RELEASED]
     assert [attrs[names.LEASE_OUTCOME] for attrs in released] == ["failed"]
 
@@ -112,12 +112,12 @@ def test_a_load_failed_on_one_rank_fails_although_the_other_rank_finished_first(
 def test_asking_three_times_takes_one_lease_and_tells_it_once():
     offload = make_scheduler()
     committed(offload)
-    req, before = request("r1"), dict(offload.stats)
+    req, before = request("r1"), offload.stats.as_dict()
     asked = [call_buffered(offload.lookup, req, 0) for _ in range(3)]
     assert [answer for answer, _ in asked] == [(4 * BLOCK, True)] * 3
     assert len(offload.leases.active()) == 1
-    assert offload.stats["lookups"] - before["lookups"] == 1
-    assert offload.stats["hit_tokens"] - before["hit_tokens"] == 4 * BLOCK
+    assert offload.stats.lookups - before["lookups"] == 1
+    assert offload.stats.hit_tokens - before["hit_tokens"] == 4 * BLOCK
     assert [event_names(events) for _, events in asked] == [[names.EVENT_LEASE_ACQUIRED], [], []]
 
 
@@ -166,7 +166,9 @@ def test_a_request_that_ends_while_loading_is_left_to_vllm_to_free():
     assert "r1" not in plan.reqs_to_flush
     offload.on_worker_output(OffloadWorkerMeta(loads_done={"r1": 1}))
     assert "r1" in offload.requests, "forgotten while its stores are unacknowledged"
-    offload.on_worker_output(OffloadWorkerMeta(stores_done=dict.fromkeys(offload._stores, 1)))
+    offload.on_worker_output(
+        OffloadWorkerMeta(stores_done=dict.fromkeys(offload.stores.in_flight, 1))
+    )
     assert "r1" not in offload.requests and offload.leases.active() == []
 
 

@@ -149,16 +149,16 @@ def test_a_cache_reset_forgets_the_pool_and_drops_stores_in_flight(tiny_model):
     offload = rig.scheduler.connector.inner.scheduler
     prompts = {f"r{i}": [1000 * (i + 1) + t for t in range(3 * BLOCK + 1)] for i in range(2)}
     rig.add(request("r0", prompts["r0"], 2))
-    while rig.scheduler.requests or offload._stores:
+    while rig.scheduler.requests or offload.stores.in_flight:
         rig.step(HookOrder.V1)
         time.sleep(0.01)
     assert offload.pool.stats().committed == 3
     rig.add(request("r1", prompts["r1"], 8))
     rig.step(HookOrder.V1)  # r1's prompt blocks are being stored
-    assert offload._stores
+    assert offload.stores.in_flight
     rig.scheduler.reset_prefix_cache(reset_connector=True)
     assert offload.pool.stats().committed == 0
-    while rig.scheduler.requests or offload._stores:
+    while rig.scheduler.requests or offload.stores.in_flight:
         rig.step(HookOrder.V1)
         time.sleep(0.01)
     assert offload.pool.stats().committed == 0, "a store from before the reset was committed"

@@ -59,7 +59,7 @@ def run_until_idle(rig: Rig, zeroing, timeout_s: float = 60) -> None:
     """Steps until no request is left and every store reported (its held blocks freed)."""
     offload = rig.scheduler.connector.inner.scheduler
     deadline = time.monotonic() + timeout_s
-    while rig.scheduler.has_unfinished_requests() or offload._stores:
+    while rig.scheduler.has_unfinished_requests() or offload.stores.in_flight:
         assert time.monotonic() < deadline, "requests or stores never finished"
         rig.step(HookOrder.V2, before_worker=zeroing)
         time.sleep(0.002)
