@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    import torch
+    from vllm.v1.kv_cache_interface import KVCacheConfig
 
 KV_CACHE_LAYOUTS: Final = ("LBHNC", "LBNHC", "LHBNC", "BLHNC", "BLNHC", "BHLNC")
 """vLLM's `KVCacheLayout` names: the physical order of [L, B, H, N, C] (layers, blocks, KV heads,
@@ -23,7 +27,9 @@ def layout_name(layout: Any) -> str:
     return name
 
 
-def distinct_kv_memories(kv_caches: dict[str, Any], kv_cache_config: Any) -> dict[str, Any]:
+def distinct_kv_memories(
+    kv_caches: dict[str, torch.Tensor], kv_cache_config: KVCacheConfig | None
+) -> dict[str, torch.Tensor]:
     """One KV view per memory: with several KV cache groups vLLM overlays one layer of each
     group on a tensor, and it aliases KV-sharing layers (YOCO, Gemma-3n) to the view of the
     layer whose KV they reuse, so copying, registering or reading every view would move the
@@ -31,7 +37,7 @@ def distinct_kv_memories(kv_caches: dict[str, Any], kv_cache_config: Any) -> dic
     groups = getattr(kv_cache_config, "kv_cache_groups", None) or ()
     ordered = [name for g in groups for name in g.layer_names]
     ordered += [name for name in kv_caches if name not in set(ordered)]
-    layers: dict[str, Any] = {}
+    layers: dict[str, torch.Tensor] = {}
     seen: set[int] = set()
     for name in ordered:
         if name in kv_caches and (address := kv_caches[name].data_ptr()) not in seen:

@@ -9,19 +9,25 @@ kv_transfer_config = {
 }
 """
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from vllm.distributed.kv_transfer.kv_connector.v1.base import SupportsHMA
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole, SupportsHMA
 
 from kvscope.connector.cpu_offload.core import CpuOffloadCore
 from kvscope.traces.instrumented import InstrumentedConnector
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.kv_cache_interface import KVCacheConfig
 
 
 class CpuOffloadConnector(InstrumentedConnector, SupportsHMA):
     """CpuOffloadCore inside the hook-span instrumentation; every KV cache group of full or
     sliding-window attention (vLLM's hybrid KV cache manager) is offloaded."""
 
-    def build_inner(self, vllm_config: Any, role: Any, kv_cache_config: Any) -> CpuOffloadCore:
+    def build_inner(
+        self, vllm_config: "VllmConfig", role: KVConnectorRole, kv_cache_config: "KVCacheConfig"
+    ) -> CpuOffloadCore:
         return CpuOffloadCore(vllm_config, role, kv_cache_config)
 
     @classmethod

@@ -6,10 +6,11 @@ same tokens have different KV in each group, so every host block key names its g
 """
 
 from dataclasses import dataclass
-from typing import Any
 
 from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheSpec,
     MLAAttentionSpec,
     SlidingWindowMLASpec,
     SlidingWindowSpec,
@@ -56,7 +57,7 @@ class KVGroups:
         return self.num_groups > 1 or any(g.window_blocks is not None for g in self.groups)
 
     @classmethod
-    def of(cls, kv_cache_config: Any) -> "KVGroups":
+    def of(cls, kv_cache_config: KVCacheConfig) -> "KVGroups":
         """The kept groups of a KVCacheConfig; raises for kinds no host pool can serve."""
         all_groups = kv_cache_config.kv_cache_groups
         block_sizes = {all_groups[g].kv_cache_spec.block_size for g in _cacheable(kv_cache_config)}
@@ -68,7 +69,9 @@ class KVGroups:
         groups = tuple(_group(g, all_groups[g].kv_cache_spec) for g in _cacheable(kv_cache_config))
         return cls(groups, len(all_groups))
 
-    def block_keys(self, namespace: KVNamespace, block_hashes: list[bytes], group_id: int):
+    def block_keys(
+        self, namespace: KVNamespace, block_hashes: list[bytes], group_id: int
+    ) -> list[bytes]:
         """Host pool keys of one group's blocks. With one group they are the plain keys (as
         before HMA); with several every key names its group."""
         if not self.multi:
@@ -77,12 +80,12 @@ class KVGroups:
         return namespace.block_keys([tag + bytes(block_hash) for block_hash in block_hashes])
 
 
-def _cacheable(kv_cache_config: Any) -> tuple[int, ...]:
+def _cacheable(kv_cache_config: KVCacheConfig) -> tuple[int, ...]:
     ids = getattr(kv_cache_config, "prefix_cacheable_group_ids", None)
     return tuple(ids) if ids is not None else tuple(range(len(kv_cache_config.kv_cache_groups)))
 
 
-def _group(group_id: int, spec: Any) -> KVGroup:
+def _group(group_id: int, spec: KVCacheSpec) -> KVGroup:
     # Exact kinds: subclasses (RSWA, sinks, hidden states) keep other KV than these rules say.
     if type(spec) in (SlidingWindowSpec, SlidingWindowMLASpec):
         # vLLM's own rule (SlidingWindowManager.get_num_skipped_tokens): the window minus the
@@ -98,7 +101,7 @@ def _group(group_id: int, spec: Any) -> KVGroup:
     )
 
 
-def layers_per_block(kv_cache_config: Any) -> int:
+def layers_per_block(kv_cache_config: KVCacheConfig) -> int:
     """KV layer pages a host block holds: one per distinct layer memory, as the worker
     registers them (connector/common/kv_layout.py's distinct_kv_memories).
 

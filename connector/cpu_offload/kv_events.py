@@ -7,10 +7,13 @@ medium. vLLM's scheduler publishes what take_events() returns after each step.
 """
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from vllm.distributed.kv_events import MEDIUM_CPU, BlockRemoved, BlockStored, KVCacheEvent
-from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
+from vllm.v1.core.kv_cache_utils import ExternalBlockHash, maybe_convert_block_hash
+
+if TYPE_CHECKING:
+    from vllm.v1.request import Request
 
 MEDIUM = MEDIUM_CPU
 MAX_QUEUED = 65536
@@ -21,8 +24,8 @@ MAX_QUEUED = 65536
 class BlockFacts:
     """What a BlockStored event says about one block, taken when its store was planned."""
 
-    block_hash: Any  # vLLM's ExternalBlockHash
-    parent_block_hash: Any
+    block_hash: ExternalBlockHash
+    parent_block_hash: ExternalBlockHash | None
     token_ids: tuple[int, ...]
     lora_name: str | None
     group_idx: int = 0  # vLLM's KV cache group: one hash is one block in each group
@@ -35,10 +38,13 @@ class HostTierEvents:
         self.enabled = enabled
         self.block_size = block_size
         self._planned: dict[bytes, BlockFacts] = {}  # pool key -> facts, store in flight
-        self._stored: dict[bytes, tuple[Any, int]] = {}  # pool key -> (vLLM hash, group)
+        # pool key -> (vLLM hash, group), once committed: what its BlockRemoved will name
+        self._stored: dict[bytes, tuple[ExternalBlockHash, int]] = {}
         self._queue: list[KVCacheEvent] = []
 
-    def planned(self, request: Any, positions: dict[bytes, tuple[int, int]], reserved: list[bytes]):
+    def planned(
+        self, request: "Request", positions: dict[bytes, tuple[int, int]], reserved: list[bytes]
+    ) -> None:
         """A store of request's blocks (pool key -> block index, KV cache group), of which
         `reserved` get host blocks."""
         if not self.enabled:
@@ -81,7 +87,7 @@ class HostTierEvents:
             self._planned.pop(key, None)
 
     def removed(self, keys: list[bytes]) -> None:
-        by_group: dict[int, list[Any]] = {}
+        by_group: dict[int, list[ExternalBlockHash]] = {}
         for key in keys:
             if (stored := self._stored.pop(key, None)) is not None:
                 by_group.setdefault(stored[1], []).append(stored[0])
