@@ -4,6 +4,7 @@ import logging
 import time
 
 from kvscope.connector.p2p.metadata import HeldBlocks, done_notif, req_id_of_notif
+from kvscope.connector.p2p.stats import LoanCounters
 from kvscope.connector.p2p.transport.nixl_transport import NixlTransport
 from kvscope.connector.p2p.transport.results import PeerNotif
 from kvscope.traces import names
@@ -28,7 +29,7 @@ class BlockLender:
         self._early: dict[str, float] = {}  # notified before the worker heard of the request
         self._finished: set[str] = set()
         self.leases_expired: set[str] = set()  # since the last take
-        self.stats = {"reads_notified": 0, "leases_expired": 0, "late_notifs": 0}
+        self.stats = LoanCounters()
 
     def hold(self, specs: list[HeldBlocks]) -> None:
         for spec in specs:
@@ -46,7 +47,7 @@ class BlockLender:
             if req_id is None:
                 logger.warning("p2p: ignored a notification that is not ours: %r", notif.message)
             elif self.lent.pop(req_id, None) is not None:
-                self.stats["reads_notified"] += 1
+                self.stats.reads_notified += 1
                 self._finished.add(req_id)
             else:
                 self._early[req_id] = time.monotonic()
@@ -59,7 +60,7 @@ class BlockLender:
         return finished
 
     def _expire(self, held: HeldBlocks) -> None:
-        self.stats["leases_expired"] += 1
+        self.stats.leases_expired += 1
         self.leases_expired.add(held.req_id)
         self._finished.add(held.req_id)
         add_event(
@@ -78,7 +79,7 @@ class BlockLender:
         for req_id, seen in list(self._early.items()):
             if now - seen > _EARLY_NOTIF_TTL_S:
                 del self._early[req_id]
-                self.stats["late_notifs"] += 1
+                self.stats.late_notifs += 1
 
     def held(self) -> dict[str, object]:
         """Requests whose blocks are lent to a reader that has not read them yet."""

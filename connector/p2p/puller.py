@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from kvscope.connector.common.stats_schema import Samples
 from kvscope.connector.p2p.config import P2PConfig
 from kvscope.connector.p2p.metadata import BlockPull, BlockRelease, done_notif
+from kvscope.connector.p2p.stats import ReadCounters
 from kvscope.connector.p2p.trace_spans import record_handshake
 from kvscope.connector.p2p.transport.nixl_transport import NixlTransport
 from kvscope.connector.p2p.transport.results import TransferResult, TransportError
@@ -68,13 +69,7 @@ class BlockPuller:
         self.load_errors: set[int] = set()
         self.failed_loads: set[str] = set()  # request ids, for vLLM's failed_recving
         self.loads_failed: dict[str, str] = {}  # since the last take
-        self.stats = {
-            "read_bytes": 0,
-            "read_s": 0.0,
-            "reads": 0,
-            "failed_reads": 0,
-            "handshakes": 0,
-        }
+        self.stats = ReadCounters()
         self.samples = Samples()  # per-read durations and sizes for the stats' histograms
 
     def start(self, pulls: list[BlockPull], releases: list[BlockRelease]) -> None:
@@ -169,7 +164,7 @@ class BlockPuller:
             for item in handshake.waiting:
                 self._fail(item, cause, "peer_unreachable")
             return
-        self.stats["handshakes"] += 1
+        self.stats.handshakes += 1
         record_handshake(handshake.req_id, key, handshake.started, time.monotonic(), None)
         self._peers[key] = agent
         for item in handshake.waiting:
@@ -212,9 +207,9 @@ class BlockPuller:
             self._forget_peer(pull)
             self._fail(pull, cause, kind)
             return
-        self.stats["reads"] += 1
-        self.stats["read_bytes"] += result.nbytes
-        self.stats["read_s"] += result.duration_s
+        self.stats.reads += 1
+        self.stats.read_bytes += result.nbytes
+        self.stats.read_s += result.duration_s
         self.samples.observe("read_seconds", result.duration_s)
         self.samples.observe("read_size_bytes", result.nbytes)
         self._recving.add(pull.req_id)
@@ -228,7 +223,7 @@ class BlockPuller:
         logger.warning("p2p: request %s: %s", item.req_id, cause)
         if isinstance(item, BlockRelease):
             return  # nothing was loaded; the prefill side's lease frees its blocks
-        self.stats["failed_reads"] += 1
+        self.stats.failed_reads += 1
         self.load_errors.update(item.flat_local)
         self.failed_loads.add(item.req_id)
         self.loads_failed[item.req_id] = f"{kind}: {cause}"

@@ -23,7 +23,7 @@ from kvscope.connector.p2p.metadata import (
 )
 from kvscope.connector.p2p.params import RemotePrefill
 from kvscope.connector.p2p.peer_health import PeerHealth
-from kvscope.connector.p2p.stats import failure_kind
+from kvscope.connector.p2p.stats import SchedulerCounters, failure_kind
 from kvscope.traces import names
 from kvscope.traces.events import add_event
 from kvscope.traces.outcomes import RECOMPUTED
@@ -59,13 +59,7 @@ class P2PScheduler:
         # What a failed pull became, for the stats (the worker's events say it too); None
         # inside a Multi.
         self.failure_outcome: str | None = RECOMPUTED
-        self.stats: dict[str, int] = {
-            "held": 0,
-            "leases_expired": 0,
-            "pulls": 0,
-            "pull_tokens": 0,
-            "failed_pulls": 0,
-        }
+        self.stats = SchedulerCounters()
         self.samples = Samples()  # histogram samples and failures for the next stats report
         self._pull_started: dict[str, float] = {}  # decode request id -> monotonic start
 
@@ -177,8 +171,8 @@ class P2PScheduler:
         self.pulling.add(req_id)
         self.health.pulling(req_id, remote.engine_id)
         self._pull_started[req_id] = time.monotonic()
-        self.stats["pulls"] += 1
-        self.stats["pull_tokens"] += num_external_tokens
+        self.stats.pulls += 1
+        self.stats.pull_tokens += num_external_tokens
 
     # --- prefill side ---------------------------------------------------------------------
 
@@ -206,7 +200,7 @@ class P2PScheduler:
         self.held_for_readers[req_id] = held
         self._lease_ids[req_id] = next_lease_id()
         self._to_send.append(held)
-        self.stats["held"] += 1
+        self.stats.held += 1
         add_event(names.EVENT_LEASE_ACQUIRED, **self._lease_attributes(held))
         return RemotePrefill(
             self.engine_id,
@@ -237,15 +231,15 @@ class P2PScheduler:
         for req_id in finished_recving:
             self.pulling.discard(req_id)
             self._pull_ended(req_id, self.health.ended(req_id))
-        self.stats["tier_bypasses"] = self.health.bypasses
-        self.stats["tier_bypassed_lookups"] = self.health.bypassed_lookups
+        self.stats.tier_bypasses = self.health.bypasses
+        self.stats.tier_bypassed_lookups = self.health.bypassed_lookups
 
     def _pull_ended(self, req_id: str, cause: str | None) -> None:
         """Once per pull, when every rank reported it: its wait and, if it failed, why."""
         if (started := self._pull_started.pop(req_id, None)) is not None:
             self.samples.observe("kv_wait_seconds", time.monotonic() - started)
         if cause is not None:
-            self.stats["failed_pulls"] += 1
+            self.stats.failed_pulls += 1
             self.samples.fail(failure_kind(cause), self.failure_outcome or "left_to_parent")
 
     def report_values(self) -> tuple[dict[str, int], dict[str, int]]:
@@ -256,7 +250,7 @@ class P2PScheduler:
             "peers": len(self.health.peers),
             "peers_bypassed": self.health.bypassed_peers(),
         }
-        return dict(self.stats), gauges
+        return self.stats.as_dict(), gauges
 
     def held(self) -> dict[str, object]:
         """What this half still holds, by kind (all falsy when idle and leak-free)."""
@@ -274,7 +268,7 @@ class P2PScheduler:
         attributes = self._lease_attributes(held)
         self._lease_ids.pop(req_id, None)
         if expired:
-            self.stats["leases_expired"] += 1
+            self.stats.leases_expired += 1
             add_event(names.EVENT_LEASE_EXPIRED, **attributes)
         outcome = "expired" if expired else "released"
         add_event(names.EVENT_LEASE_RELEASED, **attributes, **{names.LEASE_OUTCOME: outcome})

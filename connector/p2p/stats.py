@@ -8,7 +8,7 @@ its own shard (vLLM sums them over ranks).
 
 from dataclasses import dataclass
 
-from kvscope.connector.common.stats_schema import SchemaStats, StatsSchema
+from kvscope.connector.common.stats_schema import Counters, SchemaStats, StatsSchema
 
 SCHEDULER_COUNTERS = (
     "pulls",
@@ -58,6 +58,43 @@ class P2PStats(SchemaStats):
     are the scheduler half's newest, histogram samples concatenate."""
 
     SCHEMA = SCHEMA
+
+
+@SCHEMA.counted_by
+@dataclass
+class SchedulerCounters(Counters):
+    """The scheduler half's pulls (once per request), leases and peer bypasses since start."""
+
+    pulls: int = 0
+    pull_tokens: int = 0
+    failed_pulls: int = 0  # counted once, when every rank reported the pull
+    held: int = 0  # leases taken for a reader
+    leases_expired: int = 0
+    tier_bypasses: int = 0  # the peers' breakers' own counts, copied each step
+    tier_bypassed_lookups: int = 0
+
+
+@SCHEMA.counted_by
+@dataclass
+class ReadCounters(Counters):
+    """One rank's NIXL reads of its shard (the puller's) since start."""
+
+    reads: int = 0
+    read_bytes: int = 0
+    read_s: float = 0.0
+    failed_reads: int = 0
+    handshakes: int = 0
+
+
+@SCHEMA.counted_by
+@dataclass
+class LoanCounters(Counters):
+    """One rank's loans to readers (the lender's) since start; its expired leases are the
+    scheduler half's to report, once per request."""
+
+    reads_notified: int = 0
+    leases_expired: int = 0
+    late_notifs: int = 0
 
 
 def failure_kind(cause: str) -> str:

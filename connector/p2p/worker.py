@@ -136,9 +136,11 @@ class P2PWorker:
 
     @property
     def stats(self) -> dict[str, float]:
+        """This rank's counters by their wire names (the puller's and the lender's), for
+        reading; {} before register."""
         if self.transport is None:
             return {}
-        return {**self.lender.stats, **self.puller.stats}
+        return {**self.lender.stats.as_dict(), **self.puller.stats.as_dict()}
 
     def report_values(self) -> tuple[dict[str, float], Samples]:
         """Cumulative counters of this rank's reads and loans, and its histogram samples (the

@@ -48,7 +48,7 @@ def _state(llm: Any) -> dict:
     return {
         "held": sorted(p2p.held_for_readers),
         "leaked_blocks": leaked_device_blocks(llm),
-        "stats": p2p.stats,
+        "stats": p2p.stats.as_dict(),
     }
 
 

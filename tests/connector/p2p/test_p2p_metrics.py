@@ -1,18 +1,27 @@
 """The P2P connector's stats and Prometheus metrics without an engine: both halves' reports,
 through msgpack and vLLM's logger, read back with prometheus_client's parser."""
 
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import pytest
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorLogging
 from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
 
-from kvscope.connector.common.stats_schema import MAX_SAMPLES, IntervalReporter, Samples
+from kvscope.connector.common.stats_schema import MAX_SAMPLES, Counters, IntervalReporter, Samples
 from kvscope.connector.p2p.config import P2PConfig
 from kvscope.connector.p2p.connector import P2PConnector
 from kvscope.connector.p2p.metadata import P2PWorkerMeta
 from kvscope.connector.p2p.scheduler import P2PScheduler
-from kvscope.connector.p2p.stats import P2PStats
+from kvscope.connector.p2p.stats import (
+    SCHEDULER_COUNTERS,
+    SCHEMA,
+    WORKER_COUNTERS,
+    LoanCounters,
+    P2PStats,
+    ReadCounters,
+    SchedulerCounters,
+)
 from tests.connector.p2p.test_p2p_protocol import BLOCK, Request, prefilled
 from tests.connector.prom_scrape import exactly, registry_types, scrape_registry
 
@@ -135,3 +144,12 @@ def test_prometheus_metrics_carry_vllms_labels_and_both_halves_values():
         value(found, "vllm:kvscope_p2p_failures_total", cause="read_failed", outcome="recomputed")
         == 1
     )
+
+
+def test_the_halves_count_exactly_the_counters_the_schema_names_for_them():
+    """A counter the schema names that no half counts (or one counted twice) shows up here."""
+    assert tuple(SchedulerCounters().as_dict()) == SCHEDULER_COUNTERS
+    worker = {**LoanCounters().as_dict(), **ReadCounters().as_dict()}
+    assert set(worker) - {"leases_expired"} == set(WORKER_COUNTERS), "the scheduler counts those"
+    with pytest.raises(TypeError, match="add them to its counters"):
+        SCHEMA.counted_by(dataclass(type("Typo", (Counters,), {"__annotations__": {"red": int}})))
