@@ -41,10 +41,12 @@ from vllm.v1.structured_output import StructuredOutputManager
 from vllm.v1.worker.gpu.kv_connector import ActiveKVConnector
 from vllm.v1.worker.kv_connector_model_runner_mixin import KVConnectorModelRunnerMixin
 
+from kvscope.harness import configs
+
 BLOCK = 32
 NUM_LAYERS = 2
 HEADS, HEAD_DIM = 2, 32
-OFFLOAD = "kvscope.connector.cpu_offload.connector"
+OFFLOAD = configs.OFFLOAD_MODULE
 init_none_hash(sha256_cbor)
 HASHER = get_request_block_hasher(BLOCK, sha256_cbor)
 
@@ -64,45 +66,28 @@ def offload_extra(**extra: Any) -> dict[str, Any]:
     return {"cpu_bytes_to_use": 2 << 20, **extra}
 
 
+def as_transfer(connector: dict[str, Any]) -> KVTransferConfig:
+    """A harness.configs child as the engine's KVTransferConfig, with vLLM's default
+    load-failure policy."""
+    return KVTransferConfig(**configs.engine_config(connector, policy="fail"))
+
+
 def offload_transfer(**extra: Any) -> KVTransferConfig:
-    return KVTransferConfig(
-        kv_connector="CpuOffloadConnector",
-        kv_connector_module_path=OFFLOAD,
-        kv_role="kv_both",
-        kv_connector_extra_config=offload_extra(**extra),
-    )
+    return as_transfer(configs.offload_child(**offload_extra(**extra)))
 
 
 def multi_transfer(**extra: Any) -> KVTransferConfig:
     """kvscope's Multi over two offload children."""
-    children = [
-        {
-            "name": name,
-            "kv_connector": "CpuOffloadConnector",
-            "kv_connector_module_path": OFFLOAD,
-            "kv_connector_extra_config": offload_extra(**extra),
-        }
-        for name in ("left", "right")
-    ]
-    return KVTransferConfig(
-        kv_connector="KvscopeMultiConnector",
-        kv_connector_module_path="kvscope.connector.multi.connector",
-        kv_role="kv_both",
-        kv_connector_extra_config={"connectors": children},
-    )
+    children = [configs.offload_child(name, **offload_extra(**extra)) for name in ("left", "right")]
+    return KVTransferConfig(**configs.multi_config(*children, policy="fail"))
 
 
 def traced_transfer(**extra: Any) -> KVTransferConfig:
     """TracedConnector over the offload connector, named by its module path."""
-    return KVTransferConfig(
-        kv_connector="TracedConnector",
-        kv_connector_module_path="kvscope.connector.traced",
-        kv_role="kv_both",
-        kv_connector_extra_config={
-            "connector": "CpuOffloadConnector",
-            "connector_module_path": OFFLOAD,
-            **offload_extra(**extra),
-        },
+    return as_transfer(
+        configs.traced_child(
+            configs.OFFLOAD_CLASS, connector_module_path=OFFLOAD, **offload_extra(**extra)
+        )
     )
 
 

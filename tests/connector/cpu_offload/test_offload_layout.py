@@ -11,7 +11,8 @@ from vllm.v1.attention.backends.utils import resolve_kv_cache_layout
 from kvscope.connector.cpu_offload import layout
 from kvscope.connector.cpu_offload.core import CpuOffloadCore
 from kvscope.connector.p2p import vllm_layout
-from tests.connector.hook_orders import OFFLOAD, offload_extra, offload_transfer
+from kvscope.harness import configs
+from tests.connector.hook_orders import offload_extra, offload_transfer
 
 CUDA_LAYOUTS = ["LBNHC", "LBHNC", "BLNHC", "BLHNC"]
 """Candidates as a CUDA backend lists them, most preferred first (LBNHC: vLLM's default)."""
@@ -28,24 +29,10 @@ def resolve(transfer: KVTransferConfig, supported: list[str], use_mla: bool = Fa
 
 def offload_and_p2p() -> KVTransferConfig:
     children = [
-        {
-            "name": "offload",
-            "kv_connector": "CpuOffloadConnector",
-            "kv_connector_module_path": OFFLOAD,
-            "kv_connector_extra_config": offload_extra(),
-        },
-        {
-            "name": "p2p",
-            "kv_connector": "P2PConnector",
-            "kv_connector_module_path": "kvscope.connector.p2p.connector",
-        },
+        configs.offload_child(**offload_extra()),
+        configs.child("p2p", configs.P2P_CLASS, configs.P2P_MODULE),
     ]
-    return KVTransferConfig(
-        kv_connector="KvscopeMultiConnector",
-        kv_connector_module_path="kvscope.connector.multi.connector",
-        kv_role="kv_both",
-        kv_connector_extra_config={"connectors": children},
-    )
+    return KVTransferConfig(**configs.multi_config(*children, policy="fail"))
 
 
 @pytest.fixture
