@@ -1,1 +1,1 @@
-"""kvscope.demo: engine launcher, quick-start run and (later) the P/D demo."""
+"""kvscope.demo: `kvscope demo` (a traced P/D pair under a workload), the quick-start, replay."""
