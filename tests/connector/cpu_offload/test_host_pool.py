@@ -107,6 +107,17 @@ def test_unpinned_blocks_become_evictable_again():
         pool.unpin(held)
 
 
+def test_a_cache_reset_evicts_committed_blocks_but_not_pinned_or_reserved_ones():
+    pool = HostBlockPool(8)
+    store(pool, [block_key(0), block_key(1), block_key(2)])
+    pool.pin([1])  # a lease's load still reads it
+    reserving = pool.reserve([block_key(5)])  # a store still copies into it
+    assert pool.evict_committed() == [block_key(0), block_key(2)]
+    assert pool.state_of(block_key(1)) is BlockState.COMMITTED
+    assert pool.state_of(block_key(5)) is BlockState.RESERVED
+    assert reserving.host_block_ids and pool.lookup([block_key(0)]) == []
+
+
 def test_commit_of_a_block_that_is_not_reserved_is_an_error():
     pool = HostBlockPool(2)
     host_block_ids = store(pool, [block_key(0)])

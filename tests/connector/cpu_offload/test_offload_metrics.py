@@ -23,6 +23,8 @@ from kvscope.connector.cpu_offload.stats import (
     OffloadStats,
     Samples,
 )
+from tests.connector.cpu_offload.hma_harness import Engine
+from tests.connector.cpu_offload.hma_harness import request as hma_request
 from tests.connector.cpu_offload.test_offload_ranks import (
     BLOCK,
     HASHER,
@@ -191,3 +193,24 @@ def test_no_events_are_kept_when_vllm_publishes_none():
     offload = OffloadScheduler(OffloadConfig(), NAMESPACE, BLOCK, 16, 1, FaultInjector())
     stored(offload, "r0")
     assert offload.kv_events.take() == []
+
+
+def test_a_worker_reports_its_copies_bytes_and_seconds_once_through_msgpack(tiny_model):
+    engine = Engine(tiny_model)
+    try:
+        engine.add(hma_request("r1", list(range(100, 100 + 6 * BLOCK + 5))))
+        engine.run()
+        stats = engine.worker.get_kv_connector_stats()
+        wire = MsgpackDecoder().decode(MsgpackEncoder().encode(stats.to_dict()))
+        data = CpuOffloadConnector.build_kv_connector_stats(wire).data
+        worker = engine.worker.inner.worker
+        assert data["counters"] == {
+            "store_bytes": worker.stats.store_bytes,
+            "store_s": worker.stats.store_s,
+        }
+        assert worker.stats.store_bytes > 0 and worker.stats.load_bytes == 0
+        # One store: the prefill fills six blocks; the two decoded tokens fill none.
+        assert len(data["histograms"]["store_seconds"]) == 1
+        assert engine.worker.get_kv_connector_stats() is None, "the same copies counted twice"
+    finally:
+        engine.worker.shutdown()
