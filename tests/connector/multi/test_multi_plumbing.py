@@ -14,6 +14,7 @@ from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
 
 from kvscope.connector.multi.connector import KvscopeMultiConnector
 from kvscope.connector.multi.stats import MultiStats
+from kvscope.harness import configs
 from tests.connector.multi.fake_children import Handshake, SummedStats
 from tests.connector.multi.test_child_config import NIXL, outer
 
@@ -21,12 +22,7 @@ FAKE = "tests.connector.multi.fake_children"
 
 
 def child(name: str, **extra) -> dict:
-    return {
-        "name": name,
-        "kv_connector": "RecordingConnector",
-        "kv_connector_module_path": FAKE,
-        "kv_connector_extra_config": {"owner": name, **extra},
-    }
+    return configs.child(name, "RecordingConnector", FAKE, owner=name, **extra)
 
 
 def multi(*children: dict, role=KVConnectorRole.WORKER) -> KvscopeMultiConnector:
@@ -139,17 +135,9 @@ def test_each_childs_prometheus_metrics_observe_its_part_of_the_stats():
 def test_a_traced_childs_stats_are_rebuilt_by_the_class_it_wraps():
     """A TracedConnector child is built as the class it wraps; the logger process, which builds
     no connector, must rebuild that class's stats (the config names only TracedConnector)."""
-    traced = {
-        "name": "traced",
-        "kv_connector": "TracedConnector",
-        "kv_connector_module_path": "kvscope.connector.traced",
-        "kv_connector_extra_config": {
-            "connector": "RecordingConnector",
-            "connector_module_path": FAKE,
-            "owner": "traced",
-            "stats": {"loaded_blocks": 2},
-        },
-    }
+    traced = configs.traced_child(
+        "RecordingConnector", connector_module_path=FAKE, owner="traced", stats={"loaded_blocks": 2}
+    )
     stats = multi(traced).get_kv_connector_stats()
     wire = MsgpackDecoder().decode(MsgpackEncoder().encode(stats.to_dict()))
     rebuilt = KvscopeMultiConnector.build_kv_connector_stats(wire)
