@@ -1,10 +1,4 @@
-"""Counts every rank's report of a transfer across steps: it ends when the whole world reported.
-
-vLLM sums the workers' metadata of one step (`KVConnectorWorkerMetadata.aggregate`) but keeps
-nothing from step to step, and at TP x PP > 1 ranks finish the same copy in different steps.
-A transfer that waited for every rank within one step would never end when one rank is a poll
-late, and a failure on one rank would be lost if another rank finished first.
-"""
+"""Counts every rank's report of a transfer across steps: it ends when the whole world reported."""
 
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
@@ -22,7 +16,13 @@ class RankCounts:
 
 
 class RankTally(Generic[Key]):
-    """Per-transfer counts of rank reports; a transfer ends once `world_size` ranks reported."""
+    """Per-transfer counts of rank reports; a transfer ends once `world_size` ranks reported.
+
+    vLLM sums the workers' metadata of one step (`KVConnectorWorkerMetadata.aggregate`) but keeps
+    nothing from step to step, and at TP x PP > 1 ranks finish the same copy in different steps. A
+    transfer that waited for every rank within one step would never end when one rank is a poll
+    late, and a failure on one rank would be lost if another rank finished first.
+    """
 
     def __init__(self, world_size: int) -> None:
         if world_size < 1:

@@ -1,10 +1,5 @@
 """Prometheus metrics on vLLM's /metrics for a connector's SchemaStats: a counter per counter, a
-gauge per gauge and a failures counter by cause and outcome, each labelled with vLLM's labels.
-
-vLLM unregisters every `vllm:` collector when it builds its Prometheus logger again, so a second
-engine in one process registers them anew instead of failing on duplicates. Histograms are each
-connector's own (cpu_offload/prom.py, p2p/prom.py): their buckets and labels differ.
-"""
+gauge per gauge and a failures counter by cause and outcome, each labelled with vLLM's labels."""
 
 from typing import Any
 
@@ -43,6 +38,10 @@ class SchemaPromMetrics(KVConnectorPromMetrics):
 
     `counters` and `gauges` map stats keys to their help text; `prefix` starts every name.
     A connector's build_prom_metrics returns its subclass made with vLLM's four arguments.
+
+    vLLM unregisters every `vllm:` collector when it builds its Prometheus logger again, so a second
+    engine in one process registers them anew instead of failing on duplicates. Histograms are each
+    connector's own (cpu_offload/prom.py, p2p/prom.py): their buckets and labels differ.
     """
 
     def __init__(

@@ -1,18 +1,4 @@
-"""A connector's KVConnectorStats from a schema: a versioned, bounded, checked plain dict.
-
-The data crosses processes (worker -> engine core -> the API server's logger, as msgpack), so
-it is a plain dict of bounded size whose keys a schema names:
-
-    {"version": 1,
-     "counters": {name: number},            # summed over ranks and steps
-     "gauges": {name: number},              # the scheduler half's latest snapshot
-     "histograms": {name: [sample, ...]},   # per transfer, at most MAX_SAMPLES a name
-     "failures": {cause: {outcome: count}}}
-
-Samples beyond MAX_SAMPLES in one interval are counted in counters["samples_dropped"]; the
-byte and second counters stay exact either way. Each connector (cpu_offload/stats.py,
-p2p/stats.py) names its keys in a StatsSchema and subclasses SchemaStats with it.
-"""
+"""A connector's KVConnectorStats from a schema: a versioned, bounded, checked plain dict."""
 
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, TypeVar
@@ -28,7 +14,21 @@ CountersType = TypeVar("CountersType", bound="Counters")
 
 @dataclass(frozen=True)
 class StatsSchema:
-    """The names one connector's stats may carry; `owner` names it in errors."""
+    """The names one connector's stats may carry; `owner` names it in errors.
+
+    The data crosses processes (worker -> engine core -> the API server's logger, as msgpack), so it
+    is a plain dict of bounded size whose keys a schema names:
+
+        {"version": 1,
+         "counters": {name: number},            # summed over ranks and steps
+         "gauges": {name: number},              # the scheduler half's latest snapshot
+         "histograms": {name: [sample, ...]},   # per transfer, at most MAX_SAMPLES a name
+         "failures": {cause: {outcome: count}}}
+
+    Samples beyond MAX_SAMPLES in one interval are counted in counters["samples_dropped"]; the byte
+    and second counters stay exact either way. Each connector (cpu_offload/stats.py, p2p/stats.py)
+    names its keys in a StatsSchema and subclasses SchemaStats with it.
+    """
 
     owner: str
     counters: tuple[str, ...]

@@ -1,11 +1,4 @@
-"""A circuit breaker per KV tier: one whose loads keep failing is bypassed, then probed again.
-
-A tier (the offload pool, a P2P peer) that fails or times out `failures_to_bypass` loads in a
-row is bypassed for `bypass_s`: its lookups answer 0 at once, so requests recompute instead of
-each waiting out a load timeout. Then one lookup is let through as a probe: its load succeeding
-makes the tier healthy again; failing doubles the bypass, up to `max_bypass_s`. Bypassed
-lookups only mean recompute: greedy tokens stay those of a run without the tier.
-"""
+"""A circuit breaker per KV tier: one whose loads keep failing is bypassed, then probed again."""
 
 import time
 from collections.abc import Callable, Mapping
@@ -102,7 +95,14 @@ def emit_state_span(
 
 
 class TierHealth:
-    """The breaker of one tier. Lookups ask admit(key); load outcomes come back in record()."""
+    """The breaker of one tier. Lookups ask admit(key); load outcomes come back in record().
+
+    A tier (the offload pool, a P2P peer) that fails or times out `failures_to_bypass` loads in a
+    row is bypassed for `bypass_s`: its lookups answer 0 at once, so requests recompute instead of
+    each waiting out a load timeout. Then one lookup is let through as a probe: its load succeeding
+    makes the tier healthy again; failing doubles the bypass, up to `max_bypass_s`. Bypassed lookups
+    only mean recompute: greedy tokens stay those of a run without the tier.
+    """
 
     def __init__(
         self,

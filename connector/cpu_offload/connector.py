@@ -1,13 +1,4 @@
-"""CpuOffloadConnector: the CPU offload connector as users load it, every hook traced.
-
-kv_transfer_config = {
-    "kv_connector": "CpuOffloadConnector",
-    "kv_connector_module_path": "kvscope.connector.cpu_offload.connector",
-    "kv_role": "kv_both",
-    "kv_load_failure_policy": "recompute",
-    "kv_connector_extra_config": {"cpu_bytes_to_use": 1 << 30, "lease_timeout_s": 30},
-}
-"""
+"""CpuOffloadConnector: the CPU offload connector as users load it, every hook traced."""
 
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +14,16 @@ if TYPE_CHECKING:
 
 class CpuOffloadConnector(InstrumentedConnector, SupportsHMA):
     """CpuOffloadCore inside the hook-span instrumentation; every KV cache group of full or
-    sliding-window attention (vLLM's hybrid KV cache manager) is offloaded."""
+    sliding-window attention (vLLM's hybrid KV cache manager) is offloaded.
+
+    kv_transfer_config = {
+        "kv_connector": "CpuOffloadConnector",
+        "kv_connector_module_path": "kvscope.connector.cpu_offload.connector",
+        "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": {"cpu_bytes_to_use": 1 << 30, "lease_timeout_s": 30},
+    }
+    """
 
     def build_inner(
         self, vllm_config: "VllmConfig", role: KVConnectorRole, kv_cache_config: "KVCacheConfig"

@@ -1,9 +1,4 @@
-"""The KV cache groups the offload connector keeps: which blocks a hit needs in each, and keys.
-
-vLLM's hybrid KV cache manager gives a model one group per kind of attention layer (full
-attention, sliding window); block ids are addresses within one group's block table, and the
-same tokens have different KV in each group, so every host block key names its group.
-"""
+"""The KV cache groups the offload connector keeps: which blocks a hit needs in each, and keys."""
 
 from dataclasses import dataclass
 
@@ -44,7 +39,12 @@ class KVGroup:
 
 @dataclass(frozen=True)
 class KVGroups:
-    """The groups a connector keeps, in vLLM's order; one full-attention group without HMA."""
+    """The groups a connector keeps, in vLLM's order; one full-attention group without HMA.
+
+    vLLM's hybrid KV cache manager gives a model one group per kind of attention layer (full
+    attention, sliding window); block ids are addresses within one group's block table, and the same
+    tokens have different KV in each group, so every host block key names its group.
+    """
 
     groups: tuple[KVGroup, ...] = (KVGroup(0),)
     num_groups: int = 1  # all of vLLM's groups, kept or not: the length of its block id tuples

@@ -1,10 +1,5 @@
 """vLLM KV events for the host tier: BlockStored when a block is committed to the host pool,
-BlockRemoved when it is evicted, with medium "CPU" as vLLM's SimpleCPUOffloadConnector says.
-
-They carry vLLM's own block hashes (converted as vLLM converts its GPU tier's), never the
-pool's namespaced keys: a KV-aware router sees one block hash in both tiers, told apart by the
-medium. vLLM's scheduler publishes what take_events() returns after each step.
-"""
+BlockRemoved when it is evicted, with medium "CPU" as vLLM's SimpleCPUOffloadConnector says."""
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -32,7 +27,12 @@ class BlockFacts:
 
 
 class HostTierEvents:
-    """Remembers each host block's vLLM hash from its store's planning until its eviction."""
+    """Remembers each host block's vLLM hash from its store's planning until its eviction.
+
+    The events carry vLLM's own block hashes (converted as vLLM converts its GPU tier's), never
+    the pool's namespaced keys: a KV-aware router sees one block hash in both tiers, told apart
+    by the medium. vLLM's scheduler publishes what take_events() returns after each step.
+    """
 
     def __init__(self, enabled: bool, block_size: int) -> None:
         self.enabled = enabled

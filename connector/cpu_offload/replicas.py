@@ -1,16 +1,4 @@
-"""TP ranks that hold identical KV (MLA) share one host pool: the first stores, every rank loads.
-
-MLA keeps one latent per layer, the same on every tensor-parallel rank; vLLM marks such ranks
-(`KVCacheConfig.kv_tp_replicas`). Private pools split over the world would hold the same blocks
-R times in R times less room each. Instead the R ranks of a replica group map one shared memory
-file, sized as R ranks' share of `cpu_bytes_to_use`: host memory stays the budget, the pool
-holds R times more blocks, and each block is written once. The scheduler half commits a store
-only when every rank reported it (the followers report theirs at once, the leader when its
-copy ended), and releases a lease only when every rank's load ended, so no rank reads a block
-another rank is writing. vLLM's own offloader does the same (a shared /dev/shm region, rank 0
-writes). The sharing needs every rank of the group on one host and nothing but TP: otherwise
-each rank keeps a private pool, as before.
-"""
+"""TP ranks that hold identical KV (MLA) share one host pool: the first stores, every rank loads."""
 
 from __future__ import annotations
 
@@ -43,7 +31,19 @@ _pools_mapped: Counter[tuple[str, int]] = Counter()  # (group name, TP rank) -> 
 
 @dataclass(frozen=True)
 class ReplicaGroup:
-    """The ranks this rank shares a host pool with; size 1 is a private pool."""
+    """The ranks this rank shares a host pool with; size 1 is a private pool.
+
+    MLA keeps one latent per layer, the same on every tensor-parallel rank; vLLM marks such ranks
+    (`KVCacheConfig.kv_tp_replicas`). Private pools split over the world would hold the same blocks
+    R times in R times less room each. Instead the R ranks of a replica group map one shared memory
+    file, sized as R ranks' share of `cpu_bytes_to_use`: host memory stays the budget, the pool
+    holds R times more blocks, and each block is written once. The scheduler half commits a store
+    only when every rank reported it (the followers report theirs at once, the leader when its copy
+    ended), and releases a lease only when every rank's load ended, so no rank reads a block another
+    rank is writing. vLLM's own offloader does the same (a shared /dev/shm region, rank 0 writes).
+    The sharing needs every rank of the group on one host and nothing but TP: otherwise each rank
+    keeps a private pool, as before.
+    """
 
     size: int = 1
     leader: bool = True  # the rank whose stores copy; the others' stores only report done

@@ -1,8 +1,4 @@
-"""Scheduler half of the CPU offload connector: lookups with leases, load and store planning.
-
-Never touches tensors: it owns the host pool's index (which host block holds which block key)
-and tells the workers, through OffloadMetadata, which blocks to copy where.
-"""
+"""Scheduler half of the CPU offload connector: lookups with leases, load and store planning."""
 
 import time
 from typing import TYPE_CHECKING
@@ -33,7 +29,11 @@ __all__ = ["LoadPhase", "OffloadScheduler", "RequestState"]
 
 
 class OffloadScheduler:
-    """Looks blocks up in the host pool, leases hits, and plans loads and stores per step."""
+    """Looks blocks up in the host pool, leases hits, and plans loads and stores per step.
+
+    Never touches tensors: it owns the host pool's index (which host block holds which block key)
+    and tells the workers, through OffloadMetadata, which blocks to copy where.
+    """
 
     def __init__(
         self,

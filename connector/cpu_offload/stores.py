@@ -1,7 +1,4 @@
-"""Store planning of the offload scheduler half: which blocks of which group go to the host.
-
-StorePlanner holds the stores in flight; OffloadScheduler owns it and the requests' states.
-"""
+"""Store planning of the offload scheduler half: which blocks of which group go to the host."""
 
 import itertools
 from dataclasses import replace
@@ -27,7 +24,8 @@ if TYPE_CHECKING:
 
 class StorePlanner:
     """Reserves host blocks for the blocks a step fills and ends the stores the workers
-    reported; `in_flight` holds every store planned and not yet reported by all ranks."""
+    reported; `in_flight` holds every store planned and not yet reported by all ranks. The
+    scheduler half owns it and the requests' states, of which plan() moves the store cursor."""
 
     def __init__(
         self,

@@ -1,8 +1,4 @@
-"""Worker half of the CPU offload connector: copies whole blocks between KV cache and host pool.
-
-Never touches scheduler state: it runs the copies OffloadMetadata names and reports outcomes
-(finished loads and stores, failed blocks) back through vLLM's worker output.
-"""
+"""Worker half of the CPU offload connector: copies whole blocks between KV cache and host pool."""
 
 import time
 from dataclasses import dataclass
@@ -32,7 +28,11 @@ class PendingCopy:
 
 
 class OffloadWorker:
-    """Owns the host buffer and the copy engine of one worker."""
+    """Owns the host buffer and the copy engine of one worker.
+
+    Never touches scheduler state: it runs the copies OffloadMetadata names and reports outcomes
+    (finished loads and stores, failed blocks) back through vLLM's worker output.
+    """
 
     def __init__(
         self,

@@ -1,9 +1,4 @@
-"""CUDA copy backend: a load stream and a store stream at the lowest priority, polled events.
-
-Nothing here waits on the GPU from the host except wait() and shutdown(), which callers use
-only when they must (a preemption, the end). The stream and event calls go through
-StreamOps, so CPU tests can drive the same logic with fakes.
-"""
+"""CUDA copy backend: a load stream and a store stream at the lowest priority, polled events."""
 
 import contextlib
 import logging
@@ -101,6 +96,10 @@ class CudaCopyEngine(CopyEngine):
     the forward wrote, a load must not race a write (or zeroing) of its destination blocks.
     A store also waits for the loads submitted before it, which may read its host blocks;
     a load never waits for stores, so a resuming request is not held behind offloading.
+
+    Nothing here waits on the GPU from the host except wait() and shutdown(), which callers use only
+    when they must (a preemption, the end). The stream and event calls go through StreamOps, so CPU
+    tests can drive the same logic with fakes.
     """
 
     def __init__(

@@ -1,12 +1,4 @@
-"""Block copies between KV layers on a device and host layers through reused device buffers.
-
-A run that is one dense range on both sides crosses the bus as one copy, with no kernel. A
-run that needs reordering (scattered block ids, or blocks that are not dense on the device)
-is gathered on the device first, then crosses the bus as one dense transfer. Torch would
-allocate that temporary on every call, on the copy stream, out of memory vLLM did not
-profile. Here it is a buffer allocated once per copy stream and used in chunks. The
-functions are device-agnostic, so CPU tests check the same code byte for byte.
-"""
+"""Block copies between KV layers on a device and host layers through reused device buffers."""
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,7 +14,15 @@ STAGING_BYTES: Final = 16 * 2**20
 
 @dataclass
 class Staging:
-    """Device memory one copy stream reuses for every job; only that stream may touch it."""
+    """Device memory one copy stream reuses for every job; only that stream may touch it.
+
+    A run that is one dense range on both sides crosses the bus as one copy, with no kernel. A run
+    that needs reordering (scattered block ids, or blocks that are not dense on the device) is
+    gathered on the device first, then crosses the bus as one dense transfer. Torch would allocate
+    that temporary on every call, on the copy stream, out of memory vLLM did not profile. Here it is
+    a buffer allocated once per copy stream and used in chunks. This module's functions are
+    device-agnostic, so CPU tests check the same code byte for byte.
+    """
 
     # [capacity, *block_shape]: one table's blocks of a chunk, as the host holds them
     blocks: torch.Tensor = field(repr=False)
