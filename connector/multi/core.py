@@ -8,16 +8,25 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     SupportsHMA,
 )
 
-if TYPE_CHECKING:
-    from vllm.config import VllmConfig
-    from vllm.config.kv_transfer import KVTransferConfig
-
-from kvscope.connector.multi import class_level, stats
+from kvscope.connector.multi import answers, class_level, stats
 from kvscope.connector.multi.children import build_children
 from kvscope.connector.multi.groups import num_groups
 from kvscope.connector.multi.metadata import MultiMetadata
 from kvscope.connector.multi.scheduler import MultiScheduler
 from kvscope.connector.multi.worker import MultiWorker
+
+if TYPE_CHECKING:
+    import torch
+    from vllm.config import KVTransferConfig, VllmConfig
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import CopyBlocksOp
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.attention.backend import AttentionMetadata
+    from vllm.v1.core.block_pool import BlockPool
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
 
 
 class MultiCore(KVConnectorBase_V1, SupportsHMA):
@@ -28,7 +37,9 @@ class MultiCore(KVConnectorBase_V1, SupportsHMA):
     one group any child works.
     """
 
-    def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any):
+    def __init__(
+        self, vllm_config: "VllmConfig", role: KVConnectorRole, kv_cache_config: "KVCacheConfig"
+    ):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         outer = self._kv_transfer_config
         extra = outer.kv_connector_extra_config or {}
@@ -61,54 +72,61 @@ class MultiCore(KVConnectorBase_V1, SupportsHMA):
 
     # --- scheduler side -----------------------------------------------------------------------
 
-    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int):
+    def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int):
         tokens, is_async, _ = self.scheduler.lookup(request, num_computed_tokens)
         return tokens, is_async
 
-    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int):
+    def update_state_after_alloc(
+        self, request: "Request", blocks: "KVCacheBlocks", num_external_tokens: int
+    ):
         self.scheduler.bind(request, blocks, num_external_tokens)
 
-    def build_connector_meta(self, scheduler_output: Any) -> MultiMetadata:
+    def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> MultiMetadata:
         return self.scheduler.build_metadata(scheduler_output)
 
-    def update_connector_output(self, connector_output: Any) -> None:
+    def update_connector_output(self, connector_output: "KVConnectorOutput") -> None:
         self.scheduler.on_worker_output(connector_output)
 
-    def request_finished(self, request: Any, block_ids: list[int]):
+    def request_finished(self, request: "Request", block_ids: list[int]):
         return self.scheduler.finished(request, (block_ids,), all_groups=False)
 
-    def request_finished_all_groups(self, request: Any, block_ids: tuple[list[int], ...]):
+    def request_finished_all_groups(self, request: "Request", block_ids: tuple[list[int], ...]):
         return self.scheduler.finished(request, tuple(block_ids), all_groups=True)
 
-    def on_new_request(self, request: Any) -> None:
+    def on_new_request(self, request: "Request") -> None:
         self._each("on_new_request", request)
 
-    def _serving(self, request: Any) -> KVConnectorBase_V1 | None:
+    def _serving(self, request: "Request") -> KVConnectorBase_V1 | None:
         """The child chosen to load the request's external hit, if any."""
         serving = self.scheduler.serving.get(str(request.request_id))
         return None if serving is None else self.children[serving].connector
 
-    def get_external_cache_hit_sources(self, request: Any, num_external_tokens: int):
+    def get_external_cache_hit_sources(self, request: "Request", num_external_tokens: int):
         if (child := self._serving(request)) is None:
             return super().get_external_cache_hit_sources(request, num_external_tokens)
         return child.get_external_cache_hit_sources(request, num_external_tokens)
 
-    def get_loaded_kv_cache_group_ids(self, request: Any) -> tuple[int, ...]:
+    def get_loaded_kv_cache_group_ids(self, request: "Request") -> tuple[int, ...]:
         if (child := self._serving(request)) is None:
             return super().get_loaded_kv_cache_group_ids(request)
         return child.get_loaded_kv_cache_group_ids(request)
 
-    def register_finished_partial_tail(self, request: Any, block_ids, partial_tail_offloads):
+    def register_finished_partial_tail(
+        self,
+        request: "Request",
+        block_ids: tuple[list[int], ...],
+        partial_tail_offloads: list[tuple[int, int, int]],
+    ) -> bool:
         accepted = self._each(
             "register_finished_partial_tail", request, block_ids, partial_tail_offloads
         )
         return any(accepted)
 
-    def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
+    def bind_kv_cache_manager(self, kv_cache_manager: "KVCacheManager") -> None:
         self._kv_cache_manager = kv_cache_manager
         self._each("bind_kv_cache_manager", kv_cache_manager)
 
-    def bind_gpu_block_pool(self, gpu_block_pool: Any) -> None:
+    def bind_gpu_block_pool(self, gpu_block_pool: "BlockPool") -> None:
         self._each("bind_gpu_block_pool", gpu_block_pool)
 
     def set_xfer_handshake_metadata(self, metadata: dict) -> None:
@@ -141,15 +159,14 @@ class MultiCore(KVConnectorBase_V1, SupportsHMA):
         return any(self._each("has_pending_push_work"))
 
     def reset_cache(self) -> bool | None:
-        results = self._each("reset_cache")
-        return None if all(r is None for r in results) else all(r is not False for r in results)
+        return answers.reset_cache(self._each("reset_cache"))
 
     # --- worker side --------------------------------------------------------------------------
 
-    def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
+    def register_kv_caches(self, kv_caches: dict[str, "torch.Tensor"]) -> None:
         self._each("register_kv_caches", kv_caches)
 
-    def bind_connector_metadata(self, connector_metadata: Any) -> None:
+    def bind_connector_metadata(self, connector_metadata: MultiMetadata) -> None:
         super().bind_connector_metadata(connector_metadata)
         self.worker.bind(connector_metadata)
 
@@ -161,7 +178,7 @@ class MultiCore(KVConnectorBase_V1, SupportsHMA):
         for child, metadata in zip(self.children, kv_connector_metadata.children, strict=True):
             child.connector.handle_preemptions(metadata)
 
-    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+    def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
         for index, child in enumerate(self.children):
             with self.scheduler.span(index, "start_load_kv"):
                 child.connector.start_load_kv(forward_context, **kwargs)
@@ -169,7 +186,13 @@ class MultiCore(KVConnectorBase_V1, SupportsHMA):
     def wait_for_layer_load(self, layer_name: str) -> None:
         self._each("wait_for_layer_load", layer_name)
 
-    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs) -> None:
+    def save_kv_layer(
+        self,
+        layer_name: str,
+        kv_layer: "torch.Tensor",
+        attn_metadata: "AttentionMetadata",
+        **kwargs: Any,
+    ) -> None:
         for child in self.children:
             child.connector.save_kv_layer(layer_name, kv_layer, attn_metadata, **kwargs)
 
@@ -192,30 +215,16 @@ class MultiCore(KVConnectorBase_V1, SupportsHMA):
         return self.worker.worker_meta()
 
     def get_handshake_metadata(self):
-        """The first child's that has some: vLLM carries one per worker (as its MultiConnector)."""
-        return next((m for m in self._each("get_handshake_metadata") if m is not None), None)
+        return answers.handshake_metadata(self._each("get_handshake_metadata"))
 
     def get_finished_count(self) -> int | None:
-        counts = self._each("get_finished_count")
-        if any(count is None for count in counts):
-            return None
-        if len(set(counts)) > 1:
-            raise ValueError(f"children expect different finished counts {sorted(set(counts))}")
-        return next(iter(counts), None)
+        return answers.finished_count(self._each("get_finished_count"))
 
-    def set_host_xfer_buffer_ops(self, copy_operation: Any) -> None:
+    def set_host_xfer_buffer_ops(self, copy_operation: "CopyBlocksOp") -> None:
         self._each("set_host_xfer_buffer_ops", copy_operation)
 
     def get_mem_pool_context(self):
-        """A child's KV cache memory pool; the KV cache lives in one, so at most one child."""
-        contexts = zip(self.children, self._each("get_mem_pool_context"), strict=True)
-        found = [(child.name, context) for child, context in contexts if context is not None]
-        if len(found) > 1:
-            raise ValueError(
-                f"children {[name for name, _ in found]} each provide a KV cache memory pool; "
-                "configure custom_mem_pool on at most one"
-            )
-        return found[0][1] if found else None
+        return answers.mem_pool_context(self.children, self._each("get_mem_pool_context"))
 
     def finish_forward(self) -> None:
         self._each("finish_forward")
@@ -224,22 +233,10 @@ class MultiCore(KVConnectorBase_V1, SupportsHMA):
         self._each("reset_capture_state")
 
     def get_kv_connector_stats(self) -> stats.MultiStats | None:
-        """Each child's stats under its name, as vLLM's MultiKVConnectorStats (also on the
-        scheduler side, whose stats vLLM adds to the workers')."""
-        multi = None
-        for child in self.children:
-            if (child_stats := child.connector.get_kv_connector_stats()) is not None:
-                multi = multi or stats.MultiStats()
-                multi.add(child.name, (child.kv_connector, child.module_path), child_stats)
-        return multi
+        return answers.kv_connector_stats(self.children, self._each("get_kv_connector_stats"))
 
     def get_kv_connector_kv_cache_events(self):
-        """The children's KV cache events in one container (the first child's)."""
-        merged = None
-        for events in self._each("get_kv_connector_kv_cache_events"):
-            if events is not None:
-                merged = events if merged is None else merged.merge(events)
-        return merged
+        return answers.kv_cache_events(self._each("get_kv_connector_kv_cache_events"))
 
     def held(self) -> dict[str, object]:
         """What the Multi's half for this role still holds (its held()), not its children's:

@@ -24,7 +24,16 @@ from kvscope.connector.p2p.worker import P2PWorker
 from kvscope.traces.outcomes import outcome_of_policy
 
 if TYPE_CHECKING:
-    from vllm.config import KVTransferConfig
+    import torch
+    from vllm.config import KVTransferConfig, VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.attention.backend import AttentionMetadata
+    from vllm.v1.core.block_pool import BlockPool
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
 
 
 class P2PCore(KVConnectorBase_V1, SupportsHMA):
@@ -41,7 +50,9 @@ class P2PCore(KVConnectorBase_V1, SupportsHMA):
     # 'external_unspecified'.
     _cache_hit_source = CacheHitSource.P2P
 
-    def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any):
+    def __init__(
+        self, vllm_config: "VllmConfig", role: KVConnectorRole, kv_cache_config: "KVCacheConfig"
+    ):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         ktc = self._kv_transfer_config
         config = P2PConfig.from_extra_config(ktc.kv_connector_extra_config)
@@ -71,7 +82,7 @@ class P2PCore(KVConnectorBase_V1, SupportsHMA):
             self.scheduler.failure_outcome = None
 
     @classmethod
-    def get_required_kvcache_layout(cls, vllm_config: Any) -> str | None:
+    def get_required_kvcache_layout(cls, vllm_config: "VllmConfig") -> str | None:
         """Asked by vLLM's resolve_kv_cache_layout, as it asks stock NIXL (vllm_layout)."""
         return preferred_layout(vllm_config)
 
@@ -90,43 +101,45 @@ class P2PCore(KVConnectorBase_V1, SupportsHMA):
 
     # --- scheduler side -----------------------------------------------------------------------
 
-    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int):
+    def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int):
         return self.scheduler.lookup(request, num_computed_tokens)
 
-    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int):
+    def update_state_after_alloc(
+        self, request: "Request", blocks: "KVCacheBlocks", num_external_tokens: int
+    ):
         def is_null(group: int, index: int) -> bool:
             return blocks.blocks[group][index].is_null
 
         self.scheduler.bind(request, blocks.get_block_ids(), num_external_tokens, is_null)
 
-    def get_loaded_kv_cache_group_ids(self, request: Any) -> tuple[int, ...]:
+    def get_loaded_kv_cache_group_ids(self, request: "Request") -> tuple[int, ...]:
         """A pull restores the request's own blocks of every group (as stock NIXL's)."""
         return self.groups.group_ids
 
-    def bind_gpu_block_pool(self, gpu_block_pool: Any) -> None:
+    def bind_gpu_block_pool(self, gpu_block_pool: "BlockPool") -> None:
         if self.scheduler is not None:
             self.scheduler.null_block_id = gpu_block_pool.null_block.block_id
 
-    def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
+    def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
         return self.scheduler.build_metadata()
 
-    def update_connector_output(self, connector_output: Any) -> None:
+    def update_connector_output(self, connector_output: "KVConnectorOutput") -> None:
         self.scheduler.on_worker_output(
             connector_output.kv_connector_worker_meta,
             connector_output.finished_sending or set(),
             connector_output.finished_recving or set(),
         )
 
-    def request_finished(self, request: Any, block_ids: list[int]):
+    def request_finished(self, request: "Request", block_ids: list[int]):
         return self.scheduler.finished(request, (block_ids,))
 
-    def request_finished_all_groups(self, request: Any, block_ids: tuple[list[int], ...]):
+    def request_finished_all_groups(self, request: "Request", block_ids: tuple[list[int], ...]):
         """Every group's blocks are held for the reader and freed together."""
         return self.scheduler.finished(request, tuple(block_ids))
 
     # --- worker side --------------------------------------------------------------------------
 
-    def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
+    def register_kv_caches(self, kv_caches: dict[str, "torch.Tensor"]) -> None:
         kv_cache_config = self._kv_cache_config
         kv_caches = distinct_kv_memories(kv_caches, kv_cache_config)
         self.worker.register(
@@ -153,7 +166,7 @@ class P2PCore(KVConnectorBase_V1, SupportsHMA):
         over its own side channel whenever a request names a peer it does not know."""
         return None
 
-    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+    def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
         metadata = self._get_connector_metadata()
         assert isinstance(metadata, P2PMetadata), type(metadata)
         self.worker.start(metadata)
@@ -161,7 +174,13 @@ class P2PCore(KVConnectorBase_V1, SupportsHMA):
     def wait_for_layer_load(self, layer_name: str) -> None:
         return None  # pulls are asynchronous: their requests are not in this forward
 
-    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs) -> None:
+    def save_kv_layer(
+        self,
+        layer_name: str,
+        kv_layer: "torch.Tensor",
+        attn_metadata: "AttentionMetadata",
+        **kwargs: Any,
+    ) -> None:
         return None  # the decode side reads the blocks in place: nothing to save
 
     def wait_for_save(self) -> None:
