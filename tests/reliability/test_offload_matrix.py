@@ -5,12 +5,11 @@ import pytest
 from tests.reliability import scenarios
 from tests.reliability.cases import cases_for
 from tests.reliability.configs import offload_config
-from tests.reliability.engine_ops import SMALL_ENGINE, EngineSlot
-from tests.reliability.matrix import apply_check, cell_params
-from tests.reliability.record import cell_run
+from tests.reliability.matrix import cell_params, check_cell, matrix_fixtures
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 CELLS = cases_for("offload")
+engines, runs = matrix_fixtures(offload_config, faults="offload")
 
 
 def workload(cell: scenarios.Cell):
@@ -30,28 +29,14 @@ SCENARIOS = {
 }
 
 
-@pytest.fixture(scope="module")
-def engines(tiny_model, matrix_dir):
-    faults_path = matrix_dir / "offload-faults.json"
-    faults_path.write_text("{}")
-    slot = EngineSlot(
-        tiny_model, lambda policy: offload_config(policy, faults_path), **SMALL_ENGINE
-    )
-    slot.faults_path = faults_path
-    yield slot
-    slot.close()
-
-
-@pytest.fixture(scope="module")
-def runs() -> dict:
-    return {}
-
-
 @pytest.mark.parametrize(("case", "check"), cell_params(CELLS))
 def test_cell(case, check, engines, runs, recorder, expected):
-    def make():
-        llm = engines.get(case.policy)
-        cell = scenarios.Cell(case, llm, recorder.backend, recorder, engines.faults_path)
-        return recorder.record(case, llm, lambda: SCENARIOS[case.fault](cell))
-
-    apply_check(check, cell_run(runs, case, make), expected)
+    check_cell(
+        case,
+        check,
+        SCENARIOS[case.fault],
+        engines=engines,
+        runs=runs,
+        recorder=recorder,
+        expected=expected,
+    )
