@@ -16,6 +16,7 @@ from kvscope.backend.ingest.receive import IngestGate
 from kvscope.backend.ingest.receive_grpc import start_receiver
 from kvscope.backend.ingest.write import STAGED_TABLES
 from kvscope.backend.live import Hub
+from kvscope.backend.metrics import RecomputeCollector
 from kvscope.backend.routes import (
     blocks,
     clocks,
@@ -24,6 +25,7 @@ from kvscope.backend.routes import (
     ingest,
     leases,
     metrics,
+    recomputes,
     requests,
     stats,
     streams,
@@ -47,6 +49,7 @@ ROUTERS = (
     ws,
     tiers,
     clocks,
+    recomputes,
 )
 
 
@@ -87,6 +90,7 @@ def create_app(settings: Settings | None = None, grpc_host: str | None = None) -
     app.state.engine = engine
     app.state.hub = Hub()
     app.state.ingest = Pipeline(engine, settings, app.state.hub, ws.make_publisher(app))
+    app.state.ingest.metrics.registry.register(RecomputeCollector(engine, failures.incidents_in))
     app.state.ingest_gate = IngestGate(settings.max_concurrent_ingest)
     for module in ROUTERS:
         app.include_router(module.router)

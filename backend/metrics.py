@@ -1,11 +1,12 @@
 """The backend's own Prometheus metrics: spans received, stored and dropped, ingest latency,
-each span stream's gaps and the database's size (read from the database at scrape time)."""
+each span stream's gaps, the database's size and silent recomputes (read at scrape time)."""
 
 import os
 import time
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from sqlalchemy import Engine, text
 from sqlmodel import Session, select
 
@@ -13,6 +14,7 @@ from kvscope.backend.db import seqs
 from kvscope.backend.db.engine import is_sqlite
 from kvscope.backend.db.models import Process
 from kvscope.backend.queries import certainty
+from kvscope.backend.queries.recomputes import silent_recomputes
 from kvscope.backend.settings import Settings
 
 PREFIX = "kvscope_backend_"
@@ -107,3 +109,39 @@ def database_bytes(engine: Engine, session: Session) -> float:
     page_size = session.exec(text("PRAGMA page_size")).one()[0]
     wal = f"{engine.url.database}-wal"
     return float(pages * page_size + (os.path.getsize(wal) if os.path.exists(wal) else 0))
+
+
+class RecomputeCollector:
+    """kvscope_backend_silent_recomputes_total and kvscope_backend_silent_recompute_tokens_total
+    per engine and cause: requests that ended normally although a load failed and was recomputed.
+
+    Counted from the database when Prometheus scrapes, not as rows are ingested: a request's end
+    (its scheduler's span) and its load failure (its worker's event, vLLM's own report) come from
+    different processes in separate batches and either order, and the failure reports fold into
+    one incident only once all have arrived; the database holds both sides, so a scrape needs no
+    window and a restarted backend goes on from what it stored. Retention deleting old requests
+    lowers the totals, which Prometheus reads as a counter reset (rate() stays right)."""
+
+    def __init__(self, engine: Engine, incidents_of: Callable) -> None:
+        self.engine = engine
+        self.incidents_of = incidents_of  # routes.failures.incidents_in (no import circle)
+
+    def collect(self):
+        labels = ["engine_id", "cause"]
+        requests = CounterMetricFamily(
+            PREFIX + "silent_recomputes",
+            "Requests that ended normally although a KV load failed and was recomputed.",
+            labels=labels,
+        )
+        tokens = CounterMetricFamily(
+            PREFIX + "silent_recompute_tokens",
+            "Prefill tokens recomputed for them (the failed loads' tokens to load).",
+            labels=labels,
+        )
+        with Session(self.engine) as session:
+            incidents, _, _ = self.incidents_of(session, None, None)
+            found = silent_recomputes(session.connection(), incidents, None, None)
+        for row in found.rows:
+            requests.add_metric([row.engine_id, row.cause], row.requests)
+            tokens.add_metric([row.engine_id, row.cause], row.recomputed_tokens)
+        yield from (requests, tokens)
