@@ -51,9 +51,32 @@ def request_params(max_tokens: int, kv_transfer_params: dict | None = None) -> A
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, extra_args=extra)
 
 
-def as_prompt(prompt: str | dict | Sequence[int]) -> Any:
-    """Text and vLLM prompt dicts as they are; a sequence of token ids as vLLM's TokensPrompt."""
-    return prompt if isinstance(prompt, (str, dict)) else {"prompt_token_ids": list(prompt)}
+FIRST_TOKEN_ID = 10
+"""Scenario token ids start here: below are the special tokens of small vocabularies."""
+
+
+def as_prompt(prompt: str | dict | Sequence[int], vocab_size: int | None = None) -> Any:
+    """Text and vLLM prompt dicts as they are; token ids as vLLM's TokensPrompt, folded into the
+    model's vocabulary (the scenarios draw ids below 2000; a smaller model would refuse them)."""
+    if isinstance(prompt, (str, dict)):
+        return prompt
+    return {"prompt_token_ids": in_vocabulary(prompt, vocab_size)}
+
+
+def in_vocabulary(token_ids: Sequence[int], vocab_size: int | None) -> list[int]:
+    """The ids, each at or past vocab_size folded into [FIRST_TOKEN_ID, vocab_size): a function
+    of the id alone, so prompts that share a prefix still share it."""
+    if vocab_size is None or vocab_size <= FIRST_TOKEN_ID:
+        return list(token_ids)
+    span = vocab_size - FIRST_TOKEN_ID
+    return [
+        t if t < vocab_size else FIRST_TOKEN_ID + (t - FIRST_TOKEN_ID) % span for t in token_ids
+    ]
+
+
+def vocab_size(llm: Any) -> int:
+    """How many token ids the engine's model embeds."""
+    return llm.llm_engine.model_config.get_vocab_size()
 
 
 def add_requests(
@@ -65,9 +88,10 @@ def add_requests(
 ) -> dict[str, float]:
     """Adds the requests; returns when each was added, by id."""
     added: dict[str, float] = {}
+    vocab = vocab_size(llm)
     for i, (req_id, prompt) in enumerate(zip(req_ids, prompts, strict=True)):
         params = request_params(max_tokens, kv_params and kv_params[i])
-        llm.llm_engine.add_request(req_id, as_prompt(prompt), params)
+        llm.llm_engine.add_request(req_id, as_prompt(prompt, vocab), params)
         added[req_id] = time.monotonic()
     return added
 
