@@ -2,7 +2,7 @@
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
 from vllm.distributed.kv_transfer.kv_connector.v1.base import supports_hma
@@ -18,13 +18,19 @@ from kvscope.traces.events import add_event
 from kvscope.traces.outcomes import SERVED_BY_FALLBACK, outcome_of_policy
 from kvscope.traces.spans import child_hook_span
 
+if TYPE_CHECKING:
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
 
 @dataclass
 class LoadPlan:
     """A request's external hit: who serves it, where it goes, what to retry with."""
 
-    request: Any
-    blocks: Any  # vLLM's KVCacheBlocks from the allocation, reused for a fallback
+    request: "Request"
+    blocks: "KVCacheBlocks"  # from the allocation, reused for a fallback
     num_computed_tokens: int
     num_tokens: int
     child: int
@@ -77,7 +83,7 @@ class MultiScheduler:
 
     def lookup(
         self,
-        request: Any,
+        request: "Request",
         num_computed_tokens: int,
         skip: set[int] = frozenset(),
         async_only: bool = False,
@@ -105,7 +111,7 @@ class MultiScheduler:
         self.serving[req_id] = found[2]
         return found
 
-    def bind(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+    def bind(self, request: "Request", blocks: "KVCacheBlocks", num_external_tokens: int) -> None:
         """The serving child gets the blocks to fill; the others see 0 external tokens."""
         req_id = str(request.request_id)
         chosen = self.serving.get(req_id) if num_external_tokens > 0 else None
@@ -132,7 +138,7 @@ class MultiScheduler:
             **groups.span_attributes(device),
         )
 
-    def build_metadata(self, scheduler_output: Any) -> MultiMetadata:
+    def build_metadata(self, scheduler_output: "SchedulerOutput") -> MultiMetadata:
         metas = []
         for index, child in enumerate(self.children):
             with self.span(index, "build_connector_meta"):
@@ -143,7 +149,7 @@ class MultiScheduler:
         self._routes, self._to_fail, self._to_release, self._extra_saves = {}, {}, set(), {}
         return metadata
 
-    def on_worker_output(self, connector_output: Any) -> None:
+    def on_worker_output(self, connector_output: "KVConnectorOutput") -> None:
         """Hands each child its own worker metadata; handles loads that failed on a child."""
         multi_meta = connector_output.kv_connector_worker_meta
         recving = connector_output.finished_recving
@@ -242,7 +248,7 @@ class MultiScheduler:
         }
 
     def finished(
-        self, request: Any, block_ids: tuple[list[int], ...], all_groups: bool
+        self, request: "Request", block_ids: tuple[list[int], ...], all_groups: bool
     ) -> tuple[bool, dict | None]:
         """request_finished (all_groups False: one group's ids) or request_finished_all_groups
         for every child: a child that is not SupportsHMA gets request_finished with group 0,
@@ -268,7 +274,9 @@ class MultiScheduler:
         return delayed > 0, params
 
 
-def _finish_child(child: Child, request: Any, block_ids: tuple[list[int], ...], all_groups: bool):
+def _finish_child(
+    child: Child, request: "Request", block_ids: tuple[list[int], ...], all_groups: bool
+):
     if all_groups and supports_hma(child.connector):
         return child.connector.request_finished_all_groups(request, block_ids)
     if len(block_ids) != 1:
