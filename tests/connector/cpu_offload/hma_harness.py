@@ -36,6 +36,7 @@ from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
 from kvscope.connector.cpu_offload.connector import CpuOffloadConnector
+from kvscope.harness import configs
 
 BLOCK = 32
 WINDOW = 64  # tokens: a hit needs cdiv(63, 32) = 2 window blocks of the sliding-window group
@@ -72,13 +73,8 @@ def kv_cache_config(groups: tuple[str, ...] = GROUPS) -> KVCacheConfig:
 def vllm_config(
     model: Path, extra: dict[str, Any] | None = None, policy: str = "recompute"
 ) -> VllmConfig:
-    transfer = KVTransferConfig(
-        kv_connector="CpuOffloadConnector",
-        kv_connector_module_path="kvscope.connector.cpu_offload.connector",
-        kv_role="kv_both",
-        kv_load_failure_policy=policy,
-        kv_connector_extra_config={"cpu_bytes_to_use": 2 << 20, **(extra or {})},
-    )
+    offload = configs.offload_config(policy, **{"cpu_bytes_to_use": 2 << 20, **(extra or {})})
+    transfer = KVTransferConfig(**offload)
     config = VllmConfig(
         model_config=ModelConfig(model=str(model), skip_tokenizer_init=True, max_model_len=1024),
         scheduler_config=SchedulerConfig(

@@ -14,6 +14,7 @@ from vllm.v1.request import RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
 from kvscope.connector.multi.connector import KvscopeMultiConnector
+from kvscope.harness import configs
 from kvscope.traces import names
 from tests.connector.cpu_offload.hma_harness import (
     BLOCK,
@@ -29,28 +30,16 @@ from tests.connector.cpu_offload.hma_harness import (
 
 PROMPT = list(range(100, 100 + 6 * BLOCK + 5))  # 6 full blocks and a partial one
 FULL, SWA = 0, 1
-OFFLOAD = "kvscope.connector.cpu_offload.connector"
 FAIL_BAD = {"faults": {"fail_load_req_prefix": "bad"}}
 
 
 def offload_child(name: str, **extra) -> dict:
-    return {
-        "name": name,
-        "kv_connector": "CpuOffloadConnector",
-        "kv_connector_module_path": OFFLOAD,
-        "kv_connector_extra_config": {"cpu_bytes_to_use": 2 << 20, **extra},
-    }
+    return configs.offload_child(name, **{"cpu_bytes_to_use": 2 << 20, **extra})
 
 
 def multi_config(model, children: list[dict], policy: str = "recompute"):
     config = vllm_config(model, policy=policy)
-    config.kv_transfer_config = KVTransferConfig(
-        kv_connector="KvscopeMultiConnector",
-        kv_connector_module_path="kvscope.connector.multi.connector",
-        kv_role="kv_both",
-        kv_load_failure_policy=policy,
-        kv_connector_extra_config={"connectors": children},
-    )
+    config.kv_transfer_config = KVTransferConfig(**configs.multi_config(*children, policy=policy))
     return config
 
 
@@ -225,23 +214,11 @@ def test_a_shorter_fallback_is_no_fallback_with_two_groups(tiny_model, spans):
 
 
 def example_child(tmp_path) -> dict:
-    return {
-        "name": "example",
-        "kv_connector": "ExampleConnector",
-        "kv_connector_extra_config": {"shared_storage_path": str(tmp_path)},
-    }
+    return configs.child("example", "ExampleConnector", None, shared_storage_path=str(tmp_path))
 
 
 def traced_example(tmp_path) -> dict:
-    return {
-        "name": "example",
-        "kv_connector": "TracedConnector",
-        "kv_connector_module_path": "kvscope.connector.traced",
-        "kv_connector_extra_config": {
-            "connector": "ExampleConnector",
-            "shared_storage_path": str(tmp_path),
-        },
-    }
+    return configs.traced_child("ExampleConnector", "example", shared_storage_path=str(tmp_path))
 
 
 def vllm_multi_over_example(tmp_path) -> dict:
