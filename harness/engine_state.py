@@ -1,4 +1,4 @@
-"""Reads an engine's state: its scheduler, its KV connector halves, what they still hold."""
+"""Reads an engine's state: its scheduler, its KV connector and each connector core under it."""
 
 from typing import Any
 
@@ -45,19 +45,31 @@ def offload_state(llm: Any) -> dict:
     return {"stored": stored, "leases": [lease.lease_id for lease in offload.leases.active()]}
 
 
+def innermost(connector: Any) -> Any:
+    """The connector under every tracing wrapper (each exposes the one it wraps as .inner)."""
+    for _ in range(8):
+        inner = getattr(connector, "inner", None)
+        if inner is None or inner is connector:
+            break
+        connector = inner
+    return connector
+
+
+def connector_cores(connector: Any, name: str | None = None) -> list[tuple[str, Any]]:
+    """(name, core) of a connector under its wrappers and, for a Multi, of each child by its
+    name, depth first: the cores whose held() and stats say what the engine's KV transfer holds."""
+    core = innermost(connector)
+    cores = [(name or type(core).__name__, core)]
+    for child in getattr(core, "children", None) or []:
+        cores += connector_cores(child.connector, child.name)
+    return cores
+
+
 # --- worker processes: llm.collective_rpc(fn) runs fn(worker) on every rank --------------------
 # Under vLLM's default executor (and at any tensor-parallel size) the worker halves live in
 # worker processes. These functions are sent by reference (they import from an installed
 # module), which vLLM accepts with VLLM_ALLOW_INSECURE_SERIALIZATION=1, and return plain data.
-
-
-def worker_leaks(worker: Any = None) -> list[str]:
-    """What this rank's worker-side connector still holds, in words; empty when it holds nothing."""
-    problems = []
-    for name, core in _worker_cores(worker_connector(None)):
-        held = _worker_core_leaks(core)
-        problems += [f"{name}: {what} = {value!r}" for what, value in held.items() if value]
-    return problems
+# harness/leaks.py's worker_leaks is one of them.
 
 
 def worker_stats(worker: Any = None) -> dict[str, Any]:
@@ -65,46 +77,7 @@ def worker_stats(worker: Any = None) -> dict[str, Any]:
     from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 
     stats: dict[str, Any] = {"tp_rank": get_tensor_model_parallel_rank()}
-    for name, core in _worker_cores(worker_connector(None)):
+    for name, core in connector_cores(worker_connector(None)):
         half = getattr(core, "worker", None)
         stats[name] = dict(getattr(half, "stats", None) or {})
     return stats
-
-
-def _worker_cores(connector: Any) -> list[tuple[str, Any]]:
-    """(name, core) of the connector and, in a Multi, each child (by its name)."""
-    cores = [(type(connector).__name__, connector)]
-    for child in getattr(connector, "children", []):
-        inner = getattr(child.connector, "inner", child.connector)
-        cores.append((child.name, inner))
-    return cores
-
-
-def _worker_core_leaks(core: Any) -> dict[str, Any]:
-    import time
-
-    kind, half = type(core).__name__, getattr(core, "worker", None)
-    if kind == "CpuOffloadCore":
-        # A cancelled copy leaves the copy thread's queue when that thread next runs.
-        deadline = time.monotonic() + 5
-        while half.copies and half.copies.num_pending and time.monotonic() < deadline:
-            time.sleep(0.02)
-        return {
-            "copies_pending": list(half._pending),
-            "copy_jobs": half.copies.num_pending if half.copies else 0,
-        }
-    if kind == "P2PCore":
-        puller, lender = half.puller, half.lender
-        return {
-            "reads_in_flight": list(puller._reads) if puller else [],
-            "handshakes_in_flight": list(puller._handshakes) if puller else [],
-            "lender_held": list(lender.lent) if lender else [],
-        }
-    if kind == "MultiCore":
-        return {
-            "routes": list(half.routes),
-            "failed_blocks": half.failed_blocks,
-            "extra_saves": half.extra_saves,
-            "loads_held_back": half.loads_held_back,
-        }
-    return {}

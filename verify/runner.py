@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvscope.harness.leaks import engine_leaks
 from kvscope.verify import rules
 from kvscope.verify.checks import History, Oracle, judge, load_notes
 from kvscope.verify.connectors import (
@@ -21,7 +22,6 @@ from kvscope.verify.connectors import (
 )
 from kvscope.verify.engine import environ
 from kvscope.verify.hooklog import hook_calls
-from kvscope.verify.leaks import engine_leaks
 from kvscope.verify.rules import ScenarioResult, Violation
 from kvscope.verify.scenarios import SCENARIOS, Drive, Scenario, write_plan
 from kvscope.verify.span_checks import hook_errors
@@ -182,7 +182,7 @@ class _Run:
             scenario.drive(drive)
             if not drive.ended:
                 drive.settle()
-            leaks = [] if drive.ended else engine_leaks(llm, self.tp > 1)
+            leaks = [] if drive.ended else engine_leaks(llm)
             spans = self.collector.collect()
             for batch in drive.batches:
                 self.history.add(batch)
