@@ -98,9 +98,13 @@ class Counters:
         """The counters by their wire names, for IntervalReporter.report."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
+    def keys(self) -> list[str]:
+        """The wire names: with __getitem__, dict(counters) is a snapshot of them."""
+        return [f.name for f in fields(self)]
+
     def __getitem__(self, name: str) -> float:
         """A counter by its wire name (stats["loaded_blocks"]), as the stats dict names it."""
-        if name not in {f.name for f in fields(self)}:
+        if name not in self.keys():
             raise KeyError(f"{type(self).__name__} has no counter {name!r}")
         return getattr(self, name)
 

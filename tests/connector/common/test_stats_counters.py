@@ -30,7 +30,10 @@ def test_counters_become_the_wire_dict_the_schema_checks():
     counters.load_s += 0.5
     assert counters.as_dict() == {"lookups": 2, "load_s": 0.5}
     assert counters["lookups"] == 2
+    snapshot = dict(counters)
+    counters.lookups += 1
+    assert snapshot == {"lookups": 2, "load_s": 0.5}, "a snapshot, not a view"
     with pytest.raises(KeyError, match="no counter 'hit_tokens'"):
         counters["hit_tokens"]
     stats = IntervalReporter(OffloadStats).report(counters.as_dict(), {}, Samples())
-    assert SCHEMA.checked(stats.data)["counters"] == {"lookups": 2, "load_s": 0.5}
+    assert SCHEMA.checked(stats.data)["counters"] == {"lookups": 3, "load_s": 0.5}
