@@ -146,11 +146,10 @@ class OffloadScheduler:
         if num_external_tokens <= 0:  # e.g. a MultiConnector chose another child
             self.hit_leases.release(state, outcome="declined")
             return
-        ids_by_group = block_ids_by_group(block_ids)
-        multi = self.groups.multi
-        self._loads_to_send.append(
-            state.load_transfer(ids_by_group, num_external_tokens, self.block_size, multi)
+        transfer = state.load_transfer(
+            block_ids_by_group(block_ids), num_external_tokens, self.block_size, self.groups.multi
         )
+        self._loads_to_send.append(transfer)
         state.phase, state.load_started_at = LoadPhase.LOADING, time.monotonic()
         state.next_block_to_store = max(state.next_block_to_store, state.hit_end)
 
@@ -298,6 +297,5 @@ class OffloadScheduler:
 
     @property
     def _stores(self) -> dict[int, PlannedStore]:
-        """The stores in flight (self.stores.in_flight), by the name tests read before
-        StorePlanner held them; new code reads held() or self.stores.in_flight."""
+        """stores.in_flight, by the name older tests and leak checks read; new code: held()."""
         return self.stores.in_flight
