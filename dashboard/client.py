@@ -181,3 +181,10 @@ def tiers(version: int) -> list[dict]:
 def clocks(version: int) -> dict | None:
     """Each process's clock offset estimate against the backend's, and whether they mix."""
     return _or_none_if_missing("/api/v1/clocks")
+
+
+@st.cache_data(ttl=CACHE_TTL_S, show_spinner=False, max_entries=64)
+def recomputes(version: int, window_s: float) -> dict | None:
+    """Requests answered normally although a KV load failed and was recomputed, per engine and
+    cause (None from a backend without the route)."""
+    return _or_none_if_missing("/api/v1/stats/recomputes", window_s=window_s)

@@ -7,6 +7,7 @@ import streamlit as st
 from kvscope.dashboard import client, ui
 from kvscope.dashboard.charts import health
 from kvscope.dashboard.charts import overview as charts
+from kvscope.dashboard.charts import recomputes as recompute_charts
 from kvscope.dashboard.charts import series as series_charts
 from kvscope.dashboard.charts.format import human_bytes, percent
 
@@ -102,6 +103,20 @@ def clocks(version: int) -> None:
         st.dataframe(health.clocks_frame(found, client.engine_labels(version)), hide_index=True)
 
 
+def silent_recomputes(version: int) -> None:
+    """Loads that failed while users still got an answer: counted, costed and linked."""
+    found = client.recomputes(version, window_s)
+    if found is None:
+        return
+    st.subheader("Silent recomputes")
+    sentence = recompute_charts.headline(found)
+    if sentence is None:
+        st.caption("No request needed a failed KV load recomputed in this window.")
+        return
+    st.warning(sentence, icon=":material/replay:")
+    st.markdown(recompute_charts.recomputes_table(found, client.engine_labels(version)))
+
+
 @ui.live
 def overview(version: int) -> None:
     summary = client.summary(version, window_s)
@@ -114,6 +129,7 @@ def overview(version: int) -> None:
         )
     key_figures(summary, hits)
     tiers(version)
+    silent_recomputes(version)
     over_time(client.series(version, window_s))
     left, right = st.columns(2)
     with left:
