@@ -26,10 +26,20 @@ def headline(found: dict) -> str | None:
     if not requests:
         return None
     noun = "request was" if requests == 1 else "requests were"
+    unknown = sum(row["tokens_unknown"] for row in found.get("rows", []))
+    at_least = "at least " if unknown else ""
     return (
         f"{requests} {noun} answered normally although a KV load failed and vLLM recomputed "
-        f"it: {found['recomputed_tokens']:,} prefill tokens computed again."
+        f"it: {at_least}{found['recomputed_tokens']:,} prefill tokens computed again."
     )
+
+
+def tokens_text(row: dict) -> str:
+    """A row's recomputed tokens; requests whose failed load named no token count are said."""
+    if row["tokens_unknown"] >= row["requests"]:
+        return "unknown"
+    tokens = f"{row['recomputed_tokens']:,}"
+    return tokens + (f" (+{row['tokens_unknown']} unknown)" if row["tokens_unknown"] else "")
 
 
 def recomputes_table(found: dict, labels: dict[str, str]) -> str:
@@ -43,12 +53,9 @@ def recomputes_table(found: dict, labels: dict[str, str]) -> str:
         more = row["requests"] - min(len(row["items"]), LINKS_SHOWN)
         if more > 0:
             links += f" and {more} more"
-        tokens = f"{row['recomputed_tokens']:,}"
-        if row["tokens_unknown"]:
-            tokens += f" (+{row['tokens_unknown']} unknown)"
         engine = labels.get(row["engine_id"], row["engine_id"])
         lines.append(
             f"| {escaped(engine)} | {escaped(row['cause'])} | {row['requests']} | "
-            f"{row['load_failures']} | {tokens} | {links} |"
+            f"{row['load_failures']} | {tokens_text(row)} | {links} |"
         )
     return "\n".join(lines)

@@ -93,3 +93,8 @@ def test_a_row_with_many_requests_links_the_newest_and_counts_the_rest():
     assert line.endswith(" and 110 more |")
     assert "7,680 (+2 unknown)" in line and "vllm\\-decode" in line
     assert headline({"requests": 0, "recomputed_tokens": 0, "rows": []}) is None
+    assert headline({"requests": 120, "recomputed_tokens": 7680, "rows": [row]}).endswith(
+        "at least 7,680 prefill tokens computed again."
+    )
+    unknown = {**row, "recomputed_tokens": 0, "tokens_unknown": 120}
+    assert "| 130 | unknown |" in recomputes_table({"rows": [unknown]}, {})
