@@ -10,17 +10,20 @@ import pytest
 
 from kvscope.harness import configs
 from kvscope.harness.engine import in_process_llm
-from kvscope.harness.engine_state import leaked_device_blocks, scheduler_connector, worker_leaks
+from kvscope.harness.engine_state import leaked_device_blocks, scheduler_connector
+from kvscope.harness.leaks import engine_leaks, worker_leaks
 from kvscope.harness.oracle import greedy_tokens, token_mismatches
 from kvscope.harness.prompts import DISTINCT
 from tests.topology.runs import environ
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 PROMPTS = DISTINCT[:3]
+SETTLING = ("stores_in_flight", "loads_reported_by_some_ranks", "tracked_requests")
+"""What an offload scheduler holds until every rank reported its copies (its held()'s keys)."""
 TP2_ENV = {
     # One core per rank: vLLM refuses two CPU workers on one NUMA node otherwise.
     "VLLM_CPU_OMP_THREADS_BIND": "0|1",
-    # llm.collective_rpc sends harness.engine_state's functions to the worker processes.
+    # llm.collective_rpc sends harness.leaks.worker_leaks to the worker processes.
     "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
 }
 
@@ -77,8 +80,8 @@ def settle(llm, timeout_s: float = 30) -> None:
     """Steps the idle engine until every store and load was reported by both ranks."""
     offload = scheduler_connector(llm).scheduler
     deadline = time.monotonic() + timeout_s
-    while offload._stores or len(offload.load_reports) or offload.requests:
-        assert time.monotonic() < deadline, f"never settled: {offload._stores} {offload.requests}"
+    while unsettled := {what: v for what, v in offload.held().items() if v and what in SETTLING}:
+        assert time.monotonic() < deadline, f"never settled: {unsettled}"
         llm.llm_engine.step()
         time.sleep(0.02)
 
@@ -88,6 +91,7 @@ def assert_no_leaks(llm) -> None:
     assert offload.leases.active() == [] and offload.pool.stats().reserved == 0
     assert leaked_device_blocks(llm) == 0
     assert llm.collective_rpc(worker_leaks) == [[], []]
+    assert engine_leaks(llm) == []
 
 
 def test_stores_commit_when_one_rank_stores_steps_later(offload_engine, faults_path):
@@ -144,6 +148,7 @@ def test_a_load_failed_on_one_rank_falls_back_on_every_rank(tiny_model, expected
         children = [child.connector.scheduler for child in scheduler_connector(llm).children]
         assert leaked_device_blocks(llm) == 0
         assert llm.collective_rpc(worker_leaks) == [[], []]
+        assert engine_leaks(llm) == []
     assert token_mismatches(expected, again) == []
     assert children[0].stats["failed_loads"] == len(PROMPTS)
     assert children[1].stats["loaded_blocks"] >= 2 * len(PROMPTS)
@@ -154,7 +159,14 @@ def test_a_load_failed_on_one_rank_falls_back_on_every_rank(tiny_model, expected
 def settle_multi(llm, timeout_s: float = 30) -> None:
     multi = scheduler_connector(llm)
     deadline = time.monotonic() + timeout_s
-    while multi.scheduler.loads or any(c.connector.scheduler._stores for c in multi.children):
-        assert time.monotonic() < deadline, f"never settled: {multi.scheduler.loads}"
+    while busy := multi_busy(multi):
+        assert time.monotonic() < deadline, f"never settled: {busy}"
         llm.llm_engine.step()
         time.sleep(0.02)
+
+
+def multi_busy(multi) -> dict:
+    """The Multi's loads and each child's stores in flight, by name (all falsy when settled)."""
+    busy = {"loads": multi.held()["loads"]}
+    busy |= {child.name: child.connector.held()["stores_in_flight"] for child in multi.children}
+    return {what: value for what, value in busy.items() if value}
