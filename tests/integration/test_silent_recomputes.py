@@ -92,6 +92,8 @@ def test_the_backend_counts_each_recomputed_request_and_the_tokens_that_failed(b
     (row,) = found["rows"]
     assert (row["engine_id"], row["cause"]) == (engine_id, "InjectedFault")
     assert row["requests"] == len(DISTINCT) and not row["truncated"]
+    # Each failed load is one failure: its transfer and vLLM's view of its blocks fold into it.
+    assert row["load_failures"] == len(failures)
     assert {item["request_id"] for item in row["items"]} == failed_requests
     assert row["recomputed_tokens"] == found["recomputed_tokens"] == failed_tokens
     for item in row["items"]:  # each links to a request that answered normally
