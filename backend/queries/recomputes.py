@@ -31,7 +31,8 @@ TOKENS_BASIS = "tokens_to_load"
 """How recomputed tokens are counted: the failed load's tokens to load (num_external_tokens of
 vLLM's update_state_after_alloc before the failure). vLLM rewinds a request to its first failed
 block, so a load that failed whole (as kvscope's connectors report one) recomputes exactly
-those tokens; when only later blocks of a load failed it is an upper bound."""
+those tokens; when only later blocks of a load failed it is an upper bound. A load failed by
+request (vLLM's failed_recving) rewinds to 0, recomputing the local prefix hit too: not counted."""
 
 _CHUNK = 500  # request ids per IN list: well under SQLite's and PostgreSQL's parameter limits
 
