@@ -78,6 +78,8 @@ def worker_stats(worker: Any = None) -> dict[str, Any]:
 
     stats: dict[str, Any] = {"tp_rank": get_tensor_model_parallel_rank()}
     for name, core in connector_cores(worker_connector(None)):
-        half = getattr(core, "worker", None)
-        stats[name] = dict(getattr(half, "stats", None) or {})
+        counters = getattr(getattr(core, "worker", None), "stats", None)
+        # A half's counters are a stats_schema.Counters dataclass, or already its wire dict.
+        as_dict = getattr(counters, "as_dict", None)
+        stats[name] = as_dict() if callable(as_dict) else dict(counters or {})
     return stats
