@@ -15,7 +15,7 @@ from kvscope.connector.common.stats_schema import Samples
 from kvscope.connector.p2p.config import P2PConfig
 from kvscope.connector.p2p.metadata import BlockPull, BlockRelease, done_notif
 from kvscope.connector.p2p.stats import ReadCounters
-from kvscope.connector.p2p.trace_spans import record_handshake
+from kvscope.connector.p2p.trace_spans import pulled_block_attributes, record_handshake
 from kvscope.connector.p2p.transport.nixl_transport import NixlTransport
 from kvscope.connector.p2p.transport.results import TransferResult, TransportError
 from kvscope.connector.p2p.transport.side_channel import PeerInfo, fetch_peer_info
@@ -284,13 +284,3 @@ class BlockPuller:
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
-
-
-def pulled_block_attributes(pull: BlockPull) -> dict:
-    """The local block ids a pull wrote, their count and, with several KV cache groups, the
-    group of each (kvscope.blocks.group_ids) and the groups it moved."""
-    attributes: dict = {names.BLOCK_IDS: pull.flat_local, names.BLOCK_COUNT: len(pull.flat_local)}
-    if len(pull.local_block_ids) > 1:
-        attributes[names.KV_CACHE_GROUP_IDS] = pull.group_of_blocks
-        attributes[names.KV_CACHE_GROUP_COUNT] = len(pull.local_block_ids)
-    return attributes

@@ -8,7 +8,8 @@ asynchronous external hit, and the worker pulls the blocks once vLLM has bound t
 
 import logging
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from kvscope.connector.common.lease_ids import next_lease_id
 from kvscope.connector.common.stats_schema import Samples
@@ -24,9 +25,13 @@ from kvscope.connector.p2p.metadata import (
 from kvscope.connector.p2p.params import RemotePrefill
 from kvscope.connector.p2p.peer_health import PeerHealth
 from kvscope.connector.p2p.stats import SchedulerCounters, failure_kind
+from kvscope.connector.p2p.trace_spans import held_block_attributes
 from kvscope.traces import names
 from kvscope.traces.events import add_event
 from kvscope.traces.outcomes import RECOMPUTED
+
+if TYPE_CHECKING:
+    from vllm.v1.request import Request
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +70,7 @@ class P2PScheduler:
 
     # --- decode side ----------------------------------------------------------------------
 
-    def lookup(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
+    def lookup(self, request: "Request", num_computed_tokens: int) -> tuple[int, bool]:
         """The prompt tokens to pull, less local hits and the last token; asynchronous."""
         params = request.kv_transfer_params
         req_id = str(request.request_id)
@@ -125,7 +130,7 @@ class P2PScheduler:
         return None
 
     def _refuse(
-        self, request: Any, cause: str, remote: RemotePrefill | None, kind: str | None = None
+        self, request: "Request", cause: str, remote: RemotePrefill | None, kind: str | None = None
     ) -> tuple[int, bool]:
         """No external hit (vLLM computes the prompt); the prefill side frees its blocks.
         A refusal of `kind` counts as a failure in the stats (a bypass does not: it has its own
@@ -146,10 +151,10 @@ class P2PScheduler:
 
     def bind(
         self,
-        request: Any,
+        request: "Request",
         block_ids: tuple[list[int], ...],
         num_external_tokens: int,
-        local_null: Any = None,
+        local_null: Callable[[int, int], bool] | None = None,
     ) -> None:
         """update_state_after_alloc: pair the local blocks with the remote ones, once, per
         group; `local_null(group, index)` says where vLLM put its null block."""
@@ -176,7 +181,9 @@ class P2PScheduler:
 
     # --- prefill side ---------------------------------------------------------------------
 
-    def finished(self, request: Any, block_ids: tuple[list[int], ...]) -> tuple[bool, dict | None]:
+    def finished(
+        self, request: "Request", block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict | None]:
         """request_finished(_all_groups): keep a prefilled request's blocks (every group's)
         for the decode side."""
         req_id = str(request.request_id)
@@ -192,7 +199,7 @@ class P2PScheduler:
             return False, None  # aborted: nobody will read them
         return True, self._hold(request, block_ids).to_params()
 
-    def _hold(self, request: Any, block_ids: tuple[list[int], ...]) -> RemotePrefill:
+    def _hold(self, request: "Request", block_ids: tuple[list[int], ...]) -> RemotePrefill:
         req_id = str(request.request_id)
         deadline = time.time() + self.config.lease_timeout_s
         tails = held_tails(block_ids, self.null_block_id)
@@ -222,7 +229,10 @@ class P2PScheduler:
         return metadata
 
     def on_worker_output(
-        self, worker_meta: Any, finished_sending: set[str], finished_recving: set[str]
+        self,
+        worker_meta: P2PWorkerMeta | None,
+        finished_sending: set[str],
+        finished_recving: set[str],
     ) -> None:
         meta = worker_meta if isinstance(worker_meta, P2PWorkerMeta) else P2PWorkerMeta()
         for req_id in finished_sending:
@@ -280,17 +290,6 @@ class P2PScheduler:
             names.LEASE_TIMEOUT_S: self.config.lease_timeout_s,
             **held_block_attributes(held.block_ids),
         }
-
-
-def held_block_attributes(block_ids: tuple[tuple[int, ...], ...]) -> dict[str, Any]:
-    """Block ids (every group's, in order) and, with several groups, the group of each."""
-    attributes: dict[str, Any] = {
-        names.BLOCK_IDS: [b for group in block_ids for b in group],
-        names.BLOCK_COUNT: sum(len(group) for group in block_ids),
-    }
-    if len(block_ids) > 1:
-        attributes[names.KV_CACHE_GROUP_IDS] = [g for g, ids in enumerate(block_ids) for _ in ids]
-    return attributes
 
 
 def _never_null(group: int, index: int) -> bool:
