@@ -46,7 +46,6 @@ class Oracle:
         self.model, self.cache = model, cache
         self._tokens: dict[PromptSet, list[list[int]]] = {}
         self._model_digest = _digest_files(model)
-        self.engines_started = 0
 
     def tokens(self, prompts: PromptSet) -> list[list[int]]:
         """The baseline's tokens for this set; computes it (with every declared set of its TP
@@ -72,7 +71,6 @@ class Oracle:
             environ(**baseline_env(tp_size)),
             in_process_llm(self.model, tensor_parallel_size=tp_size) as llm,
         ):
-            self.engines_started += 1
             for prompts in missing:
                 # Each set sees an empty prefix cache, as in an engine of its own.
                 llm.reset_prefix_cache()
