@@ -100,5 +100,5 @@ def offload_state(offload: Any) -> dict[str, Any]:
         "leases": sorted(lease.lease_id for lease in offload.leases.active()),
         "leases_acquired": offload.leases.counters().acquired,
         "requests": len(offload.requests),
-        "stores_in_flight": len(offload._stores),
+        "stores_in_flight": len(offload.stores.in_flight),
     }

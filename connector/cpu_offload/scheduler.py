@@ -14,7 +14,7 @@ from kvscope.connector.cpu_offload.host_pool import HostBlockPool, KVNamespace
 from kvscope.connector.cpu_offload.kv_events import HostTierEvents
 from kvscope.connector.cpu_offload.leases import LeaseTable
 from kvscope.connector.cpu_offload.metadata import BlockTransfer, OffloadMetadata, OffloadWorkerMeta
-from kvscope.connector.cpu_offload.request_state import LoadPhase, PlannedStore, RequestState
+from kvscope.connector.cpu_offload.request_state import LoadPhase, RequestState
 from kvscope.connector.cpu_offload.stats import PoolGauges, Samples, SchedulerCounters
 from kvscope.connector.cpu_offload.stores import StorePlanner, block_ids_by_group
 from kvscope.traces.outcomes import RECOMPUTED
@@ -294,8 +294,3 @@ class OffloadScheduler:
     def expired_leases_in_flight(self) -> list[str]:
         """Requests whose lease ran out during their load, blocks still pinned (leak checks)."""
         return [req_id for req_id, s in self.requests.items() if s.expired_lease is not None]
-
-    @property
-    def _stores(self) -> dict[int, PlannedStore]:
-        """stores.in_flight, by the name older tests and leak checks read; new code: held()."""
-        return self.stores.in_flight

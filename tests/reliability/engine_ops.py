@@ -28,7 +28,9 @@ def store_then_forget(llm: Any, prompts: list[str], tag: str, max_tokens: int) -
     run(llm, [f"{tag}-{i}" for i in range(len(prompts))], prompts, max_tokens)
     settle(llm)
     offload = offload_scheduler(llm)
-    assert offload is not None and not offload._stores, "stores still in flight after settling"
+    assert offload is not None and not offload.stores.in_flight, (
+        "stores still in flight after settling"
+    )
     assert llm.reset_prefix_cache(), "vLLM refused to reset its prefix cache (blocks in use)"
 
 

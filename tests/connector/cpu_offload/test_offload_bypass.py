@@ -38,9 +38,12 @@ def settle(llm, timeout_s: float = 30.0) -> None:
     offload, worker = scheduler_connector(llm).scheduler, worker_connector(llm).worker
     step_until(
         llm,
-        lambda: not (offload._stores or worker._pending) and llm.reset_prefix_cache(),
+        lambda: (
+            not (offload.stores.in_flight or worker.held()["copies_pending"])
+            and llm.reset_prefix_cache()
+        ),
         timeout_s,
-        lambda: f"in flight: stores {offload._stores}, copies {worker._pending}",
+        lambda: f"in flight: stores {offload.stores.in_flight}, worker {worker.held()}",
         pause_s=0.01,
     )
 

@@ -26,7 +26,7 @@ def assert_no_leaks(llm) -> None:
     offload = scheduler_connector(llm).scheduler
     assert offload.leases.active() == []
     assert offload.requests == {}
-    assert offload._stores == {}
+    assert offload.stores.in_flight == {}
     assert leaked_device_blocks(llm) == 0
     assert worker_connector(llm).worker._pending == {}
 
@@ -34,7 +34,11 @@ def assert_no_leaks(llm) -> None:
 def wait_for_stores(llm) -> None:
     """Stores commit a step or two after the forward: step the idle engine until they have."""
     offload = scheduler_connector(llm).scheduler
-    step_until(llm, lambda: not offload._stores, still=lambda: f"stores {offload._stores}")
+    step_until(
+        llm,
+        lambda: not offload.stores.in_flight,
+        still=lambda: f"stores {offload.stores.in_flight}",
+    )
 
 
 def test_hits_after_prefix_cache_reset_give_the_same_tokens(tiny_model, expected, spans):

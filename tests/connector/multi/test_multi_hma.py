@@ -67,7 +67,7 @@ class MultiEngine(Engine):
 
     def run(self, max_steps: int = 40) -> None:
         for _ in range(max_steps):
-            stores = any(self.child(i)._stores for i in (0, 1))
+            stores = any(self.child(i).stores.in_flight for i in (0, 1))
             if not self.scheduler.has_unfinished_requests() and not stores:
                 return
             self.step()
@@ -99,7 +99,7 @@ class MultiEngine(Engine):
     def assert_all_freed(self) -> None:
         for index in (0, 1):
             offload = self.child(index)
-            assert offload.requests == {} and offload._stores == {}
+            assert offload.requests == {} and offload.stores.in_flight == {}
             assert offload.leases.active() == [] and offload.pool.stats().pinned == 0
         multi = self.scheduler.connector.inner.scheduler
         assert multi.loads == {} and multi.serving == {}
