@@ -269,6 +269,10 @@ class BlockPuller:
             },
         }
 
+    def connected_engines(self) -> set[str]:
+        """Engine ids of the peers this puller holds a NIXL connection to."""
+        return {engine for _, _, engine in self._peers}
+
     def take_load_errors(self) -> set[int]:
         errors, self.load_errors = self.load_errors, set()
         return errors

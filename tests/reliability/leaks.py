@@ -12,8 +12,6 @@ def knows_peer(llm: Any, peer_engine_id: str) -> bool:
     """Whether the decode side holds a NIXL connection to that prefill engine."""
     for _, core in connector_cores(worker_connector(llm)):
         puller = getattr(getattr(core, "worker", None), "puller", None)
-        # The puller's peers (side-channel host, port, engine id -> NIXL agent) have no public
-        # reader: this is a probe of the P2P worker's connection cache, not a leak check.
-        if puller is not None and any(key[2] == peer_engine_id for key in puller._peers):
+        if puller is not None and peer_engine_id in puller.connected_engines():
             return True
     return False

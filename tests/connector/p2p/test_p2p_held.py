@@ -140,11 +140,13 @@ def test_a_handshake_then_a_read_are_held_until_they_end(workers, monkeypatch):
     monkeypatch.setattr(agent, "prep_xfer_dlist", prep_xfer_dlist)
     first = lend(prefill, port, "r1", 5)
     assert prefill.held()["lender_held"] == ["r1"]
+    assert decode.puller.connected_engines() == set()
     decode.start(P2PMetadata(reqs_to_recv=[first]))
     assert decode.held()["handshakes_in_flight"] == {f"127.0.0.1:{port} A": ["r1"]}
     proceed.set()
     finish(prefill, decode, "r1")
     assert held_kinds(decode.held()) == set() and held_kinds(prefill.held()) == set()
+    assert decode.puller.connected_engines() == {"A"}  # a connection is kept, not held
 
     second = lend(prefill, port, "r2", 6)  # the peer is known now: the read starts at once
     decode.start(P2PMetadata(reqs_to_recv=[second]))
