@@ -73,18 +73,3 @@ def test_a_lease_left_held_is_named_until_the_request_finishes(offload_llm):
     assert not [p for p in problems if p.startswith(("vLLM", "rank"))], problems
     finish(offload_llm, request)
     assert engine_leaks(offload_llm, settle_s=SETTLE_S) == []
-
-
-def test_a_multis_child_is_named_by_its_name(tiny_model):
-    config = configs.multi_config(configs.offload_child("first"), configs.offload_child("second"))
-    with in_process_llm(tiny_model, config) as llm:
-        greedy_tokens(llm, PROMPTS)
-        assert settled_leaks(llm) == []
-        request = lease_without_load(llm, PROMPTS[1], "held-by-a-child")
-        problems = engine_leaks(llm, settle_s=SETTLE_S)
-        for child in ("first", "second"):  # the Multi asks each child; each leases its copy
-            assert f"{child}: tracked_requests = ['held-by-a-child']" in problems, problems
-            assert any(p.startswith(f"{child}: active_leases = ") for p in problems), problems
-        assert not [p for p in problems if p.startswith("CpuOffloadCore")], problems
-        finish(llm, request)
-        assert engine_leaks(llm, settle_s=SETTLE_S) == []
