@@ -8,7 +8,7 @@ from tests.oracle import prompt_set
 from tests.reliability.backend_proc import BackendProcess
 from tests.reliability.cases import CASES, Case
 from tests.reliability.prefill_peer import PrefillPeer
-from tests.reliability.record import PEER_LEASE_S, Recorder
+from tests.reliability.record import EXPORT_TIMEOUT_S, PEER_LEASE_S, Recorder
 
 EXPORT_QUEUE = 16384
 """This process's export queue to the backend: no cell fills it (queue_full cells shrink it)."""
@@ -63,7 +63,7 @@ def recorder(span_exporter, backend) -> Recorder:
     settings = TracingSettings(
         max_queue_size=EXPORT_QUEUE, max_batch_size=512, schedule_delay_s=0.05
     )
-    exporter = OtlpJsonHttpExporter(backend.traces_url, timeout_s=5)
+    exporter = OtlpJsonHttpExporter(backend.traces_url, timeout_s=EXPORT_TIMEOUT_S)
     assert configure.add_exporter(exporter, settings)
     (processor,) = [p for p in configure._processors if p.exporter is exporter]
     return Recorder(backend, configure._sequence._origin, processor)

@@ -18,6 +18,12 @@ PEER_LEASE_S = 10.0
 for the preempted cells, whose requests wait for the decode side's 24 KV blocks before they read
 (at 5 s a full run on this 2-core machine saw leases expire in that queue)."""
 
+EXPORT_TIMEOUT_S = 15.0
+"""How long this process's exporter to the backend retries a batch before it counts it lost.
+At 5 s a busy backend (a preempted cell's engine and both prefill peers exporting on two cores)
+answered one batch too late and a healthy cell counted a lost span; a backend that is down fails
+each batch after 7.5 s of refused retries (the backend_down cells wait that out)."""
+
 
 @dataclass
 class Recorder:

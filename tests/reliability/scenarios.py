@@ -14,6 +14,7 @@ from tests.reliability.engine_ops import (
     set_faults,
     store_then_forget,
 )
+from tests.reliability.record import EXPORT_TIMEOUT_S
 
 
 @dataclass
@@ -111,7 +112,7 @@ def backend_down(cell: Cell, workload: Callable[[], Batch]) -> Batch:
     cell.backend.stop()
     try:
         batch = workload()
-        flush(timeout_s=5)  # exports fail now, and are counted
+        flush(timeout_s=EXPORT_TIMEOUT_S)  # exports fail now (refused), and are counted
     finally:
         cell.backend.restart()
     return batch
