@@ -17,14 +17,9 @@ from kvscope.connector.p2p.transport.side_channel import (
     fetch_peer_info,
     read_frame,
 )
-from tests.fuzz.side_channel_frames import FUZZ, frame_bytes, fuzzed_peer_info, json_values
+from tests.fuzz.side_channel_frames import FUZZ, frame_bytes, json_values
 
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture(scope="module")
-def peer_info() -> PeerInfo:
-    return fuzzed_peer_info()
 
 
 class FakeOwner:

@@ -28,23 +28,10 @@ from tests.fuzz.side_channel_frames import (
     assert_serving,
     exchange,
     frame_bytes,
-    fuzzed_peer_info,
-    fuzzed_server,
     json_values,
 )
 
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture(scope="module")
-def peer_info() -> PeerInfo:
-    return fuzzed_peer_info()
-
-
-@pytest.fixture(scope="module")
-def server(peer_info):
-    with fuzzed_server(peer_info) as server:
-        yield server
 
 
 @FUZZ

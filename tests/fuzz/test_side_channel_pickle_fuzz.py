@@ -9,30 +9,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvscope.connector.p2p.transport import side_channel
-from kvscope.connector.p2p.transport.side_channel import MAGIC, PeerInfo
+from kvscope.connector.p2p.transport.side_channel import MAGIC
 from tests.fuzz import side_channel_frames
 from tests.fuzz.side_channel_frames import (
     FUZZ,
     assert_refused,
     assert_serving,
     frame_bytes,
-    fuzzed_peer_info,
-    fuzzed_server,
     pickle_payload,
 )
 
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture(scope="module")
-def peer_info() -> PeerInfo:
-    return fuzzed_peer_info()
-
-
-@pytest.fixture(scope="module")
-def server(peer_info):
-    with fuzzed_server(peer_info) as server:
-        yield server
 
 
 @FUZZ
