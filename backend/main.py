@@ -16,8 +16,9 @@ from kvscope.backend.ingest.receive import IngestGate
 from kvscope.backend.ingest.receive_grpc import start_receiver
 from kvscope.backend.ingest.write import STAGED_TABLES
 from kvscope.backend.live import Hub
-from kvscope.backend.metrics import RecomputeCollector
+from kvscope.backend.metrics import AccountingCollector, RecomputeCollector
 from kvscope.backend.routes import (
+    accounting,
     blocks,
     clocks,
     failures,
@@ -50,6 +51,7 @@ ROUTERS = (
     tiers,
     clocks,
     recomputes,
+    accounting,
 )
 
 
@@ -91,6 +93,7 @@ def create_app(settings: Settings | None = None, grpc_host: str | None = None) -
     app.state.hub = Hub()
     app.state.ingest = Pipeline(engine, settings, app.state.hub, ws.make_publisher(app))
     app.state.ingest.metrics.registry.register(RecomputeCollector(engine, failures.incidents_in))
+    app.state.ingest.metrics.registry.register(AccountingCollector(engine))
     app.state.ingest_gate = IngestGate(settings.max_concurrent_ingest)
     for module in ROUTERS:
         app.include_router(module.router)

@@ -1,5 +1,6 @@
 """The backend's own Prometheus metrics: spans received, stored and dropped, ingest latency,
-each span stream's gaps, the database's size and silent recomputes (read at scrape time)."""
+each span stream's gaps, the database's size, silent recomputes and token accounting (read at
+scrape time)."""
 
 import os
 import time
@@ -14,6 +15,7 @@ from kvscope.backend.db import seqs
 from kvscope.backend.db.engine import is_sqlite
 from kvscope.backend.db.models import Process
 from kvscope.backend.queries import certainty
+from kvscope.backend.queries.accounting import LOCAL, accounting
 from kvscope.backend.queries.recomputes import silent_recomputes
 from kvscope.backend.settings import Settings
 
@@ -145,3 +147,36 @@ class RecomputeCollector:
             requests.add_metric([row.engine_id, row.cause], row.requests)
             tokens.add_metric([row.engine_id, row.cause], row.recomputed_tokens)
         yield from (requests, tokens)
+
+
+class AccountingCollector:
+    """Per engine, from every request's token accounting (read from the database at scrape
+    time, as RecomputeCollector and for its reasons): kvscope_backend_prompt_tokens_total,
+    kvscope_backend_hit_tokens_total by source (local: vLLM's prefix cache; host, peer, ...:
+    the external tiers), kvscope_backend_computed_tokens_total and
+    kvscope_backend_accounting_violations_total (requests whose tokens do not add up). The hit
+    rate is accounting_rate.PROMQL over these: token totals, never a mean of ratios."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def collect(self):
+        def family(name: str, doc: str, *labels: str) -> CounterMetricFamily:
+            return CounterMetricFamily(PREFIX + name, doc, labels=["engine_id", *labels])
+
+        prompt = family("prompt_tokens", "Prompt tokens of the requests accounted.")
+        hits = family("hit_tokens", "Prompt tokens hit, by source (local or a tier).", "source")
+        computed = family("computed_tokens", "Prompt tokens no cache held (computed).")
+        violations = family(
+            "accounting_violations", "Requests whose hits + computed tokens != prompt."
+        )
+        with self.engine.connect() as connection:
+            found = accounting(connection, None, None)
+        for row in found.engines:
+            prompt.add_metric([row.engine_id], row.prompt_tokens)
+            hits.add_metric([row.engine_id, LOCAL], row.local_hit_tokens)
+            for tier, tokens in row.external_hit_tokens.items():
+                hits.add_metric([row.engine_id, tier], tokens)
+            computed.add_metric([row.engine_id], row.computed_tokens)
+            violations.add_metric([row.engine_id], row.violations)
+        yield from (prompt, hits, computed, violations)

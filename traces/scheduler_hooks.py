@@ -45,7 +45,9 @@ class SchedulerHooks:
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int):
         with self._request_hook(
-            "update_state_after_alloc", request, **{names.TOKENS_TO_LOAD: num_external_tokens}
+            "update_state_after_alloc",
+            request,
+            **{names.TOKENS_TO_LOAD: num_external_tokens, **vllm_cached_attributes(request)},
         ) as span:
             if num_external_tokens > 0:
                 self._sched.note_load(str(request.request_id))
@@ -168,3 +170,18 @@ def allocated_blocks_attributes(blocks: Any) -> dict[str, Any]:
     ids = [block_id for group in groups for block_id in group]
     group_ids = [group_id for group_id, group in enumerate(groups) for _ in group]
     return {**block_ids_attributes(names.BLOCK_IDS, ids), names.KV_CACHE_GROUP_IDS: group_ids}
+
+
+def vllm_cached_attributes(request: Any) -> dict[str, int]:
+    """vLLM's own count of a request's cached prompt tokens, local and external, set just
+    before update_state_after_alloc at its first scheduling (none after a preemption)."""
+    stats = getattr(request, "prefill_stats", None)
+    if stats is None or getattr(request, "num_preemptions", 0) > 0:
+        return {}
+    try:
+        return {
+            names.TOKENS_VLLM_LOCAL_CACHED: int(stats.num_local_cached_tokens),
+            names.TOKENS_VLLM_EXTERNAL_CACHED: int(stats.num_external_cached_tokens),
+        }
+    except (AttributeError, TypeError, ValueError):
+        return {}

@@ -37,6 +37,7 @@ MIGRATIONS: list[Migration] = [
     (4, "lookups, latencies and the indexes of every dashboard query", read_schema.add_missing),
     (5, "blocks' KV cache group; the tier health spans' index", read_schema.add_missing),
     (6, "per-second series rollups kept by triggers; lookups by request", rollups.migrate),
+    (7, "token accounting: lookups' local hits", read_schema.add_missing),
 ]
 
 MIGRATION_LOCK = 0x6B7673636F7065  # 'kvscope'

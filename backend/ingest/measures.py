@@ -29,7 +29,12 @@ def lookup_row(span: SpanRecord, attributes: dict) -> dict | None:
         "child": _str(attributes.get(names.CONNECTOR_CHILD)),
         "time_ns": span.end_ns,
         "hit_tokens": hit,
+        "local_hit_tokens": _int(attributes.get(names.TOKENS_LOCAL_HIT)),
     }
+
+
+def _int(value) -> int | None:
+    return value if type(value) is int else None
 
 
 def latency_row(span: SpanRecord, attributes: dict) -> dict:

@@ -12,6 +12,11 @@ _FINISH_HOOKS = {
     names.SPAN_HOOK_PREFIX + "request_finished",
     names.SPAN_HOOK_PREFIX + "request_finished_all_groups",
 }
+_VLLM_CACHED = {
+    names.TOKENS_VLLM_LOCAL_CACHED: "vllm_local_cached",
+    names.TOKENS_VLLM_EXTERNAL_CACHED: "vllm_external_cached",
+}
+"""vLLM's own count of a request's cached tokens, as timeline points (token accounting)."""
 STATUS_ERROR = 2
 """OTLP's STATUS_CODE_ERROR."""
 
@@ -73,6 +78,9 @@ def hook(facts: Facts, span: SpanRecord, attributes: dict) -> None:
         to_load = attributes.get(names.TOKENS_TO_LOAD)
         if isinstance(to_load, int) and to_load > 0:
             timeline_point(facts, span, attributes, "blocks_allocated", span.end_ns, value=to_load)
+        for key, point in _VLLM_CACHED.items():
+            if type(attributes.get(key)) is int:
+                timeline_point(facts, span, attributes, point, span.end_ns, attributes[key])
     elif name in _FINISH_HOOKS:
         timeline_point(facts, span, attributes, "finished", span.end_ns)
 

@@ -108,6 +108,13 @@ TOKENS_TO_LOAD: Final = "kvscope.tokens.to_load"
 TOKENS_SCHEDULED: Final = "kvscope.tokens.scheduled"
 """Tokens the scheduler scheduled in the step."""
 
+TOKENS_VLLM_LOCAL_CACHED: Final = "kvscope.tokens.vllm_local_cached"
+"""On update_state_after_alloc of a request's first scheduling: the prefix-cache tokens vLLM
+itself counts for it (its PrefillStats, what vllm:prompt_tokens_by_source adds up)."""
+
+TOKENS_VLLM_EXTERNAL_CACHED: Final = "kvscope.tokens.vllm_external_cached"
+"""As TOKENS_VLLM_LOCAL_CACHED: the external (connector) tokens vLLM counts for it."""
+
 
 # --- Blocks, layers ---------------------------------------------------------------------------
 

@@ -23,6 +23,8 @@ class Lookup(SQLModel, table=True):
     child: str | None = None
     time_ns: int = int64_column(nullable=False)
     hit_tokens: int = int64_column(nullable=False)
+    # Tokens vLLM's prefix cache held when the connector was asked (num_computed_tokens).
+    local_hit_tokens: int | None = int64_column()
 
 
 class Latency(SQLModel, table=True):
