@@ -15,6 +15,7 @@ from kvscope.connector.cpu_offload.kv_events import HostTierEvents
 from kvscope.connector.cpu_offload.leases import LeaseTable
 from kvscope.connector.cpu_offload.metadata import BlockTransfer, OffloadMetadata, OffloadWorkerMeta
 from kvscope.connector.cpu_offload.request_state import LoadPhase, RequestState
+from kvscope.connector.cpu_offload.span_attributes import looked_up
 from kvscope.connector.cpu_offload.stats import PoolGauges, Samples, SchedulerCounters
 from kvscope.connector.cpu_offload.stores import StorePlanner, block_ids_by_group
 from kvscope.traces.outcomes import RECOMPUTED
@@ -99,6 +100,7 @@ class OffloadScheduler:
         if not self.health.admit(req_id):  # a sick pool: recompute now, not after a timeout
             return 0, False
         hit = self._plan_hit(request, start, end)
+        looked_up([b.key for b in hit], self.block_size, self.pool.num_blocks)
         lease = self.hit_leases.take(req_id, hit)
         # The pool leases the committed prefix of what it was asked (all of a multi-group plan).
         hit = hit[: len(lease.host_block_ids)] if lease else ()

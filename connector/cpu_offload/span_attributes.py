@@ -1,10 +1,11 @@
-"""Span event attributes of the offload scheduler half's blocks and leases, groups named."""
+"""Span event attributes of the offload scheduler half's blocks, leases and lookups."""
 
 from typing import Any
 
 from kvscope.connector.cpu_offload.leases import Lease
 from kvscope.traces import names
 from kvscope.traces.attributes import compact_hash
+from kvscope.traces.events import add_event
 
 
 def blocks_attributes(
@@ -29,3 +30,16 @@ def lease_attributes(lease: Lease, timeout_s: float, group_ids: list[int]) -> di
         names.BLOCK_COUNT: len(lease.host_block_ids),
         names.KV_CACHE_GROUP_IDS: list(group_ids),
     }
+
+
+def looked_up(keys: list[bytes], block_size: int, pool_blocks: int) -> None:
+    """The event of what a lookup asked the pool, in order, with the block and pool sizes."""
+    add_event(
+        names.EVENT_BLOCK_LOOKED_UP,
+        **{
+            names.BLOCK_HASHES: [compact_hash(key) for key in keys],
+            names.BLOCK_COUNT: len(keys),
+            names.BLOCK_SIZE: block_size,
+            names.HOST_POOL_BLOCKS: pool_blocks,
+        },
+    )

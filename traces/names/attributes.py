@@ -127,6 +127,12 @@ BLOCK_HASHES: Final = "kvscope.blocks.hashes"
 BLOCK_COUNT: Final = "kvscope.blocks.count"
 """How many blocks the span or event concerns."""
 
+BLOCK_SIZE: Final = "kvscope.block.size"
+"""Tokens per block of the engine that emitted it."""
+
+HOST_POOL_BLOCKS: Final = "kvscope.host_pool.blocks"
+"""How many blocks the host pool holds in all (its size)."""
+
 BLOCK_TIER: Final = "kvscope.block.tier"
 """Where a block lives: 'device', 'host' or 'remote'."""
 

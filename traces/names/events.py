@@ -19,6 +19,9 @@ EVENT_BLOCK_STORED: Final = "kvscope.block.stored"
 EVENT_BLOCK_EVICTED: Final = "kvscope.block.evicted"
 """Blocks were evicted from a tier."""
 
+EVENT_BLOCK_LOOKED_UP: Final = "kvscope.block.looked_up"
+"""A lookup asked a tier for these blocks, in order (what-if sizing replays them)."""
+
 EVENT_BLOCK_LOADED: Final = "kvscope.block.loaded"
 """Blocks were loaded into the engine's KV cache."""
 
