@@ -16,6 +16,15 @@ def _model_build(args: argparse.Namespace) -> int:
 
 
 def _doctor(args: argparse.Namespace) -> int:
+    if args.pair:
+        from kvscope.cli.doctor_pair import run_pair
+
+        return run_pair(
+            *args.pair,
+            prefill_side_channel=args.prefill_side_channel,
+            decode_side_channel=args.decode_side_channel,
+            timeout_s=args.timeout,
+        )
     from kvscope.cli.doctor import run_doctor
 
     return run_doctor(Path(args.model) if args.model else None)
@@ -108,6 +117,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     doctor = commands.add_parser("doctor", help="check vLLM, torch, NIXL, OTel and the model")
     doctor.add_argument("--model", help="model folder to check (default: the tiny model)")
+    doctor.add_argument(
+        "--pair",
+        nargs=2,
+        metavar=("PREFILL_URL", "DECODE_URL"),
+        help="instead: check that two running vllm servers agree on the KV they trade",
+    )
+    doctor.add_argument("--prefill-side-channel", help="HOST:PORT of its P2P side channel")
+    doctor.add_argument("--decode-side-channel", help="HOST:PORT of its P2P side channel")
+    doctor.add_argument("--timeout", type=float, default=10.0, help="seconds per request")
     doctor.set_defaults(handler=_doctor)
 
     demo = commands.add_parser("demo", help="run the whole system here (Ctrl-C stops it)")
@@ -161,9 +179,11 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--keep-times", action="store_true", help="do not move times to now")
     replay.set_defaults(handler=_replay)
 
+    from kvscope.cli.plan import add_parser as add_plan
     from kvscope.cli.verify import add_parser as add_verify
 
     add_verify(commands)
+    add_plan(commands)
     return parser
 
 
