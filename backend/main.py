@@ -26,6 +26,7 @@ from kvscope.backend.routes import (
     ingest,
     leases,
     metrics,
+    plan,
     recomputes,
     requests,
     stats,
@@ -52,6 +53,7 @@ ROUTERS = (
     clocks,
     recomputes,
     accounting,
+    plan,
 )
 
 

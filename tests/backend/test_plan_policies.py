@@ -1,0 +1,74 @@
+"""The replayed pool's policies and replay on small synthetic streams."""
+
+from kvscope.backend.queries.plan.policies import PoolLRU, TwoQ
+from kvscope.backend.queries.plan.replay import replay
+from kvscope.backend.queries.plan.stream import Access, EngineStream
+
+
+def test_pool_lru_evicts_the_least_recently_used_and_never_a_pinned_block():
+    pool = PoolLRU(2)
+    assert pool.insert("a") and pool.insert("b")
+    pool.hit("a")  # b is now the oldest use
+    assert pool.insert("c")
+    assert "b" not in pool and "a" in pool and "c" in pool
+    pool.pin("a")
+    pool.pin("c")
+    assert not pool.insert("d")  # both leased: the pool refuses, as the host pool does
+    pool.unpin("a")
+    assert pool.insert("d") and "a" not in pool and "c" in pool
+    assert pool.evicted == 2
+
+
+def test_2q_keeps_blocks_used_twice_through_a_scan():
+    lru, two_q = PoolLRU(8), TwoQ(8)
+    for pool in (lru, two_q):
+        for key in ("h1", "h2", "h3"):  # stored, evicted from the FIFO, stored again: hot
+            pool.insert(key)
+        for scan in range(8):
+            pool.insert(f"s{scan}")
+        for key in ("h1", "h2", "h3"):
+            pool.insert(key)
+        for scan in range(8, 30):  # a long scan of blocks used once
+            pool.insert(f"s{scan}")
+    assert all(key in two_q for key in ("h1", "h2", "h3"))
+    assert not any(key in lru for key in ("h1", "h2", "h3"))
+
+
+def _stream(accesses: list[Access], pool_blocks: int = 2) -> EngineStream:
+    return EngineStream("engine", block_size=32, pool_blocks=pool_blocks, accesses=accesses)
+
+
+def test_replay_hits_the_longest_stored_prefix_and_stores_what_it_missed():
+    stream = _stream(
+        [
+            Access(1, "lookup", "r1", ("a", "b")),
+            Access(2, "store", "r1", ("a", "b")),
+            Access(3, "lookup", "r2", ("a", "b", "c"), hit_tokens=64),
+            Access(4, "store", "r2", ("c",)),
+            Access(5, "lookup", "r3", ("a", "b"), hit_tokens=64),
+        ],
+        pool_blocks=3,
+    )
+    today = replay(stream, "lru", 3)
+    assert (today.hit_tokens, today.asked_tokens) == (128, 7 * 32)
+    # Two blocks: r2's c evicts a (the oldest use), and r3's lookup stops at the hole.
+    small = replay(stream, "lru", 2)
+    assert small.hit_tokens == 64 and small.evicted_blocks == 1
+    # One block: r1's b evicts its a, so nothing is ever found; r2 stores all it missed.
+    tiny = replay(stream, "lru", 1)
+    assert tiny.hit_tokens == 0 and tiny.evicted_blocks == 4 and tiny.hit_rate == 0
+
+
+def test_a_leased_block_survives_the_stores_made_while_its_load_runs():
+    stream = _stream(
+        [
+            Access(1, "store", "r1", ("a",)),
+            Access(2, "lookup", "r2", ("a",)),
+            Access(3, "store", "r3", ("x",)),  # pool of 1: a is pinned, x is refused
+            Access(4, "release", "r2"),
+            Access(5, "lookup", "r4", ("a",)),
+        ],
+        pool_blocks=1,
+    )
+    outcome = replay(stream, "lru", 1)
+    assert outcome.hit_tokens == 64 and outcome.evicted_blocks == 0
