@@ -180,11 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
     replay.set_defaults(handler=_replay)
 
     from kvscope.cli.plan import add_parser as add_plan
-    from kvscope.cli.plan import add_parser as add_plan
     from kvscope.cli.verify import add_parser as add_verify
 
     add_verify(commands)
-    add_plan(commands)
     add_plan(commands)
     return parser
 
