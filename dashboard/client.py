@@ -188,3 +188,10 @@ def recomputes(version: int, window_s: float) -> dict | None:
     """Requests answered normally although a KV load failed and was recomputed, per engine and
     cause (None from a backend without the route)."""
     return _or_none_if_missing("/api/v1/stats/recomputes", window_s=window_s)
+
+
+@st.cache_data(ttl=CACHE_TTL_S, show_spinner=False, max_entries=64)
+def accounting(version: int, window_s: float) -> dict | None:
+    """Token accounting per engine and the requests whose tokens do not add up (None from a
+    backend without the route)."""
+    return _or_none_if_missing("/api/v1/stats/accounting", window_s=window_s)

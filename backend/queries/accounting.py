@@ -166,21 +166,25 @@ def _within(row, time_ns: int) -> bool:
 
 
 def _account_of(row, lookups: list[_Lookup], cached: list[tuple[int, str, int]]):
-    """The request's first decided lookup (vLLM schedules a new request by it and counts its
-    cache hits at that first scheduling; a preempted request's later lookups it does not
-    count), its hits by tier, against vLLM's count."""
+    """The request's hits as the lookup vLLM scheduled it by: the last decided one before the
+    allocation where vLLM counted its cached tokens (its first scheduling; a request the
+    budget sent back is asked again, a preempted one's later lookups vLLM does not count),
+    else its first decided one; its hits by tier, against vLLM's count."""
     mine = [lk for lk in lookups if _within(row, lk.time_ns)]
-    composite = [lk for lk in mine if lk.child is None]
-    if not composite or composite[0].local is None:
+    counted = {point: (time_ns, value) for time_ns, point, value in cached if _within(row, time_ns)}
+    vllm_cached = None
+    if set(counted) == {"vllm_local_cached", "vllm_external_cached"}:
+        vllm_cached = (counted["vllm_local_cached"][1], counted["vllm_external_cached"][1])
+    composite = [lk for lk in mine if lk.child is None and lk.local is not None]
+    if vllm_cached is not None:
+        allocated_ns = counted["vllm_local_cached"][0]
+        composite = [lk for lk in composite if lk.time_ns <= allocated_ns][-1:] or composite
+    if not composite:
         return None
     first = composite[0]
     external = {}
     if first.hit:
         external[_serving_tier(first, mine)] = first.hit
-    counted = {point: value for time_ns, point, value in cached if _within(row, time_ns)}
-    vllm_cached = None
-    if set(counted) == {"vllm_local_cached", "vllm_external_cached"}:
-        vllm_cached = (counted["vllm_local_cached"], counted["vllm_external_cached"])
     computed, violation = account(row.prompt_tokens, first.local, external, vllm_cached)
     return RequestAccount(
         id=row.id,

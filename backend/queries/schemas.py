@@ -113,3 +113,5 @@ class HitRate(BaseModel):
     hit_requests: int
     external_hit_tokens: int
     prompt_tokens: int
+    hit_rate: float | None = None
+    """accounting_rate.hit_rate: external hit tokens over prompt tokens, totals of the window."""

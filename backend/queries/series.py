@@ -8,6 +8,7 @@ from sqlmodel import Session
 
 from kvscope.backend.db.rollups import RESOLUTION_NS, bin_bounds_ms
 from kvscope.backend.queries import aggregates as sql
+from kvscope.backend.queries.accounting_rate import hit_rate
 from kvscope.backend.queries.incidents import IncidentPublic
 
 MAX_BUCKETS = 240
@@ -20,7 +21,7 @@ class HitPoint(BaseModel):
     hit_requests: int
     hit_tokens: int
     prompt_tokens: int
-    hit_rate: float | None  # hit tokens over prompt tokens
+    hit_rate: float | None  # accounting_rate.hit_rate of the step's totals
 
 
 class BytesPoint(BaseModel):
@@ -121,7 +122,7 @@ def _hits(buckets: list[tuple], since: int, step: int) -> list[HitPoint]:
             hit_requests=int(hit_n or 0),
             hit_tokens=int(tokens or 0),
             prompt_tokens=int(prompt or 0),
-            hit_rate=tokens / prompt if prompt else None,
+            hit_rate=hit_rate(tokens or 0, prompt or 0),
         )
         for bucket, n, hit_n, tokens, prompt in sorted(buckets)
     ]

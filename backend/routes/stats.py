@@ -8,6 +8,7 @@ from kvscope.backend.db.rollups import RESOLUTION_NS
 from kvscope.backend.deps import SessionDep, SettingsDep, TokenDep
 from kvscope.backend.queries import aggregates as sql
 from kvscope.backend.queries import certainty, series, tiers
+from kvscope.backend.queries.accounting_rate import hit_rate
 from kvscope.backend.queries.engines import EnginePublic, engines
 from kvscope.backend.queries.schemas import HitRate, Summary
 from kvscope.backend.queries.series import Series
@@ -85,6 +86,7 @@ def hit_rates(session, window_s: float) -> list[HitRate]:
             hit_requests=hit_n or 0,
             external_hit_tokens=tokens or 0,
             prompt_tokens=prompt or 0,
+            hit_rate=hit_rate(tokens or 0, prompt or 0),
         )
         for connector, child, n, hit_n, tokens, prompt in sorted(found, key=str)
     ]

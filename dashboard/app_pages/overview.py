@@ -4,22 +4,24 @@ import time
 
 import streamlit as st
 
+from kvscope.backend.queries.accounting_rate import pooled
 from kvscope.dashboard import client, ui
+from kvscope.dashboard.charts import accounting as accounting_charts
 from kvscope.dashboard.charts import health
 from kvscope.dashboard.charts import overview as charts
 from kvscope.dashboard.charts import recomputes as recompute_charts
 from kvscope.dashboard.charts import series as series_charts
-from kvscope.dashboard.charts.format import human_bytes, percent
+from kvscope.dashboard.charts.format import human_bytes
 
 st.title("Overview")
 window_s = ui.window_picker()
 
 
 def key_figures(summary: dict, hits: list[dict]) -> None:
-    hit_tokens = sum(hit["external_hit_tokens"] for hit in hits)
-    prompt_tokens = sum(hit["prompt_tokens"] for hit in hits)
+    # Each request once: a MultiConnector's children's lookups are inside its own.
+    rate = pooled((h["external_hit_tokens"], h["prompt_tokens"]) for h in hits if not h["child"])
+    rate = None if rate is None else round(100 * rate, 1)
     moved = sum(path["bytes"] for path in summary["transfers"].values())
-    rate = percent(hit_tokens, prompt_tokens)
     p50 = summary["ttft_ms_p50"]
     columns = st.columns(6)
     columns[0].metric("Requests", charts.request_total(summary))
@@ -117,6 +119,23 @@ def silent_recomputes(version: int) -> None:
     st.markdown(recompute_charts.recomputes_table(found, client.engine_labels(version)))
 
 
+def token_accounting(version: int) -> None:
+    """Prompt tokens by source per engine, and every request whose tokens do not add up."""
+    found = client.accounting(version, window_s)
+    if found is None or not found["engines"]:
+        return
+    st.subheader("Token accounting")
+    st.caption(f"Hit rate: {found['definition']}.")
+    labels = client.engine_labels(version)
+    st.markdown(accounting_charts.engines_table(found, labels))
+    sentence = accounting_charts.headline(found)
+    if sentence is None:
+        st.caption("Every request's tokens add up.")
+        return
+    st.error(sentence, icon=":material/calculate:")
+    st.markdown(accounting_charts.violations_table(found, labels))
+
+
 @ui.live
 def overview(version: int) -> None:
     summary = client.summary(version, window_s)
@@ -130,6 +149,7 @@ def overview(version: int) -> None:
     key_figures(summary, hits)
     tiers(version)
     silent_recomputes(version)
+    token_accounting(version)
     over_time(client.series(version, window_s))
     left, right = st.columns(2)
     with left:

@@ -2,6 +2,7 @@
 
 import pandas as pd
 
+from kvscope.backend.queries.accounting_rate import hit_rate
 from kvscope.dashboard.charts.format import clock, human_bytes, percent
 
 PATH_LABELS = {
@@ -43,13 +44,19 @@ def hit_rate_frame(hits: list[dict]) -> pd.DataFrame:
             "child": hit["child"] or "–",
             "lookups": hit["requests"],
             "requests hit %": percent(hit["hit_requests"], hit["requests"]),
-            "tokens hit %": percent(hit["external_hit_tokens"], hit["prompt_tokens"]),
+            "tokens hit %": hit_percent(hit["external_hit_tokens"], hit["prompt_tokens"]),
             "external tokens": hit["external_hit_tokens"],
         }
         for hit in hits
     ]
     columns = ["connector", "child", "lookups", "requests hit %", "tokens hit %"]
     return pd.DataFrame(rows, columns=columns + ["external tokens"])
+
+
+def hit_percent(hit_tokens: int, prompt_tokens: int) -> float | None:
+    """accounting_rate.hit_rate in percent, to 0.1."""
+    rate = hit_rate(hit_tokens, prompt_tokens)
+    return None if rate is None else round(100 * rate, 1)
 
 
 def stream_warnings(streams: list[dict]) -> list[str]:

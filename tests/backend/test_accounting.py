@@ -1,11 +1,13 @@
 """Token accounting over real OTLP exports: per request, the lookup's local and external hits by
 tier + the tokens vLLM computed = the prompt; violations per engine in REST and /metrics."""
 
+import json
 import time
+from pathlib import Path
 
 import pytest
 
-from kvscope.backend.queries.accounting_rate import hit_rate, pooled
+from kvscope.backend.queries.accounting_rate import PROMQL, hit_rate, pooled
 from kvscope.traces import names
 
 from .queries.test_recomputes import engine_pair, export
@@ -15,6 +17,7 @@ from .test_metrics import scrape, value
 pytestmark = pytest.mark.timeout(120)
 
 MULTI = "MultiConnector"
+GRAFANA = Path(__file__).parents[2] / "deploy" / "grafana" / "dashboards" / "kvscope.json"
 
 
 def request_story(
@@ -28,9 +31,11 @@ def request_story(
     children: tuple[tuple[str, str, int], ...] = (),
     connector: str | None = None,
     pending_first: bool = False,
+    retried_from: tuple[int, int] | None = None,
 ) -> None:
     """A request as the traced scheduler half reports it: its span with the prompt length, a
-    lookup (pending first, if asked; with a Multi's child lookups), the allocation with vLLM's
+    lookup (pending first, if asked; after one the budget sent back, answered retried_from's
+    (local, external); with a Multi's child lookups), the allocation with vLLM's
     own cached counts (default: what the lookup said), the end."""
     base = {names.CONNECTOR_NAME: connector} if connector else {}
     request = scheduler.start(
@@ -41,6 +46,14 @@ def request_story(
         pending = {names.TOKENS_LOCAL_HIT: local, names.TOKENS_EXTERNAL_PENDING: True}
         pending[names.REQUEST_ID] = req_id
         scheduler.hook("get_num_new_matched_tokens", request, at, at + 10, **base, **pending)
+        at += MS
+    if retried_from is not None:
+        earlier = {
+            names.TOKENS_LOCAL_HIT: retried_from[0],
+            names.TOKENS_EXTERNAL_HIT: retried_from[1],
+        }
+        earlier[names.REQUEST_ID] = req_id
+        scheduler.hook("get_num_new_matched_tokens", request, at, at + 10, **base, **earlier)
         at += MS
     lookup = scheduler.hook(
         "get_num_new_matched_tokens",
@@ -110,14 +123,16 @@ def test_tokens_add_up_per_request_and_engine_by_tier(backend):
     request_story(scheduler, "cmpl-host", t0)  # 32 local + 64 host + 0 computed
     request_story(scheduler, "cmpl-miss", t0 + 100 * MS, prompt=40, local=0, external=0)
     request_story(scheduler, "cmpl-pending", t0 + 200 * MS, pending_first=True)
+    # Sent back by the budget after a first lookup; vLLM counts the one it scheduled by.
+    request_story(scheduler, "cmpl-retried", t0 + 300 * MS, retried_from=(0, 64))
     export(backend, scheduler)
     found = accounting(backend)
     row = engine_of(found, scheduler.engine_id)
-    assert row["requests"] == 3 and row["violations"] == 0
-    assert row["prompt_tokens"] == 96 + 40 + 96
-    assert row["local_hit_tokens"] == 64 and row["external_hit_tokens"] == {"host": 128}
+    assert row["requests"] == 4 and row["violations"] == 0, found["violations"]
+    assert row["prompt_tokens"] == 96 + 40 + 96 + 96
+    assert row["local_hit_tokens"] == 96 and row["external_hit_tokens"] == {"host": 192}
     assert row["computed_tokens"] == 40
-    assert row["hit_rate"] == pytest.approx((64 + 128) / 232)
+    assert row["hit_rate"] == pytest.approx((96 + 192) / 328)
     assert found["violations"] == [] and "never a mean" in found["definition"]
 
 
@@ -161,3 +176,16 @@ def test_counts_that_do_not_add_up_are_named_with_the_request(make_backend):
     assert value(metrics, hits, engine_id=clean.engine_id, source="host") == 64
     assert value(metrics, "kvscope_backend_prompt_tokens_total", engine_id=clean.engine_id) == 96
     assert value(metrics, "kvscope_backend_computed_tokens_total", engine_id=clean.engine_id) == 0
+
+
+def test_the_grafana_dashboard_plots_the_one_hit_rate():
+    dashboard = json.loads(GRAFANA.read_text())
+    exprs = {p["title"]: [t["expr"] for t in p["targets"]] for p in dashboard["panels"]}
+    assert any(PROMQL in found for found in exprs.values())
+    for title, found in exprs.items():
+        if "hit rate" in title.lower():  # every one over prompt tokens, never a mean of ratios
+            assert all("prompt_tokens" in expr for expr in found), title
+            assert not any("avg" in expr for expr in found), title
+    assert any(
+        "kvscope_backend_accounting_violations_total" in e for f in exprs.values() for e in f
+    )
