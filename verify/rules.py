@@ -14,6 +14,7 @@ HOOK_RAISED = "hook_raised"
 FAILED_LOAD_OUTCOME = "failed_load_outcome"
 SHUTDOWN_CLEAN = "shutdown_clean"
 ENGINE_ERROR = "engine_error"
+TOKENS_ADD_UP = "tokens_add_up"
 
 RULES: dict[str, str] = {
     TOKENS_MATCH: "greedy tokens equal those of a run without the connector",
@@ -34,6 +35,8 @@ RULES: dict[str, str] = {
     "(policy recompute: oracle tokens; policy fail: the request ends in error)",
     SHUTDOWN_CLEAN: "the engine shuts down with work pending, promptly and without error",
     ENGINE_ERROR: "the engine starts and serves the scenario without raising",
+    TOKENS_ADD_UP: "tokens add up: a request's lookup (local + external hit) is what vLLM "
+    "counted cached when it scheduled it, so prefix-cache + external + computed = prompt",
 }
 """Each rule and what it asserts, as the report prints it."""
 

@@ -4,6 +4,7 @@ from kvscope.traces import names
 from kvscope.verify import rules
 from kvscope.verify.hooklog import HookCall, LoadFacts, by_request
 from kvscope.verify.rules import Violation
+from kvscope.verify.token_checks import tokens_add_up
 
 REQUEST_HOOKS = ("get_num_new_matched_tokens", "update_state_after_alloc", "request_finished")
 
@@ -175,7 +176,7 @@ def all_span_checks(
 ) -> list[Violation]:
     """Every span rule; those about what must come later only once the engine settled."""
     found = hook_errors(calls) + lookups_repeat(calls) + claims_bounded(calls, bound_of)
-    found += load_errors_disjoint(facts) + hook_order(calls)
+    found += load_errors_disjoint(facts) + hook_order(calls) + tokens_add_up(calls)
     if settled:
         found += finished_sending(calls) + async_loads_end(facts)
     return found
