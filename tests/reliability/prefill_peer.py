@@ -41,6 +41,22 @@ def _prefill(llm: Any, prompts: list[str], tag: str) -> list[dict]:
     return [found.get(req_id) for req_id in order]
 
 
+def _prefill_leased(llm: Any, command: dict) -> list[dict]:
+    """_prefill; the command's lease_s (if any) holds these blocks, not the peer's lease."""
+    from dataclasses import replace
+
+    from kvscope.harness.engine_state import scheduler_connector
+
+    p2p = scheduler_connector(llm).scheduler
+    saved = p2p.config
+    if command.get("lease_s") is not None:
+        p2p.config = replace(saved, lease_timeout_s=float(command["lease_s"]))
+    try:
+        return _prefill(llm, command["prompts"], command["tag"])
+    finally:
+        p2p.config = saved
+
+
 def _state(llm: Any) -> dict:
     from kvscope.harness.engine_state import leaked_device_blocks, scheduler_connector
 
@@ -78,7 +94,7 @@ def _serve(model: Path, config: dict) -> None:
             if command is None:
                 break
             if command["op"] == "prefill":
-                reply = {"params": _prefill(llm, command["prompts"], command["tag"])}
+                reply = {"params": _prefill_leased(llm, command)}
             else:
                 reply = _state(llm)
             print(REPLY, json.dumps(reply), flush=True)
@@ -117,8 +133,12 @@ class PrefillPeer:
             self._ready = True
         return self
 
-    def prefill(self, prompts: list[str], tag: str, timeout_s: float = 60) -> list[dict]:
-        params = self._request({"op": "prefill", "prompts": prompts, "tag": tag}, timeout_s)
+    def prefill(
+        self, prompts: list[str], tag: str, timeout_s: float = 60, lease_s: float | None = None
+    ) -> list[dict]:
+        """kv_transfer_params per prompt; lease_s holds these blocks that long (not the peer's)."""
+        command = {"op": "prefill", "prompts": prompts, "tag": tag, "lease_s": lease_s}
+        params = self._request(command, timeout_s)
         if any(p is None for p in params["params"]):
             raise RuntimeError(f"the prefill peer returned no kv_transfer_params: {params}")
         return params["params"]

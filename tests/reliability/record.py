@@ -13,10 +13,13 @@ from tests.reliability.engine_ops import Batch, settle
 from tests.reliability.leaks import engine_leaks
 from tests.reliability.prefill_peer import PrefillPeer
 
-PEER_LEASE_S = 10.0
-"""The prefill side's lease: a reader that never comes frees its blocks after this. Long enough
-for the preempted cells, whose requests wait for the decode side's 24 KV blocks before they read
-(at 5 s a full run on this 2-core machine saw leases expire in that queue)."""
+PEER_LEASE_S = 5.0
+"""The prefill side's lease: a reader that never comes frees its blocks after this (the
+lease_expires, peer_hangs and peer_killed cells wait it out, so it is short)."""
+
+PREEMPTED_LEASE_S = 10.0
+"""The lease of the preempted cells' prefills: their requests wait for the decode side's 24 KV
+blocks before they read (at 5 s a full run on this 2-core machine saw leases expire there)."""
 
 EXPORT_TIMEOUT_S = 15.0
 """How long this process's exporter to the backend retries a batch before it counts it lost.

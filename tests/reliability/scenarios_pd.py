@@ -6,12 +6,14 @@ from tests.reliability import scenarios
 from tests.reliability.cases import CASES
 from tests.reliability.engine_ops import Batch, connector_core, run
 from tests.reliability.leaks import knows_peer
+from tests.reliability.record import PREEMPTED_LEASE_S
 from tests.reliability.scenarios import Cell
 
 
-def prefill(cell: Cell, peer=None) -> list[dict]:
+def prefill(cell: Cell, peer=None, lease_s: float | None = None) -> list[dict]:
     """kv_transfer_params for the cell's prompts, from a prefill peer."""
-    return (peer or cell.peer).prefill(cell.case.prompts(), f"{cell.case.id}-pre")
+    tag = f"{cell.case.id}-pre"
+    return (peer or cell.peer).prefill(cell.case.prompts(), tag, lease_s=lease_s)
 
 
 def warm_up(cell: Cell, peer) -> None:
@@ -99,7 +101,8 @@ def aborted(cell: Cell) -> Batch:
 
 
 def preempted(cell: Cell) -> Batch:
-    return scenarios.preempted(cell, kv_params=prefill(cell))
+    """The preempted requests read late (after others free KV blocks): a longer lease."""
+    return scenarios.preempted(cell, kv_params=prefill(cell, lease_s=PREEMPTED_LEASE_S))
 
 
 def p2p_fails_offload_serves(cell: Cell) -> Batch:
