@@ -15,6 +15,8 @@ from kvscope.backend.ingest.pipeline import Pipeline
 from kvscope.backend.ingest.receive import IngestGate
 from kvscope.backend.ingest.receive_grpc import start_receiver
 from kvscope.backend.ingest.write import STAGED_TABLES
+from kvscope.backend.kv_events import service as kv_events_service
+from kvscope.backend.kv_events.metrics import KVEventsCollector
 from kvscope.backend.live import Hub
 from kvscope.backend.metrics import AccountingCollector, RecomputeCollector
 from kvscope.backend.routes import (
@@ -24,6 +26,7 @@ from kvscope.backend.routes import (
     failures,
     health,
     ingest,
+    kv_events,
     leases,
     metrics,
     plan,
@@ -52,6 +55,7 @@ ROUTERS = (
     tiers,
     clocks,
     recomputes,
+    kv_events,
     accounting,
     plan,
 )
@@ -79,7 +83,9 @@ def create_app(settings: Settings | None = None, grpc_host: str | None = None) -
         if grpc_host is not None and settings.grpc_port:
             receiver = start_receiver(app.state.ingest, settings, grpc_host, app.state.ingest_gate)
         app.state.grpc_port = receiver.port if receiver else None
+        kv_events_service.start(app, settings)
         yield
+        kv_events_service.stop(app)
         if receiver is not None:  # before ingest closes: calls in progress still store
             receiver.stop()
         app.state.ingest.close()
@@ -96,6 +102,10 @@ def create_app(settings: Settings | None = None, grpc_host: str | None = None) -
     app.state.ingest = Pipeline(engine, settings, app.state.hub, ws.make_publisher(app))
     app.state.ingest.metrics.registry.register(RecomputeCollector(engine, failures.incidents_in))
     app.state.ingest.metrics.registry.register(AccountingCollector(engine))
+    app.state.kv_events = None
+    app.state.ingest.metrics.registry.register(
+        KVEventsCollector(engine, lambda: app.state.kv_events)
+    )
     app.state.ingest_gate = IngestGate(settings.max_concurrent_ingest)
     for module in ROUTERS:
         app.include_router(module.router)

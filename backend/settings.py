@@ -53,6 +53,10 @@ class Settings(BaseSettings):
     ingest_workers: int | None = Field(None, ge=0, le=64)
     # SQLite: batches that queued for the writer share one transaction (off: one each).
     group_commit: bool = True
+    # vLLM KV-event streams to subscribe to ([ENGINE_ID=]tcp://HOST:PORT, comma-separated;
+    # empty: none), compared with the spans at /api/v1/kv-events/divergence.
+    kv_events: str = Field("", validation_alias="KVSCOPE_KV_EVENTS")
+    kv_events_topic: str = "kv-events"
 
     def resolved_ingest_workers(self) -> int:
         if self.ingest_workers is not None:

@@ -1,0 +1,1 @@
+"""The optional subscriber to vLLM's ZMQ KV-event streams, and its comparison with the spans."""
