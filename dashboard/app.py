@@ -18,6 +18,7 @@ navigation = st.navigation(
         st.Page(PAGES / "leases.py", title="Leases", icon=":material/lock_clock:"),
         st.Page(PAGES / "requests.py", title="Requests", icon=":material/timeline:"),
         st.Page(PAGES / "failures.py", title="Failures", icon=":material/error:"),
+        st.Page(PAGES / "sizing.py", title="Sizing", icon=":material/straighten:"),
     ]
 )
 with st.sidebar:
