@@ -1,9 +1,10 @@
 """The backend's KV-event subscriber against a real `vllm serve` (offload connector, ZMQ events,
-spans to the same backend): no divergence on a healthy run, and a subscriber that joined late
-reports the batches it missed and the blocks its events therefore lack."""
+spans to the same backend): no divergence on a healthy run, a subscriber that joined late reports
+the batches it missed, and a publisher restart is seen and its dead claims dropped."""
 
 import json
 import time
+from functools import partial
 
 import httpx
 import pytest
@@ -39,12 +40,21 @@ def stack(tiny_model, tmp_path_factory):
             KVSCOPE_OTLP_ENDPOINTS=f"{backend.url}/v1/traces", OTEL_BSP_SCHEDULE_DELAY="100"
         )
         wait_listening(backend)
-        server = ServerProcess(cmd, port, env, workdir / "vllm.log")
+        servers = [ServerProcess(cmd, port, env, workdir / "vllm.log")]
         try:
-            server.wait_ready(300)
-            yield backend, server, settings
+            servers[0].wait_ready(300)
+            restart = partial(restarted, servers, cmd, port, env, workdir)
+            yield backend, servers[0], settings, restart
         finally:
-            server.stop()
+            servers[-1].stop()
+
+
+def restarted(servers: list, cmd: list, port: int, env: dict, workdir) -> ServerProcess:
+    """The server stopped and started again on the same ports: its event seqs begin at 0."""
+    servers[-1].stop()
+    servers.append(ServerProcess(cmd, port, env, workdir / f"vllm-{len(servers)}.log"))
+    servers[-1].wait_ready(300)
+    return servers[-1]
 
 
 def wait_listening(backend: RunningBackend, timeout_s: float = 120.0) -> None:
@@ -85,7 +95,7 @@ def settled(backend: RunningBackend, timeout_s: float = 30.0) -> dict:
 
 @pytest.fixture(scope="module")
 def healthy(stack, tiny_model):
-    backend, server, _ = stack
+    backend, server, _, _ = stack
     for i in range(2):
         complete(server, tiny_model, long_prompt(i, sentences=6))
     complete(server, tiny_model, "one more step: the last stores report")
@@ -93,7 +103,7 @@ def healthy(stack, tiny_model):
 
 
 def test_a_healthy_run_has_no_divergence(healthy, stack):
-    backend, _, _ = stack
+    backend, _, _, _ = stack
     assert healthy["enabled"] and healthy["running"]
     (engine,) = healthy["engines"]
     assert engine["engine_id"], engine  # the only engine whose spans hold host blocks
@@ -116,7 +126,7 @@ def test_a_healthy_run_has_no_divergence(healthy, stack):
 
 
 def test_a_late_subscriber_reports_the_batches_it_missed(healthy, stack, tiny_model):
-    backend, server, settings = stack
+    backend, server, settings, _ = stack
     # A second backend on the same database whose subscriber starts now, as after a restart.
     with RunningBackend(settings) as late:
         wait_listening(late)
@@ -137,3 +147,22 @@ def test_a_late_subscriber_reports_the_batches_it_missed(healthy, stack, tiny_mo
     host = host_tier(found)
     assert host is not None and host["only_in_spans"] > 0  # blocks stored before it listened
     assert host_tier(settled(backend))["only_in_events"] == 0  # the first one still agrees
+
+
+def test_a_publisher_restart_is_seen_and_its_old_claims_dropped(healthy, stack, tiny_model):
+    backend, _, _, restart = stack
+    before = settled(backend)["engines"][0]
+    server = restart()
+    complete(server, tiny_model, "After the restart: " + long_prompt(4, sentences=4))
+    deadline = time.monotonic() + 30
+    with backend.client() as client:
+        while time.monotonic() < deadline:
+            engine = client.get("/api/v1/kv-events/divergence").json()["engines"][0]
+            if engine["restarts"] > 0:
+                break
+            time.sleep(0.5)
+    assert engine["restarts"] == 1, engine
+    assert engine["last_seq"] < before["last_seq"]  # the new process counts from 0 again
+    claimed = {t["tier"]: t["claimed"] for t in engine["tiers"]}
+    old = {t["tier"]: t["claimed"] for t in before["tiers"]}
+    assert claimed.get("device", 0) < old["device"]  # the dead process's blocks are not claimed
