@@ -168,3 +168,18 @@ def test_a_healthy_run_lost_no_spans(backend):
     holes = {s["origin"]: s["holes"] for s in streams if s["holes"]}
     assert holes == {}, holes
     assert sum(s["received"] for s in streams) > 1000
+
+
+def test_every_request_of_the_pd_pair_adds_up(backend):
+    """Issue 28 item 2: on both engines of the pair, each request's prefix-cache + external hits
+    by tier + computed tokens = its prompt, and the hits are what vLLM counted cached, although
+    loads failed and timed out."""
+    found = get(backend + "/api/v1/stats/accounting?window_s=100000")
+    assert found["violations_total"] == 0, found["violations"][:5]
+    engines = found["engines"]
+    assert len(engines) == 2 and sum(e["requests"] for e in engines) >= 20, engines
+    assert any(e["external_hit_tokens"].get("peer", 0) > 0 for e in engines), engines
+    assert any(e["external_hit_tokens"].get("host", 0) > 0 for e in engines), engines
+    for engine in engines:
+        hits = engine["local_hit_tokens"] + sum(engine["external_hit_tokens"].values())
+        assert hits + engine["computed_tokens"] == engine["prompt_tokens"], engine
