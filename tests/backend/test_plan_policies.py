@@ -54,9 +54,11 @@ def test_replay_hits_the_longest_stored_prefix_and_stores_what_it_missed():
     # Two blocks: r2's c evicts a (the oldest use), and r3's lookup stops at the hole.
     small = replay(stream, "lru", 2)
     assert small.hit_tokens == 64 and small.evicted_blocks == 1
-    # One block: r1's b evicts its a, so nothing is ever found; r2 stores all it missed.
+    # One block: r1's a is still being written when b asks for a place, so b is refused (a
+    # store never evicts its own blocks); r2 finds a, then stores b over it.
     tiny = replay(stream, "lru", 1)
-    assert tiny.hit_tokens == 0 and tiny.evicted_blocks == 4 and tiny.hit_rate == 0
+    assert tiny.hit_tokens == 32 and tiny.evicted_blocks == 1
+    assert tiny.hit_rate == 32 / (7 * 32)
 
 
 def test_a_leased_block_survives_the_stores_made_while_its_load_runs():
@@ -72,3 +74,23 @@ def test_a_leased_block_survives_the_stores_made_while_its_load_runs():
     )
     outcome = replay(stream, "lru", 1)
     assert outcome.hit_tokens == 64 and outcome.evicted_blocks == 0
+
+
+def test_blocks_refused_at_their_step_are_not_stored_later():
+    """Two requests scheduled in one step into a pool of 2: the first takes both blocks while
+    they are written, the second's are refused then and never stored (vLLM's store cursor
+    moved on), so a third request asking the second's blocks misses."""
+    stream = _stream(
+        [
+            Access(1, "lookup", "r1", ("a", "b")),
+            Access(2, "lookup", "r2", ("x", "y")),
+            Access(3, "step", "r1"),
+            Access(3, "step", "r2"),
+            Access(4, "store", "r1", ("a", "b")),
+            Access(5, "lookup", "r3", ("x", "y")),
+            Access(6, "lookup", "r4", ("a", "b")),
+        ]
+    )
+    outcome = replay(stream, "lru", 2)
+    assert outcome.hit_tokens == 64 and outcome.evicted_blocks == 0
+    assert replay(stream, "lru", 4).hit_tokens == 128  # room for both: r3 finds x and y

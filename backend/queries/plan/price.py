@@ -8,9 +8,12 @@ from sqlalchemy.engine import Connection
 
 from kvscope.traces import names
 
+# A worker's transfer spans may name no engine: they are its process's (instance_id).
 _TRANSFERS = text(
-    "SELECT attributes, start_ns, end_ns FROM span WHERE name = :name AND engine_id = :engine "
-    "AND start_ns >= :since AND start_ns < :until"
+    "SELECT attributes, start_ns, end_ns FROM span WHERE name = :name "
+    "AND start_ns >= :since AND start_ns < :until AND (engine_id = :engine OR "
+    "(engine_id IS NULL AND instance_id IN (SELECT DISTINCT instance_id FROM span "
+    "WHERE engine_id = :engine AND start_ns >= :since AND start_ns < :until)))"
 )
 _STEP_HOOK = names.SPAN_HOOK_PREFIX + "build_connector_meta"
 

@@ -25,20 +25,24 @@ class Outcome:
 def replay(stream: EngineStream, policy_name: str, pool_blocks: int) -> Outcome:
     """The stream's lookups answered by a pool of pool_blocks blocks under the policy.
 
-    A lookup hits the longest prefix of its keys in the pool (the pool's own rule) and pins
-    them until the request's lease ends. A request stores what it asked beyond its hit at its
-    first recorded store (or lease end), and every block it stored in the recording: at a
-    smaller pool a block it found today must be stored, at a larger one a stored block may
-    already be there. Recorded evictions are the recorded pool's; the replay makes its own.
+    A lookup hits the longest committed prefix of its keys (the pool's own rule) and pins
+    them until the request's lease ends or it stores. At the first step that schedules it
+    after its lookup, a request reserves what it asked beyond its hit; the blocks it stored
+    in the recording are reserved at their commit. Reserved blocks are pinned and invisible
+    to lookups until the next commit reported, and a store stops at the first block that gets
+    no place. At a smaller pool a block found today must be stored; at a larger one a stored
+    block may already be there. The recorded evictions are the recorded pool's (compared with
+    the replay's at today's size); the replay makes its own.
     """
     pool: Policy = POLICIES[policy_name](pool_blocks)
     pending: dict[str, tuple[str, ...]] = {}  # keys asked beyond the hit, not stored yet
     pinned: dict[str, tuple[str, ...]] = {}
+    writing: dict[str, int] = {}  # reserved, being copied: invisible and not evictable
     hit_blocks = asked_blocks = 0
     for access in stream.accesses:
         if access.kind == "lookup":
             _unpin(pool, pinned, access.req_id)
-            hit = _longest_prefix(pool, access.keys)
+            hit = _longest_prefix(pool, writing, access.keys)
             hit_blocks += len(hit)
             asked_blocks += len(access.keys)
             for key in hit:
@@ -46,12 +50,17 @@ def replay(stream: EngineStream, policy_name: str, pool_blocks: int) -> Outcome:
                 pool.pin(key)
             pinned[access.req_id] = hit
             pending[access.req_id] = access.keys[len(hit) :]
+        elif access.kind == "step" and access.req_id in pending:
+            # Scheduled after its lookup: what it missed is reserved as its prefill fills
+            # it, once; blocks that got no place then are never stored (the cursor moved on).
+            _reserve(pool, writing, access.time_ns, pending.pop(access.req_id))
         elif access.kind == "store":  # a request stores once its load ended
             _unpin(pool, pinned, access.req_id)
-            _store(pool, pending.pop(access.req_id, ()) + access.keys)
+            keys = pending.pop(access.req_id, ()) + access.keys  # no step seen: now
+            _reserve(pool, writing, access.time_ns, keys)
+            _commit(pool, writing, access.time_ns)
         elif access.kind == "release":
             _unpin(pool, pinned, access.req_id)
-            _store(pool, pending.pop(access.req_id, ()))
     return Outcome(
         policy_name,
         pool_blocks,
@@ -71,19 +80,32 @@ def recorded_evictions(stream: EngineStream) -> int:
     return sum(len(a.keys) for a in stream.accesses if a.kind == "evict")
 
 
-def _longest_prefix(pool: Policy, keys: tuple[str, ...]) -> tuple[str, ...]:
+def _longest_prefix(pool: Policy, writing: dict, keys: tuple[str, ...]) -> tuple[str, ...]:
+    """The committed prefix: a block still being written is a hole."""
     for index, key in enumerate(keys):
-        if key not in pool:
+        if key not in pool or key in writing:
             return keys[:index]
     return keys
 
 
-def _store(pool: Policy, keys: tuple[str, ...]) -> None:
-    """Stores in order and stops at the first block that gets no place, as the pool does (a
-    block after a hole could never be hit)."""
+def _reserve(pool: Policy, writing: dict[str, int], now_ns: int, keys: tuple[str, ...]) -> None:
+    """Takes blocks for the keys not in the pool, in order, pinned until their commit; stops
+    at the first that gets no place, as the pool does (a block after a hole is never hit)."""
     for key in dict.fromkeys(keys):
+        if key in pool:
+            continue
         if not pool.insert(key):
             return
+        pool.pin(key)
+        writing[key] = now_ns
+
+
+def _commit(pool: Policy, writing: dict[str, int], now_ns: int) -> None:
+    """A commit reported now: every copy planned until now has ended (the workers report a
+    step's copies together)."""
+    for key in [key for key, reserved_ns in writing.items() if reserved_ns <= now_ns]:
+        del writing[key]
+        pool.unpin(key)
 
 
 def _unpin(pool: Policy, pinned: dict[str, tuple[str, ...]], req_id: str | None) -> None:

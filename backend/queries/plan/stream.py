@@ -8,6 +8,7 @@ from sqlalchemy.engine import Connection
 
 from kvscope.traces import names
 
+_STEP_HOOK = names.SPAN_HOOK_PREFIX + "build_connector_meta"
 _KINDS = {
     names.EVENT_BLOCK_LOOKED_UP: "lookup",
     names.EVENT_BLOCK_STORED: "store",
@@ -21,12 +22,17 @@ _SPANS = text(
     "WHERE start_ns >= :since AND start_ns < :until AND engine_id IS NOT NULL "
     "AND (events LIKE '%kvscope.block.%' OR events LIKE '%kvscope.lease.%')"
 )
+_STEPS = text(
+    "SELECT engine_id, attributes, start_ns FROM span WHERE name = :name "
+    "AND start_ns >= :since AND start_ns < :until AND engine_id IS NOT NULL"
+)
 
 
 @dataclass(frozen=True)
 class Access:
-    """One recorded access of the pool: a lookup (the keys it asked), a store (the keys it
-    committed), an eviction, or a lease taken or ended by request req_id."""
+    """One recorded access of the pool: a lookup (the keys it asked), a step that scheduled
+    the request (its blocks are reserved then), a store (the keys it committed), an eviction,
+    or a lease taken or ended by request req_id."""
 
     time_ns: int
     kind: str
@@ -62,9 +68,24 @@ def read_streams(connection: Connection, since_ns: int, until_ns: int) -> dict[s
             access = _access(stream, event, attributes, request_id)
             if access is not None:
                 stream.accesses.append(access)
+    for engine_id, attributes_json, start_ns in connection.execute(
+        _STEPS, {"name": _STEP_HOOK, "since": since_ns, "until": until_ns}
+    ):
+        if engine_id in streams:
+            for req_id in json.loads(attributes_json or "{}").get(names.REQUEST_IDS) or ():
+                streams[engine_id].accesses.append(Access(int(start_ns), "step", str(req_id)))
     for stream in streams.values():
-        stream.accesses.sort(key=lambda access: access.time_ns)
+        _in_order(stream)
     return streams
+
+
+def _in_order(stream: EngineStream) -> None:
+    """Time order; the requests of one step in the order they were looked up (the order vLLM
+    scheduled them, in which their stores took host blocks)."""
+    asked_at = {a.req_id: a.time_ns for a in stream.accesses if a.kind == "lookup"}
+    stream.accesses.sort(
+        key=lambda a: (a.time_ns, asked_at.get(a.req_id, 0) if a.kind == "step" else 0)
+    )
 
 
 def _access(stream: EngineStream, event: dict, span_attributes: dict, request_id) -> Access | None:
