@@ -52,7 +52,21 @@ def expected(oracle):
 
 
 @pytest.fixture(scope="module")
-def pd(tiny_model, tmp_path_factory, expected):
+def fail_decode(tiny_model, tmp_path_factory):
+    """A second decode server, with kv_load_failure_policy 'fail': launched before the pair
+    (pd asks for it), so it boots beside the pair rather than after it; always stopped."""
+    port = free_port()
+    config = p2p_transfer_config(free_port(), policy="fail", **CONNECTOR)
+    log = tmp_path_factory.mktemp("pd-fail") / "decode-fail.log"
+    server = ServerProcess(serve_command(tiny_model, port, config), port, engine_env(), log)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def pd(tiny_model, tmp_path_factory, expected, fail_decode):
     """One prefill+decode pair and the proxy for the whole module; always stopped."""
     workdir = tmp_path_factory.mktemp("pd")
     env = {"OTEL_BSP_SCHEDULE_DELAY": "100"}
@@ -206,14 +220,10 @@ def test_stopped_prefill_server_ends_in_bounded_time(pd, tiny_model, expected):
     wait_until_no_blocks_held([pair.prefill.url, pair.decode.url], timeout_s=LEASE_S + 10)
 
 
-def test_fail_policy_fails_the_request_promptly(pd, tiny_model, tmp_path):
+def test_fail_policy_fails_the_request_promptly(pd, tiny_model, fail_decode):
     """A second decode server, with kv_load_failure_policy 'fail', given a silent peer."""
     pair, _ = pd
-    port = free_port()
-    config = p2p_transfer_config(free_port(), policy="fail", **CONNECTOR)
-    server = ServerProcess(
-        serve_command(tiny_model, port, config), port, engine_env(), tmp_path / "decode-fail.log"
-    )
+    server = fail_decode
     try:
         server.wait_ready(400)
         body = completion_body(tiny_model, FAULTS["silent"], MAX_TOKENS)
