@@ -118,7 +118,8 @@ def test_asking_three_times_takes_one_lease_and_tells_it_once():
     assert len(offload.leases.active()) == 1
     assert offload.stats.lookups - before["lookups"] == 1
     assert offload.stats.hit_tokens - before["hit_tokens"] == 4 * BLOCK
-    assert [event_names(events) for _, events in asked] == [[names.EVENT_LEASE_ACQUIRED], [], []]
+    looked_up_and_leased = [names.EVENT_BLOCK_LOOKED_UP, names.EVENT_LEASE_ACQUIRED]
+    assert [event_names(events) for _, events in asked] == [looked_up_and_leased, [], []]
 
 
 def test_asking_again_refreshes_the_lease():
