@@ -52,14 +52,15 @@ def format_engine(engine: dict) -> str:
         f"{engine['block_size']} tokens, {engine['lookups']} lookups asked "
         f"{engine['asked_tokens']} tokens, {engine['measured_hit_tokens']} hit today",
         f"  load {_rate(load)} tokens/s, prefill {_rate(prefill)} tokens/s",
-        f"  {'policy':<6} {'size':>6} {'blocks':>7} {'hit tokens':>10} {'hit rate':>8} "
+        f"  {'policy':<6} {'size':>6} {'blocks':>7} {'hit tokens':>10} {'pool hit':>8} "
         f"{'saved s':>9} {'evicted':>7}",
     ]
     for row in engine["rows"]:
         saved = "n/a" if row["seconds_saved"] is None else f"{row['seconds_saved']:.3f}"
         lines.append(
             f"  {row['policy']:<6} {row['factor']:>5g}x {row['pool_blocks']:>7} "
-            f"{row['hit_tokens']:>10} {row['hit_rate']:>8.1%} {saved:>9} {row['evicted_blocks']:>7}"
+            f"{row['hit_tokens']:>10} {row['pool_hit_rate']:>8.1%} {saved:>9} "
+            f"{row['evicted_blocks']:>7}"
         )
     return "\n".join(lines)
 

@@ -42,7 +42,7 @@ def sizing_section(version: int) -> None:
         left, right = st.columns(2)
         with left:
             st.markdown("**Hit rate against pool size**")
-            ui.chart(sizing.against_size(frame, "hit rate %"))
+            ui.chart(sizing.against_size(frame, "pool hit rate %"))
         with right:
             st.markdown("**Time saved against pool size**")
             if frame["seconds saved"].notna().any():

@@ -1,4 +1,4 @@
-"""Sizing page charts: replayed hit rate and time saved against host pool size, per policy."""
+"""Sizing page charts: replayed pool hit rate and time saved against host pool size, per policy."""
 
 import altair as alt
 import pandas as pd
@@ -15,7 +15,7 @@ def sizing_frame(engine: dict) -> pd.DataFrame:
             "size": f"{row['factor']:g}x",
             "factor": row["factor"],
             "pool blocks": row["pool_blocks"],
-            "hit rate %": round(100 * row["hit_rate"], 2),
+            "pool hit rate %": round(100 * row["pool_hit_rate"], 2),
             "hit tokens": row["hit_tokens"],
             "prefill tokens saved": row["prefill_tokens_saved"],
             "seconds saved": row["seconds_saved"],

@@ -58,7 +58,7 @@ def test_replay_hits_the_longest_stored_prefix_and_stores_what_it_missed():
     # store never evicts its own blocks); r2 finds a, then stores b over it.
     tiny = replay(stream, "lru", 1)
     assert tiny.hit_tokens == 32 and tiny.evicted_blocks == 1
-    assert tiny.hit_rate == 32 / (7 * 32)
+    assert tiny.pool_hit_rate == 32 / (7 * 32)
 
 
 def test_a_leased_block_survives_the_stores_made_while_its_load_runs():

@@ -81,7 +81,7 @@ def test_the_frame_has_a_row_per_policy_and_size():
                 "factor": factor,
                 "pool_blocks": int(4 * factor),
                 "hit_tokens": 64,
-                "hit_rate": 0.4,
+                "pool_hit_rate": 0.4,
                 "prefill_tokens_saved": 64,
                 "seconds_saved": None,
                 "evicted_blocks": 0,
@@ -92,4 +92,4 @@ def test_the_frame_has_a_row_per_policy_and_size():
     }
     frame = sizing_frame(engine)
     assert len(frame) == 6 and set(frame["size"]) == {"0.5x", "1x", "2x"}
-    assert frame["hit rate %"].tolist() == [40.0] * 6
+    assert frame["pool hit rate %"].tolist() == [40.0] * 6

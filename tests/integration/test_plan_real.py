@@ -129,7 +129,7 @@ def test_replay_of_each_pool_reproduces_its_measured_hits_and_evictions(plans):
 
 def test_half_the_pool_measures_the_hit_rate_predicted(plans):
     today, half = plans
-    predicted = _row(today, "lru", 0.5)["hit_rate"]
+    predicted = _row(today, "lru", 0.5)["pool_hit_rate"]
     measured = half["measured_hit_tokens"] / half["asked_tokens"]
     print(f"half the pool: predicted hit rate {predicted:.3f}, measured {measured:.3f}")
     assert abs(predicted - measured) <= 0.05

@@ -17,8 +17,9 @@ class Outcome:
     evicted_blocks: int
 
     @property
-    def hit_rate(self) -> float:
-        """Hit tokens over asked tokens (window totals, never a mean of ratios)."""
+    def pool_hit_rate(self) -> float:
+        """Hit tokens over the tokens asked of the host pool (window totals, never a mean of
+        ratios): the pool's own figure, not the prompt-token hit rate of accounting_rate."""
         return self.hit_tokens / self.asked_tokens if self.asked_tokens else 0.0
 
 

@@ -1,6 +1,6 @@
 """The sizing report of a window: every engine's replay at each candidate size and policy."""
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from sqlalchemy.engine import Connection
 
 from kvscope.backend.queries.plan.policies import POLICIES
@@ -17,7 +17,7 @@ class SizingRow(BaseModel):
     factor: float
     pool_blocks: int
     hit_tokens: int
-    hit_rate: float
+    pool_hit_rate: float = Field(description="hit tokens over the tokens asked of the host pool")
     prefill_tokens_saved: int
     seconds_saved: float | None
     evicted_blocks: int
@@ -68,7 +68,7 @@ def sizing(
                         factor=factor,
                         pool_blocks=outcome.pool_blocks,
                         hit_tokens=outcome.hit_tokens,
-                        hit_rate=outcome.hit_rate,
+                        pool_hit_rate=outcome.pool_hit_rate,
                         prefill_tokens_saved=outcome.hit_tokens,
                         seconds_saved=rates.seconds_saved(outcome.hit_tokens),
                         evicted_blocks=outcome.evicted_blocks,
