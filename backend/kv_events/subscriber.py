@@ -63,8 +63,11 @@ class KVEventSubscriber:
         return self._listening.is_set() and self._thread.is_alive()
 
     def _run(self) -> None:
-        from vllm.distributed.kv_events import KVEventBatch
-
+        try:
+            from vllm.distributed.kv_events import KVEventBatch
+        except ImportError:
+            logger.error("KVSCOPE_KV_EVENTS: decoding vLLM's KV events needs vllm installed")
+            return
         self._batch_type = KVEventBatch
         context = zmq.Context()
         sockets: dict[zmq.Socket, str] = {}
