@@ -41,10 +41,14 @@ def record_timed_span(
     """A span in the request's trace, timed by time.monotonic() readings taken when the work
     happened (often on another thread), marked failed with its cause when error is given."""
     duration_s = max(end_monotonic_s - start_monotonic_s, 0.0)
+    # One conversion, the end offset from it: converting each end on its own reads the two
+    # clocks twice, and their drift can put a near-instant span's end before its start (the
+    # backend refuses such a span, and its stream shows a hole).
+    start_ns = monotonic_to_epoch_ns(start_monotonic_s)
     span = get_tracer().start_span(
         name,
         context=context_of(req_id),
-        start_time=monotonic_to_epoch_ns(start_monotonic_s),
+        start_time=start_ns,
         attributes={
             names.REQUEST_ID: req_id,
             names.TRANSFER_DURATION_MS: duration_s * 1000,
@@ -55,7 +59,7 @@ def record_timed_span(
     if error is not None:
         span.set_status(trace.StatusCode.ERROR, error)
         span.set_attribute(names.FAILURE_CAUSE, error)
-    span.end(end_time=monotonic_to_epoch_ns(end_monotonic_s))
+    span.end(end_time=start_ns + round(duration_s * 1e9))
 
 
 def record_transfer(
