@@ -11,9 +11,9 @@ from kvscope.traces.events import record_timed_span
 def test_an_instant_span_never_ends_before_it_starts_and_durations_are_kept(spans):
     now = time.monotonic()
     for i in range(200):  # separate conversions of each end drifted apart by a few ns
-        record_timed_span("kvscope.transfer", f"timed-{i}", now, now, None, {})
-    record_timed_span("kvscope.transfer", "timed-long", now, now + 0.25, None, {})
-    found = [span for span in spans() if span.name == "kvscope.transfer"]
+        record_timed_span(names.SPAN_TRANSFER, f"timed-{i}", now, now, None, {})
+    record_timed_span(names.SPAN_TRANSFER, "timed-long", now, now + 0.25, None, {})
+    found = [span for span in spans() if span.name == names.SPAN_TRANSFER]
     assert len(found) == 201
     for span in found:
         context = span.context
