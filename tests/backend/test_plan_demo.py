@@ -1,29 +1,76 @@
 """GET /api/v1/plan and `kvscope plan` on the shipped demo recording, replayed into a backend."""
 
+import gzip
+import json
+from contextlib import contextmanager
+
 import pytest
 
 from kvscope.cli.main import main as kvscope
-from kvscope.demo.replay import RECORDINGS, replay
+from kvscope.demo.replay import RECORDINGS, recorded_lines, replay
+from kvscope.traces import names
+
+
+@contextmanager
+def _backend_with(path, tmp_path_factory, name):
+    """A backend given the recording at path, its times moved to now."""
+    from kvscope.backend.settings import Settings
+    from tests.backend.conftest import RunningBackend
+
+    url = f"sqlite:///{tmp_path_factory.mktemp(name) / 'kvscope.db'}"
+    with RunningBackend(Settings(database_url=url, ingest_workers=0)) as backend:
+        replay(path, backend.url, None, 0, now=True)
+        yield backend
 
 
 @pytest.fixture(scope="module")
 def demo_backend(tmp_path_factory):
-    from kvscope.backend.settings import Settings
-    from tests.backend.conftest import RunningBackend
-
-    url = f"sqlite:///{tmp_path_factory.mktemp('plan-demo') / 'kvscope.db'}"
-    with RunningBackend(Settings(database_url=url, ingest_workers=0)) as backend:
-        replay(RECORDINGS / "demo.jsonl.gz", backend.url, None, 0, now=True)
+    with _backend_with(RECORDINGS / "demo.jsonl.gz", tmp_path_factory, "plan-demo") as backend:
         yield backend
 
 
-def test_the_demo_recording_names_its_engines_as_not_replayable(demo_backend):
-    """It dates from before lookups recorded what they asked: the plan says so for each
-    engine whose pool stored blocks, and offers no invented numbers."""
+@pytest.fixture(scope="module")
+def unasked_backend(tmp_path_factory):
+    """The recording without its kvscope.block.looked_up events, as spans from before
+    lookups recorded what they asked."""
+    path = tmp_path_factory.mktemp("unasked") / "demo.jsonl.gz"
+    with gzip.open(path, "wb") as out:
+        for line in recorded_lines(RECORDINGS / "demo.jsonl.gz"):
+            batch = json.loads(line)
+            for rs in batch["resourceSpans"]:
+                for ss in rs.get("scopeSpans", ()):
+                    for span in ss.get("spans", ()):
+                        span["events"] = [
+                            event
+                            for event in span.get("events", ())
+                            if event["name"] != names.EVENT_BLOCK_LOOKED_UP
+                        ]
+            out.write(json.dumps(batch).encode() + b"\n")
+    with _backend_with(path, tmp_path_factory, "plan-unasked") as backend:
+        yield backend
+
+
+def test_todays_pool_replayed_gives_the_demos_measured_hit_tokens(demo_backend):
+    """Both demo engines' pools are replayed; at today's size under the pool's own LRU the
+    replay answers the hit tokens the connector answered, within 2%."""
     with demo_backend.client() as client:
         report = client.get("/api/v1/plan", params={"window": 10**6}).json()
+    assert report["not_replayable"] == []
+    assert len(report["engines"]) == 2  # the prefill and the decode engine
+    for engine in report["engines"]:
+        measured = engine["measured_hit_tokens"]
+        today = next(r for r in engine["rows"] if r["policy"] == "lru" and r["factor"] == 1.0)
+        assert measured > 0 and abs(today["hit_tokens"] - measured) <= 0.02 * measured
+        assert engine["load_tokens_per_s"] and engine["prefill_tokens_per_s"]
+        assert {r["policy"] for r in engine["rows"]} == {"lru", "2q"}
+
+
+def test_lookups_that_did_not_say_what_they_asked_are_named_not_replayable(unasked_backend):
+    """No invented numbers: each engine whose pool stored blocks is named instead."""
+    with unasked_backend.client() as client:
+        report = client.get("/api/v1/plan", params={"window": 10**6}).json()
     assert report["engines"] == []
-    assert len(report["not_replayable"]) == 2  # the prefill and the decode engine
+    assert len(report["not_replayable"]) == 2
 
 
 def test_bad_sizes_are_refused_with_what_to_send(demo_backend):
@@ -32,7 +79,13 @@ def test_bad_sizes_are_refused_with_what_to_send(demo_backend):
     assert answer.status_code == 422 and "comma" in answer.json()["detail"]
 
 
-def test_the_cli_says_why_there_is_nothing_to_replay(demo_backend, capsys):
-    assert kvscope(["plan", "--backend", demo_backend.url, "--window", "1000000"]) == 1
+def test_the_cli_prints_each_engines_table(demo_backend, capsys):
+    assert kvscope(["plan", "--backend", demo_backend.url, "--window", "1000000"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("hit today") == 2 and out.count("  2q ") == 12
+
+
+def test_the_cli_says_why_there_is_nothing_to_replay(unasked_backend, capsys):
+    assert kvscope(["plan", "--backend", unasked_backend.url, "--window", "1000000"]) == 1
     out = capsys.readouterr().out
     assert out.count("did not record the blocks they asked") == 2
