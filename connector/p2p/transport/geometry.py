@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import math
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -189,6 +191,17 @@ def _check_tensor_strides(
         )
 
 
+def _layer_stride(views: list[torch.Tensor]) -> float:
+    """Elements from one layer's view to the next's when the layers share one allocation at one
+    stride; otherwise each layer has memory of its own (the layer axis is outermost), in
+    whatever address order the allocator placed them."""
+    starts = [view.data_ptr() for view in views]
+    gaps = {later - earlier for earlier, later in itertools.pairwise(starts)}
+    if len(gaps) == 1 and (gap := gaps.pop()) > 0:
+        return gap // views[0].element_size()
+    return math.inf
+
+
 def identify_layout(views: list[torch.Tensor]) -> str:
     """The layout whose physical order the views' strides show (for callers without vLLM's
     resolved layout, e.g. tools over a saved cache); prefer the engine's own when it has one."""
@@ -196,7 +209,7 @@ def identify_layout(views: list[torch.Tensor]) -> str:
     strides = dict(zip("BHNC", first.stride(), strict=True))
     sized = {axis for axis, size in zip("BHNC", first.shape, strict=True) if size > 1}
     if len(views) > 1:
-        strides["L"] = (views[1].data_ptr() - views[0].data_ptr()) // first.element_size()
+        strides["L"] = _layer_stride(views)
         sized.add("L")
     seen = [axis for axis in sorted(sized, key=lambda a: -strides[a])]
     for name in KV_CACHE_LAYOUTS:

@@ -69,6 +69,13 @@ def test_views_must_match_the_layout_vllm_resolved():
     assert KVLayout.from_layer_tensors("p", kv_caches, kv_layout="NHD").kv_layout == "LBNHC"
 
 
+def test_layers_allocated_apart_are_layer_outermost_in_any_address_order():
+    memories = [torch.zeros(10, 2, 32, 32, dtype=torch.bfloat16) for _ in range(3)]
+    for order in (memories, memories[::-1], [memories[1], memories[0], memories[2]]):
+        kv_caches = {f"layer.{i}": memory for i, memory in enumerate(order)}
+        assert KVLayout.from_layer_tensors("p", kv_caches).kv_layout == "LBHNC"
+
+
 def test_kvcache_tensor_strides_are_checked():
     kv_caches = make_fake_kv_caches(_shape("BLHNC"), seed=None)
     page = 2 * 32 * 32 * 2
