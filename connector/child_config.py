@@ -5,6 +5,8 @@ from typing import Any
 
 from vllm.config.kv_transfer import KVTransferConfig
 
+from kvscope.connector import plugin
+
 TRANSFER_FIELDS: frozenset[str] = frozenset(f.name for f in dataclasses.fields(KVTransferConfig))
 """Every key of vLLM's KVTransferConfig: what vLLM's MultiConnector accepts in a child."""
 
@@ -21,7 +23,13 @@ def child_transfer_config(
 ) -> KVTransferConfig:
     """A child shares the outer engine id, role, buffer device and failure policy, and takes
     any other KVTransferConfig field it sets (fields); without an outer config (vLLM asking
-    only for the class) a placeholder role is enough."""
+    only for the class) a placeholder role is enough.
+
+    A child named by one of kvscope's registered names (plugin.CONNECTORS) resolves even in a
+    process vLLM loaded no plugins in (VLLM_PLUGINS leaving kvscope out, or no engine at all):
+    the names are registered here first, as the plugin would have."""
+    if module_path is None and kv_connector in plugin.CONNECTORS:
+        plugin.register()
     shared: dict[str, Any] = {"kv_role": "kv_both"}
     if outer is not None:
         shared = {name: getattr(outer, name) for name in INHERITED}

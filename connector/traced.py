@@ -1,12 +1,12 @@
 """TracedConnector: load any KV connector (vLLM built-in or a module path) with every hook traced.
 
-kv_transfer_config = {
+kv_transfer_config = {  # or "kv_connector": "KvscopeTracedConnector" alone (connector/plugin.py)
     "kv_connector": "TracedConnector",
     "kv_connector_module_path": "kvscope.connector.traced",
     "kv_role": "kv_both",
     "kv_connector_extra_config": {
         "connector": "ExampleConnector",          # the connector to wrap
-        "connector_module_path": None,            # its module, when not a vLLM built-in
+        "connector_module_path": None,            # its module, when not a registered name
         "shared_storage_path": "/tmp/kv",         # anything else goes to the wrapped one
     },
 }
@@ -23,6 +23,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from kvscope.connector.child_config import child_transfer_config
+from kvscope.connector.plugin import names_of
 from kvscope.connector.traced_stats import (
     TracedPromMetrics,
     TracedStats,
@@ -66,8 +67,8 @@ class TracedConnector(InstrumentedConnector, SupportsHMA):
                 "TracedConnector needs the connector to wrap: set "
                 f"kv_connector_extra_config['{EXTRA_CONNECTOR}'] (e.g. 'ExampleConnector')"
             )
-        if name == cls.__name__:
-            raise ValueError("TracedConnector cannot wrap itself")
+        if name == cls.__name__ or name in names_of(cls.__module__, cls.__name__):
+            raise ValueError(f"TracedConnector cannot wrap itself (asked to wrap {name!r})")
         return child_transfer_config(
             name, extra_config.get(EXTRA_MODULE_PATH), cls.inner_extra_config(extra_config), outer
         )

@@ -6,6 +6,7 @@ A *child* is one connector as a MultiConnector names it (``name`` plus vLLM's co
 
 from typing import Any
 
+from kvscope.connector.plugin import names_of
 from kvscope.harness.engine import free_port
 
 OFFLOAD_CLASS = "CpuOffloadConnector"
@@ -30,20 +31,34 @@ def child(name: str, connector: str, module: str | None, /, **extra: Any) -> dic
     return config
 
 
-def offload_child(name: str = "offload", **extra: Any) -> dict[str, Any]:
+def kvscope_connector(class_name: str, module: str, registered: bool) -> tuple[str, str | None]:
+    """One of kvscope's connectors as kv_connector and kv_connector_module_path: by class and
+    module, or (registered) by the name kvscope's vLLM plugin registers, with no module."""
+    if not registered:
+        return class_name, module
+    (name,) = names_of(module, class_name)
+    return name, None
+
+
+def offload_child(name: str = "offload", *, registered: bool = False, **extra: Any) -> dict:
     """kvscope's CPU offload connector; extra goes to its kv_connector_extra_config."""
     extra = {"cpu_bytes_to_use": OFFLOAD_BYTES, **extra}
-    return child(name, OFFLOAD_CLASS, OFFLOAD_MODULE, **extra)
+    return child(name, *kvscope_connector(OFFLOAD_CLASS, OFFLOAD_MODULE, registered), **extra)
 
 
-def p2p_child(name: str = "p2p", **extra: Any) -> dict[str, Any]:
+def p2p_child(name: str = "p2p", *, registered: bool = False, **extra: Any) -> dict[str, Any]:
     """kvscope's P2P connector on a fresh side-channel port unless extra names one."""
-    return child(name, P2P_CLASS, P2P_MODULE, **{"side_channel_port": free_port(), **extra})
+    extra = {"side_channel_port": free_port(), **extra}
+    return child(name, *kvscope_connector(P2P_CLASS, P2P_MODULE, registered), **extra)
 
 
-def traced_child(connector: str, name: str = "traced", **extra: Any) -> dict[str, Any]:
-    """A stock vLLM connector (by its registry name) wrapped in kvscope's TracedConnector."""
-    return child(name, TRACED_CLASS, TRACED_MODULE, connector=connector, **extra)
+def traced_child(
+    connector: str, name: str = "traced", *, registered: bool = False, **extra: Any
+) -> dict[str, Any]:
+    """A connector by its registry name (vLLM's, or kvscope's registered ones) wrapped in
+    kvscope's TracedConnector (itself by its registered name when registered)."""
+    traced = kvscope_connector(TRACED_CLASS, TRACED_MODULE, registered)
+    return child(name, *traced, connector=connector, **extra)
 
 
 def engine_config(
@@ -55,21 +70,28 @@ def engine_config(
 
 
 def multi_config(
-    *children: dict[str, Any], policy: str = "recompute", role: str = "kv_both", **extra: Any
+    *children: dict[str, Any],
+    policy: str = "recompute",
+    role: str = "kv_both",
+    registered: bool = False,
+    **extra: Any,
 ) -> dict[str, Any]:
     """kvscope's MultiConnector over children, tried in the order given."""
-    multi = child("multi", MULTI_CLASS, MULTI_MODULE, connectors=list(children), **extra)
+    multi_class = kvscope_connector(MULTI_CLASS, MULTI_MODULE, registered)
+    multi = child("multi", *multi_class, connectors=list(children), **extra)
     return engine_config(multi, policy, role)
 
 
-def offload_config(policy: str = "recompute", **extra: Any) -> dict[str, Any]:
+def offload_config(
+    policy: str = "recompute", *, registered: bool = False, **extra: Any
+) -> dict[str, Any]:
     """The offload connector alone."""
-    return engine_config(offload_child(**extra), policy)
+    return engine_config(offload_child(registered=registered, **extra), policy)
 
 
-def p2p_config(policy: str = "recompute", **extra: Any) -> dict[str, Any]:
+def p2p_config(policy: str = "recompute", *, registered: bool = False, **extra: Any) -> dict:
     """The P2P connector alone."""
-    return engine_config(p2p_child(**extra), policy)
+    return engine_config(p2p_child(registered=registered, **extra), policy)
 
 
 def demo_children(

@@ -5,6 +5,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvscope.connector.plugin import CONNECTORS, names_of
 from kvscope.harness import configs
 
 KVSCOPE_CONNECTORS: dict[str, str] = {
@@ -12,7 +13,8 @@ KVSCOPE_CONNECTORS: dict[str, str] = {
     configs.P2P_CLASS: configs.P2P_MODULE,
     configs.MULTI_CLASS: configs.MULTI_MODULE,
 }
-"""kvscope's own connectors, accepted by class name alone."""
+"""kvscope's own connectors, accepted by class name alone (and by their registered names,
+connector/plugin.py's CONNECTORS)."""
 
 FAULTS_PATH_KEY = "faults_path"
 """Extra-config key of kvscope's fault plan file (connector/cpu_offload/faults.py)."""
@@ -37,6 +39,8 @@ def parse_connector(text: str, extra_config: dict[str, Any] | None = None) -> Co
     module, _, name = text.rpartition(":")
     if not name.isidentifier() or (":" in text and not module):
         raise ValueError(f"--connector {text!r}: give a class name or module.path:ClassName")
+    if not module and name in CONNECTORS:  # a registered name: the class it loads
+        module, name = CONNECTORS[name]
     module_path = module or KVSCOPE_CONNECTORS.get(name)
     if module_path is None:
         from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
@@ -91,17 +95,25 @@ def add_fault_paths(spec: ConnectorSpec, folder: str) -> ConnectorSpec:
     """kvscope's offload connector (alone or as a Multi's child) without a fault plan file
     gets one in folder, so the failed-load scenarios can go through its own failure path."""
     extra = dict(spec.extra_config)
-    offload = configs.OFFLOAD_MODULE
-    if spec.module_path == offload and FAULTS_PATH_KEY not in extra:
+    if _is_offload(spec.name, spec.module_path) and FAULTS_PATH_KEY not in extra:
         extra[FAULTS_PATH_KEY] = f"{folder}/faults.json"
     children = []
     for i, child in enumerate(extra.get("connectors", []) or []):
         child = dict(child)
         child_extra = dict(child.get("kv_connector_extra_config") or {})
-        if child.get("kv_connector_module_path") == offload and FAULTS_PATH_KEY not in child_extra:
+        offload = _is_offload(child.get("kv_connector"), child.get("kv_connector_module_path"))
+        if offload and FAULTS_PATH_KEY not in child_extra:
             child_extra[FAULTS_PATH_KEY] = f"{folder}/faults-{i}.json"
         child["kv_connector_extra_config"] = child_extra
         children.append(child)
     if children:
         extra["connectors"] = children
     return ConnectorSpec(spec.name, spec.module_path, extra)
+
+
+def _is_offload(name: str | None, module_path: str | None) -> bool:
+    """Whether a connector's config names kvscope's offload connector: by its module, or by
+    its registered name with no module."""
+    if module_path is not None:
+        return module_path == configs.OFFLOAD_MODULE
+    return name in names_of(configs.OFFLOAD_MODULE, configs.OFFLOAD_CLASS)

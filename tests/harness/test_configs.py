@@ -89,3 +89,28 @@ def test_a_childs_own_keys_never_collide_with_the_builders_arguments():
     assert built["name"] == "x" and built["kv_connector"] == "SomeConnector"
     assert built["kv_connector_extra_config"] == {"name": "inner", "connector": "C", "module": "m"}
     assert "kv_connector_module_path" not in built
+
+
+def test_registered_builders_name_each_connector_by_its_registered_name_alone():
+    from kvscope.connector.plugin import CONNECTORS, register
+
+    register()  # what vLLM's general plugins do in an engine
+    built = {
+        "KvscopeCpuOffloadConnector": configs.offload_config(registered=True),
+        "KvscopeP2PConnector": configs.p2p_config(registered=True),
+        "KvscopeMultiConnector": configs.multi_config(configs.offload_child(), registered=True),
+        "KvscopeTracedConnector": configs.engine_config(
+            configs.traced_child("ExampleConnector", registered=True)
+        ),
+    }
+    assert set(built) == set(CONNECTORS)
+    for name, config in built.items():
+        transfer = vllm_reads(config)
+        assert transfer.kv_connector == name and transfer.kv_connector_module_path is None
+        cls = KVConnectorFactory.get_connector_class(transfer)
+        assert (cls.__module__, cls.__name__) == CONNECTORS[name]
+    assert configs.offload_config() == {
+        **configs.offload_config(registered=True),
+        "kv_connector": configs.OFFLOAD_CLASS,
+        "kv_connector_module_path": configs.OFFLOAD_MODULE,
+    }
