@@ -36,8 +36,9 @@ RUN if [ "$KVSCOPE_DEVICE" = cuda ]; then \
 RUN pip install --no-deps "nixl==${NIXL_VERSION}" "nixl-cu12==${NIXL_VERSION}"
 
 COPY . /src
-# psycopg comes along so the compose `postgres` profile needs no other image.
-RUN pip install "/src[postgres]" && rm -rf /src
+# Every part (backend, dashboard, the tiny model) and psycopg, so the compose `postgres`
+# profile needs no other image.
+RUN pip install "/src[demo,postgres]" && rm -rf /src
 
 # Random weights and a local tokenizer: nothing is downloaded at run time.
 RUN kvscope model build --out "$KVSCOPE_MODEL"

@@ -155,7 +155,7 @@ class AccountingCollector:
     kvscope_backend_hit_tokens_total by source (local: vLLM's prefix cache; host, peer, ...:
     the external tiers), kvscope_backend_computed_tokens_total and
     kvscope_backend_accounting_violations_total (requests whose tokens do not add up). The hit
-    rate is accounting_rate.PROMQL over these: token totals, never a mean of ratios."""
+    rate is traces.hit_rate.PROMQL over these: token totals, never a mean of ratios."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine

@@ -101,6 +101,21 @@ def _replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _grafana_dashboard(args: argparse.Namespace) -> int:
+    from kvscope.deploy import GRAFANA_DASHBOARD, read
+
+    sys.stdout.write(read(GRAFANA_DASHBOARD))
+    return 0
+
+
+def _deploy_files(args: argparse.Namespace) -> int:
+    from kvscope.deploy import write_all
+
+    for path in write_all(Path(args.out)):
+        print(path)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from kvscope.model.shapes import SHAPES
 
@@ -178,6 +193,16 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--speed", type=float, default=0.0, help="batches per second (0: fast)")
     replay.add_argument("--keep-times", action="store_true", help="do not move times to now")
     replay.set_defaults(handler=_replay)
+
+    grafana = commands.add_parser(
+        "grafana-dashboard", help="print the Grafana dashboard JSON (import it, or provision it)"
+    )
+    grafana.set_defaults(handler=_grafana_dashboard)
+    deploy = commands.add_parser(
+        "deploy-files", help="write the Grafana dashboard, its provisioning and prometheus.yml"
+    )
+    deploy.add_argument("out", help="folder to write grafana/ and prometheus/ into")
+    deploy.set_defaults(handler=_deploy_files)
 
     from kvscope.cli.plan import add_parser as add_plan
     from kvscope.cli.verify import add_parser as add_verify

@@ -7,7 +7,7 @@ from pydantic import BaseModel, Field
 from sqlalchemy import Connection, select
 
 from kvscope.backend.db.models import Lookup, Request, TimelinePoint
-from kvscope.backend.queries.accounting_rate import DEFINITION, hit_rate
+from kvscope.traces.hit_rate import DEFINITION, hit_rate
 
 LONGEST_REQUEST_NS = 3600 * 10**9
 """How far before the window a lookup of a request ending in it is looked for (an hour)."""

@@ -114,4 +114,4 @@ class HitRate(BaseModel):
     external_hit_tokens: int
     prompt_tokens: int
     hit_rate: float | None = None
-    """accounting_rate.hit_rate: external hit tokens over prompt tokens, totals of the window."""
+    """traces.hit_rate.hit_rate: external hit tokens over prompt tokens, totals of the window."""

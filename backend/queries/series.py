@@ -8,8 +8,8 @@ from sqlmodel import Session
 
 from kvscope.backend.db.rollups import RESOLUTION_NS, bin_bounds_ms
 from kvscope.backend.queries import aggregates as sql
-from kvscope.backend.queries.accounting_rate import hit_rate
 from kvscope.backend.queries.incidents import IncidentPublic
+from kvscope.traces.hit_rate import hit_rate
 
 MAX_BUCKETS = 240
 """Steps per window at most: a finer step is widened to keep responses small."""
@@ -21,7 +21,7 @@ class HitPoint(BaseModel):
     hit_requests: int
     hit_tokens: int
     prompt_tokens: int
-    hit_rate: float | None  # accounting_rate.hit_rate of the step's totals
+    hit_rate: float | None  # traces.hit_rate.hit_rate of the step's totals
 
 
 class BytesPoint(BaseModel):

@@ -8,12 +8,12 @@ from kvscope.backend.db.rollups import RESOLUTION_NS
 from kvscope.backend.deps import SessionDep, SettingsDep, TokenDep
 from kvscope.backend.queries import aggregates as sql
 from kvscope.backend.queries import certainty, series, tiers
-from kvscope.backend.queries.accounting_rate import hit_rate
 from kvscope.backend.queries.engines import EnginePublic, engines
 from kvscope.backend.queries.schemas import HitRate, Summary
 from kvscope.backend.queries.series import Series
 from kvscope.backend.routes.failures import incidents_in
 from kvscope.backend.routes.paging import MAX_INT64, WindowS
+from kvscope.traces.hit_rate import hit_rate
 
 router = APIRouter(prefix="/api/v1/stats", tags=["stats"], dependencies=[TokenDep])
 

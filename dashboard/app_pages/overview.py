@@ -4,7 +4,6 @@ import time
 
 import streamlit as st
 
-from kvscope.backend.queries.accounting_rate import pooled
 from kvscope.dashboard import client, ui
 from kvscope.dashboard.charts import accounting as accounting_charts
 from kvscope.dashboard.charts import health
@@ -12,6 +11,7 @@ from kvscope.dashboard.charts import overview as charts
 from kvscope.dashboard.charts import recomputes as recompute_charts
 from kvscope.dashboard.charts import series as series_charts
 from kvscope.dashboard.charts.format import human_bytes
+from kvscope.traces.hit_rate import pooled
 
 st.title("Overview")
 window_s = ui.window_picker()

@@ -2,8 +2,8 @@
 
 import pandas as pd
 
-from kvscope.backend.queries.accounting_rate import hit_rate
 from kvscope.dashboard.charts.format import clock, human_bytes, percent
+from kvscope.traces.hit_rate import hit_rate
 
 PATH_LABELS = {
     "store": "device→host store",
@@ -54,7 +54,7 @@ def hit_rate_frame(hits: list[dict]) -> pd.DataFrame:
 
 
 def hit_percent(hit_tokens: int, prompt_tokens: int) -> float | None:
-    """accounting_rate.hit_rate in percent, to 0.1."""
+    """traces.hit_rate.hit_rate in percent, to 0.1."""
     rate = hit_rate(hit_tokens, prompt_tokens)
     return None if rate is None else round(100 * rate, 1)
 

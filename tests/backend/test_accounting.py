@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kvscope.backend.queries.accounting_rate import PROMQL, hit_rate, pooled
 from kvscope.traces import names
+from kvscope.traces.hit_rate import PROMQL, hit_rate, pooled
 
 from .queries.test_recomputes import engine_pair, export
 from .story import MS, Process

@@ -43,9 +43,12 @@ def overridden(stock: type) -> list[str]:
 
 
 def importable_stock_classes() -> tuple[dict[str, type], dict[str, str]]:
-    """vLLM's registered connectors: (name -> class of those that import, name -> why not)."""
+    """vLLM's registered connectors: (name -> class of those that import, name -> why not);
+    never kvscope's own, which its plugin registers in the same registry."""
+    from kvscope.connector.plugin import CONNECTORS
+
     classes, missing = {}, {}
-    for name in sorted(KVConnectorFactory._registry):
+    for name in sorted(set(KVConnectorFactory._registry) - set(CONNECTORS)):
         try:
             classes[name] = KVConnectorFactory.get_connector_class_by_name(name)
         except Exception as error:  # a connector's optional dependency (lmcache, mooncake...)

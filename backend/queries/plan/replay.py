@@ -19,7 +19,7 @@ class Outcome:
     @property
     def pool_hit_rate(self) -> float:
         """Hit tokens over the tokens asked of the host pool (window totals, never a mean of
-        ratios): the pool's own figure, not the prompt-token hit rate of accounting_rate."""
+        ratios): the pool's own figure, not the prompt-token hit rate of traces.hit_rate."""
         return self.hit_tokens / self.asked_tokens if self.asked_tokens else 0.0
 
 
