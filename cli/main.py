@@ -3,6 +3,7 @@
 import argparse
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 
 def _model_build(args: argparse.Namespace) -> int:
@@ -76,10 +77,10 @@ def _backend(args: argparse.Namespace) -> int:
     return 0
 
 
-def _dashboard(args: argparse.Namespace) -> int:
+def _dashboard(args: argparse.Namespace) -> NoReturn:
     from kvscope.dashboard.launch import run
 
-    return run(host=args.host, port=args.port, backend_url=args.backend)
+    run(host=args.host, port=args.port, backend_url=args.backend)  # becomes streamlit
 
 
 def _proxy(args: argparse.Namespace) -> int:
@@ -199,7 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     grafana.set_defaults(handler=_grafana_dashboard)
     deploy = commands.add_parser(
-        "deploy-files", help="write the Grafana dashboard, its provisioning and prometheus.yml"
+        "deploy-files", help="write the Grafana, Prometheus and OpenTelemetry Collector files"
     )
     deploy.add_argument("out", help="folder to write grafana/ and prometheus/ into")
     deploy.set_defaults(handler=_deploy_files)

@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from kvscope.dashboard.settings import DEFAULT_BACKEND_URL
 
@@ -50,8 +51,9 @@ def start(
     return subprocess.Popen(command(host, port), env=child_env)
 
 
-def run(host: str = "127.0.0.1", port: int = 8501, backend_url: str | None = None) -> int:
-    """Serves the dashboard until interrupted; returns streamlit's exit status."""
+def run(host: str = "127.0.0.1", port: int = 8501, backend_url: str | None = None) -> NoReturn:
+    """Becomes the dashboard (exec of streamlit): a stop signal (docker stop, systemd, a
+    terminal's Ctrl-C) reaches streamlit itself, so no server outlives `kvscope dashboard`."""
     if host not in ("127.0.0.1", "localhost", "::1"):
         print(
             f"warning: the dashboard on {host} has no login: anyone who can reach it sees "
@@ -60,9 +62,5 @@ def run(host: str = "127.0.0.1", port: int = 8501, backend_url: str | None = Non
         )
     url = backend_url or os.environ.get("KVSCOPE_BACKEND_URL") or DEFAULT_BACKEND_URL
     print(f"kvscope dashboard on http://{host}:{port} reading {url}", flush=True)
-    process = start(host, port, url)
-    try:
-        return process.wait()
-    except KeyboardInterrupt:
-        process.terminate()
-        return process.wait(timeout=10)
+    argv = command(host, port)
+    os.execve(argv[0], argv, {**os.environ, "KVSCOPE_BACKEND_URL": url})
