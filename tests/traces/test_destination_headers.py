@@ -22,7 +22,7 @@ TOKEN = "s3cret-backend-token"
 
 @pytest.fixture(autouse=True)
 def export_timeout(monkeypatch):
-    # The SDK's gRPC exporter reads its deadline from here; HTTP's is its own timeout_s (10 s).
+    # Both exporters read their deadline from here (the SDK's gRPC one and our OTLP/HTTP).
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", str(WAIT_S))
 
 

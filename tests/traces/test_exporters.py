@@ -13,7 +13,12 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from kvscope.bench.otlp_sink import GrpcSink, closed_endpoint
-from kvscope.traces.sdk.exporters import OtlpGrpcExporter, OtlpHttpExporter
+from kvscope.traces.sdk.exporters import (
+    DEFAULT_TIMEOUT_S,
+    OtlpGrpcExporter,
+    OtlpHttpExporter,
+    timeout_from_env,
+)
 
 
 class Receiver:
@@ -159,3 +164,18 @@ def test_grpc_exporter_delivers_directly_encoded_requests():
         exporter.shutdown()
     finally:
         sink.close()
+
+
+def test_the_environments_timeout_bounds_the_retries(monkeypatch):
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "1")
+    start = time.monotonic()
+    result = OtlpHttpExporter(closed_endpoint()).export(_spans())
+    assert result == SpanExportResult.FAILURE
+    assert time.monotonic() - start < 2.5  # 10 s of retries (0.5 + 1 + 2 + 4 s) without it
+
+
+@pytest.mark.parametrize("raw", ["soon", "0", "-3"])
+def test_a_bad_timeout_in_the_environment_is_named_and_the_default_used(monkeypatch, caplog, raw):
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", raw)
+    assert timeout_from_env() == DEFAULT_TIMEOUT_S
+    assert repr(raw) in caplog.text

@@ -37,6 +37,27 @@ def _env(name: str) -> str | None:
     )
 
 
+DEFAULT_TIMEOUT_S = 10.0
+"""How long a batch is retried when neither the caller nor the environment says."""
+
+
+def timeout_from_env() -> float:
+    """OTEL_EXPORTER_OTLP_[TRACES_]TIMEOUT in seconds, as OpenTelemetry Python's own OTLP
+    exporters read it (the spec's milliseconds are not what Python users set); a value that is
+    not a positive number is named in a warning and the default used."""
+    raw = _env("TIMEOUT")
+    if raw is None:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if value > 0:
+        return value
+    logger.warning("OTLP exporter timeout %r is not a number of seconds > 0: using 10", raw)
+    return DEFAULT_TIMEOUT_S
+
+
 def connection_pool(endpoint: str, certificate: str | None = None) -> urllib3.PoolManager:
     """Kept-alive connections to one endpoint, through the proxy the environment names for it
     (HTTP(S)_PROXY and NO_PROXY, as the SDK's exporter honours them)."""
@@ -51,9 +72,10 @@ def connection_pool(endpoint: str, certificate: str | None = None) -> urllib3.Po
 class OtlpHttpExporter(SpanExporter):
     """OTLP/HTTP: POSTs each batch (protobuf by default, or JSON), gzip when configured.
 
-    Reads the standard OTEL_EXPORTER_OTLP_[TRACES_]HEADERS, _COMPRESSION and _CERTIFICATE
-    variables. Retries a refused connection or a 429/502/503/504 with doubling back-off until
-    `timeout_s` has passed; then the batch fails (the batch processor counts it as dropped).
+    Reads the standard OTEL_EXPORTER_OTLP_[TRACES_]HEADERS, _COMPRESSION, _CERTIFICATE and
+    _TIMEOUT variables. Retries a refused connection or a 429/502/503/504 with doubling back-off
+    until `timeout_s` (else the environment's timeout, else 10 s) has passed; then the batch
+    fails (the batch processor counts it as dropped).
     Posts go through urllib3 on a kept-alive connection: a post costs the export thread, which
     shares the GIL with the engine, about a third of the CPU time `requests` takes.
     """
@@ -62,14 +84,14 @@ class OtlpHttpExporter(SpanExporter):
         self,
         endpoint: str,
         headers: dict[str, str] | None = None,
-        timeout_s: float = 10,
+        timeout_s: float | None = None,
         encoding: str = "protobuf",
     ) -> None:
         if encoding not in CONTENT_TYPES:
             raise ValueError(f"OTLP/HTTP encoding {encoding!r}: use one of {list(CONTENT_TYPES)}")
         self.endpoint = endpoint
         self.encoding = encoding
-        self._timeout_s = timeout_s
+        self._timeout_s = timeout_s if timeout_s is not None else timeout_from_env()
         self._gzip = (_env("COMPRESSION") or "none").lower() == "gzip"
         self._headers = parse_env_headers(_env("HEADERS") or "", liberal=True)
         self._headers.update({"Content-Type": CONTENT_TYPES[encoding], **(headers or {})})
@@ -133,7 +155,9 @@ class OtlpHttpExporter(SpanExporter):
 class OtlpJsonHttpExporter(OtlpHttpExporter):
     """OTLP/HTTP with the JSON encoding."""
 
-    def __init__(self, endpoint: str, headers: dict[str, str] | None = None, timeout_s: float = 10):
+    def __init__(
+        self, endpoint: str, headers: dict[str, str] | None = None, timeout_s: float | None = None
+    ):
         super().__init__(endpoint, headers=headers, timeout_s=timeout_s, encoding="json")
 
 
