@@ -32,7 +32,15 @@ def is_sqlite(engine: Engine) -> bool:
 def make_engine(url: str) -> Engine:
     url = normalized_url(url)
     if not url.startswith("sqlite"):
-        return create_engine(url, pool_pre_ping=True, pool_size=8, max_overflow=8)
+        # Whatever the server's default: writers' locks (seqs, request_locks) rely on each
+        # statement seeing what the transaction they waited for committed.
+        return create_engine(
+            url,
+            pool_pre_ping=True,
+            pool_size=8,
+            max_overflow=8,
+            isolation_level="READ COMMITTED",
+        )
     if url in ("sqlite://", "sqlite:///:memory:"):
         raise ValueError("use a SQLite file (sqlite:///path.db): the backend's threads share it")
     engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})

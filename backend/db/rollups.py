@@ -2,8 +2,9 @@
 
 The triggers fire only for rows really inserted (an exporter's retry, skipped by ON
 CONFLICT DO NOTHING, adds nothing) and run in the batch's own transaction, so the rollups
-are exactly as committed as the rows. Each row of series_rollup is one (metric, second,
-engine, label) with four counters:
+are exactly as committed as the rows. Those that read a request's other rows need the writer
+to lock the request first (request_locks): another backend's uncommitted rows are unseen.
+Each row of series_rollup is one (metric, second, engine, label) with four counters:
 
 - hit: the composite's (or a plain connector's) lookups, each request's last decided one per
   connector: samples = lookups, positives = lookups with a hit, total = hit tokens, extra =

@@ -4,7 +4,7 @@ import json
 
 from sqlalchemy import Connection
 
-from kvscope.backend.db import seqs
+from kvscope.backend.db import request_locks, seqs
 from kvscope.backend.db.bulk import DO_NOTHING, BulkCursor
 from kvscope.backend.db.models import (
     Block,
@@ -57,7 +57,7 @@ _BLOCK_UPSERT = (
 
 
 def _largest(column: str) -> str:
-    """Telemetry counters only grow: the largest seen is the latest report (NULL = unknown)."""
+    """Counters and clocks only grow: the largest seen is the latest report (NULL = unknown)."""
     new, old = f"excluded.{column}", f"process.{column}"
     return (
         f"{column} = CASE WHEN {old} IS NULL THEN {new} WHEN {new} IS NULL THEN {old} "
@@ -65,8 +65,13 @@ def _largest(column: str) -> str:
     )
 
 
+# Batches commit out of the order they were received (ingest workers, backends sharing the
+# database): a process's sightings keep the earliest and the latest, not the last committed.
 _PROCESS_UPSERT = (
-    "ON CONFLICT (instance_id) DO UPDATE SET last_seen_ns = excluded.last_seen_ns, "
+    "ON CONFLICT (instance_id) DO UPDATE SET "
+    "first_seen_ns = CASE WHEN excluded.first_seen_ns < process.first_seen_ns "
+    "THEN excluded.first_seen_ns ELSE process.first_seen_ns END, "
+    f"{_largest('last_seen_ns')}, "
     "service_name = COALESCE(excluded.service_name, process.service_name), "
     "engine_id = COALESCE(excluded.engine_id, process.engine_id), "
     "kv_role = COALESCE(excluded.kv_role, process.kv_role), "
@@ -78,6 +83,9 @@ _PROCESS_UPSERT = (
 
 def write_rows(connection: Connection, facts: Facts, resources: dict, now_ns: int) -> None:
     writer = BulkCursor(connection, STAGED_TABLES)
+    # These rows' rollup triggers read their request's other rows: see request_locks.
+    request_keyed = facts.request_stubs + facts.requests + facts.points + facts.lookups
+    request_locks.lock(writer, request_keyed)
     writer.insert(Span.__table__, SPAN_COLUMNS, facts.spans)
     _insert_dicts(writer, Request.__table__, facts.request_stubs)
     if facts.requests:
