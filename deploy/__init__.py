@@ -1,4 +1,4 @@
-"""kvscope.deploy: the Grafana dashboard, its provisioning and the Prometheus config, as files."""
+"""kvscope.deploy: the Grafana dashboard and provisioning, Prometheus and Collector configs."""
 
 import shutil
 from importlib import resources
@@ -9,6 +9,7 @@ FILES = (
     "grafana/provisioning/dashboards/kvscope.yml",
     "grafana/provisioning/datasources/prometheus.yml",
     "prometheus/prometheus.yml",
+    "otel-collector/fleet.yaml",
 )
 """Every file shipped here, by its path under deploy/ (docker-compose.yml mounts the same)."""
 

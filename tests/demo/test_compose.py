@@ -272,7 +272,15 @@ def test_docker_compose_config_accepts_the_files():
         pytest.skip(
             "no `docker compose` here (PLATFORM.md: no Docker engine); schema checked above"
         )
-    for files in (["-f", str(COMPOSE)], ["-f", str(COMPOSE), "-f", str(GPU_OVERRIDE)]):
+    fleet = [
+        "-f",
+        str(COMPOSE),
+        "-f",
+        str(ROOT / "docker-compose.fleet.yml"),
+        "--profile",
+        "postgres",
+    ]
+    for files in (["-f", str(COMPOSE)], ["-f", str(COMPOSE), "-f", str(GPU_OVERRIDE)], fleet):
         result = subprocess.run(
             [docker, "compose", *files, "config", "--quiet"], cwd=ROOT, capture_output=True
         )
