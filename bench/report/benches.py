@@ -91,6 +91,14 @@ BENCHES: list[BenchSpec] = [
         quick_timeout_s=300,
         full_timeout_s=4 * 3600,
     ),
+    # PostgreSQL from KVSCOPE_BENCH_POSTGRES_URL, or a throwaway one from scripts/postgres.sh.
+    module_bench(
+        "scale_out",
+        quick_args=["--spans", "40000"],
+        full_args=["--spans", "200000"],
+        quick_timeout_s=300,
+        full_timeout_s=900,
+    ),
     module_bench(
         "telemetry_isolation",
         quick_args=["--rounds", "16"],

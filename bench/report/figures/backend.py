@@ -1,6 +1,8 @@
-"""Expected figures of the backend's benches: ingest rate, telemetry isolation, 10M spans."""
+"""Expected figures of the backend's benches: ingest, telemetry isolation, 10M spans, scale-out."""
 
 from kvscope.bench.report.figures.figure import Figure
+
+_SHARED = "clients, backends and PostgreSQL share one machine (its cores in the note)"
 
 BACKEND_FIGURES: list[Figure] = [
     Figure(
@@ -116,5 +118,25 @@ BACKEND_FIGURES: list[Figure] = [
         "",
         "database bytes per stored span at 10M spans, SQLite",
     ),
+    *(
+        Figure(
+            "scale_out",
+            f"spans_per_s_{n}_backends_over_1",
+            "ratio",
+            "",
+            f"aggregate ingest spans/s, {n} backends sharing one PostgreSQL over 1; {_SHARED}",
+        )
+        for n in (2, 4)
+    ),
+    *(
+        Figure("scale_out", f"{metric}_{count}", unit, target, f"{what}, {count.replace('_', ' ')}")
+        for metric, unit, target, what in (
+            ("spans_per_s", "spans/s", "", f"aggregate ingest spans/s; {_SHARED}"),
+            ("spans_per_backend_cpu_s", "spans/CPU-s", "", "spans per backend CPU-second"),
+            ("spans_per_postgres_cpu_s", "spans/CPU-s", "", "spans per PostgreSQL CPU-second"),
+            ("spans_missing", "spans", "== 0", "spans sent but not in the shared database"),
+        )
+        for count in ("1_backend", "2_backends", "4_backends")
+    ),
 ]
-"""ingest, telemetry_isolation and scale, in table order."""
+"""ingest, telemetry_isolation, scale and scale_out, in table order."""
