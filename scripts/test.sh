@@ -34,7 +34,7 @@ if [ "${KVSCOPE_TEST_BROWSER:-0}" = 1 ]; then
 fi
 
 # Two workers (xdist), each given whole modules so that a module's engines and servers are
-# shared by its tests: on 2 cores the suite's engines, servers and waits overlap (42 -> 29 min
+# shared by its tests: on 2 cores the suite's engines, servers and waits overlap (42 -> 22 min
 # here). KVSCOPE_TEST_WORKERS=0 runs it in one process; an explicit -n in "$@" wins.
 WORKERS=${KVSCOPE_TEST_WORKERS:-2}
 echo "==> tests (pytest, $WORKERS workers)"
