@@ -202,7 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
     deploy = commands.add_parser(
         "deploy-files", help="write the Grafana, Prometheus and OpenTelemetry Collector files"
     )
-    deploy.add_argument("out", help="folder to write grafana/ and prometheus/ into")
+    deploy.add_argument(
+        "out", help="folder to write grafana/, prometheus/ and otel-collector/ into"
+    )
     deploy.set_defaults(handler=_deploy_files)
 
     from kvscope.cli.plan import add_parser as add_plan

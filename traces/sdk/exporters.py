@@ -54,7 +54,9 @@ def timeout_from_env() -> float:
         value = 0.0
     if value > 0:
         return value
-    logger.warning("OTLP exporter timeout %r is not a number of seconds > 0: using 10", raw)
+    logger.warning(
+        "OTLP exporter timeout %r is not a number of seconds > 0: using %g", raw, DEFAULT_TIMEOUT_S
+    )
     return DEFAULT_TIMEOUT_S
 
 
