@@ -141,7 +141,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     doctor.add_argument("--prefill-side-channel", help="HOST:PORT of its P2P side channel")
     doctor.add_argument("--decode-side-channel", help="HOST:PORT of its P2P side channel")
-    doctor.add_argument("--timeout", type=float, default=10.0, help="seconds per request")
+    doctor.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        help="seconds per request (--pair: /server_info gets at least 60, see cli/pair_probe.py)",
+    )
     doctor.set_defaults(handler=_doctor)
 
     demo = commands.add_parser("demo", help="run the whole system here (Ctrl-C stops it)")

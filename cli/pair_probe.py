@@ -19,6 +19,11 @@ HASH_SEED_UNKNOWN = (
     "seed for sha256), which no endpoint shows; start both servers with the same environment"
 )
 
+SERVER_INFO_TIMEOUT_S = 60.0
+"""The least a probe waits for /server_info: vLLM answers its first call only after collecting
+the system's environment (pip, lscpu and more, as subprocesses), seconds on an idle machine and
+past 10 s on a busy one; later calls are answered from its cache."""
+
 
 @dataclass
 class ServerFacts:
@@ -56,9 +61,16 @@ def probe(url: str, side_channel: str | None = None, timeout_s: float = 10.0) ->
     return found
 
 
-def _get(found: ServerFacts, client: httpx.Client, path: str, **params: str) -> httpx.Response:
+def _get(
+    found: ServerFacts,
+    client: httpx.Client,
+    path: str,
+    timeout_s: float | None = None,
+    **params: str,
+) -> httpx.Response:
     try:
-        response = client.get(path, params=params)
+        timeout = httpx.USE_CLIENT_DEFAULT if timeout_s is None else timeout_s
+        response = client.get(path, params=params, timeout=timeout)
     except httpx.HTTPError as exc:
         found.errors.append(f"{path}: {exc.__class__.__name__}: {exc}")
         return httpx.Response(599)
@@ -78,13 +90,15 @@ def _models(found: ServerFacts, client: httpx.Client) -> None:
 def _cache_config(found: ServerFacts, client: httpx.Client) -> None:
     response = _get(found, client, "/metrics")
     labels: dict[str, str] = {}
+    source = f"/metrics (answered {response.status_code}) has no vllm:cache_config_info"
     if response.status_code == 200:
-        for family in text_string_to_metric_families(response.text):
+        try:
+            families = list(text_string_to_metric_families(response.text))
+        except ValueError as exc:  # not Prometheus text: a gap like any other, never a crash
+            families, source = [], f"/metrics, not Prometheus text ({exc}),"
+        for family in families:
             if family.name == "vllm:cache_config_info" and family.samples:
-                labels = family.samples[0].labels
-    source = "/metrics' vllm:cache_config_info"
-    if not labels:
-        source = f"/metrics (answered {response.status_code}) has no vllm:cache_config_info"
+                labels, source = family.samples[0].labels, "/metrics' vllm:cache_config_info"
     found.put("block_size", labels.get("block_size"), source)
     found.put("enable_prefix_caching", labels.get("enable_prefix_caching"), source)
     found.put("prefix_caching_hash_algo", labels.get("prefix_caching_hash_algo"), source)
@@ -92,7 +106,8 @@ def _cache_config(found: ServerFacts, client: httpx.Client) -> None:
 
 
 def _server_info(found: ServerFacts, client: httpx.Client) -> dict[str, Any]:
-    response = _get(found, client, "/server_info", config_format="json")
+    timeout_s = max(client.timeout.read or 0, SERVER_INFO_TIMEOUT_S)
+    response = _get(found, client, "/server_info", timeout_s, config_format="json")
     source = "/server_info (needs VLLM_SERVER_DEV_MODE=1)"
     config = response.json().get("vllm_config", {}) if response.status_code == 200 else {}
     config = config if isinstance(config, dict) else {}
