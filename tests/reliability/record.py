@@ -25,7 +25,11 @@ EXPORT_TIMEOUT_S = 15.0
 """How long this process's exporter to the backend retries a batch before it counts it lost.
 At 5 s a busy backend (a preempted cell's engine and both prefill peers exporting on two cores)
 answered one batch too late and a healthy cell counted a lost span; a backend that is down fails
-each batch after 7.5 s of refused retries (the backend_down cells wait that out)."""
+each batch after 7.5 s of refused retries."""
+
+BACKEND_DOWN_EXPORT_TIMEOUT_S = 1.0
+"""The exporter's retry time while the backend_down cells hold the backend down: each batch is
+refused twice (0.5 s apart) and counted lost, instead of after 7.5 s of refused retries."""
 
 
 @dataclass
@@ -45,6 +49,16 @@ class Recorder:
             yield
         finally:
             self.processor._max_queue_size = saved
+
+    @contextlib.contextmanager
+    def export_timeout_limited(self, seconds: float) -> Iterator[None]:
+        """Shortens the backend exporter's retry time (read on every export) for a while."""
+        exporter = self.processor.exporter
+        saved, exporter._timeout_s = exporter._timeout_s, seconds
+        try:
+            yield
+        finally:
+            exporter._timeout_s = saved
 
     def record(
         self, case: Case, llm: Any, body: Callable[[], Batch], peer: PrefillPeer | None = None

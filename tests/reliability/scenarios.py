@@ -14,7 +14,7 @@ from tests.reliability.engine_ops import (
     set_faults,
     store_then_forget,
 )
-from tests.reliability.record import EXPORT_TIMEOUT_S
+from tests.reliability.record import BACKEND_DOWN_EXPORT_TIMEOUT_S, EXPORT_TIMEOUT_S
 
 
 @dataclass
@@ -24,7 +24,7 @@ class Cell:
     case: Case
     llm: Any
     backend: BackendProcess
-    recorder: Any = None  # the Recorder: its export queue can be shrunk
+    recorder: Any = None  # the Recorder: its export queue and retry time can be shrunk
     faults_path: Path | None = None  # the offload connector's runtime fault plan
     peer: Any = None  # PrefillPeer serving P2P reads
     victim: Any = None  # the PrefillPeer that peer_killed cells kill
@@ -111,8 +111,9 @@ def backend_down(cell: Cell, workload: Callable[[], Batch]) -> Batch:
 
     cell.backend.stop()
     try:
-        batch = workload()
-        flush(timeout_s=EXPORT_TIMEOUT_S)  # exports fail now (refused), and are counted
+        with cell.recorder.export_timeout_limited(BACKEND_DOWN_EXPORT_TIMEOUT_S):
+            batch = workload()
+            flush(timeout_s=EXPORT_TIMEOUT_S)  # exports fail now (refused), and are counted
     finally:
         cell.backend.restart()
     return batch
