@@ -45,27 +45,30 @@ def run_verify(args: argparse.Namespace) -> int:
     stdout (vLLM's log goes to stderr with the progress lines), so --json output parses."""
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     from kvscope.harness.engine import use_in_process_engine
-    from kvscope.model.build import build_model, default_model_dir
+    from kvscope.model.shapes import default_model_dir
     from kvscope.verify.connectors import parse_connector
     from kvscope.verify.report import as_json, as_table
     from kvscope.verify.runner import select, verify
 
+    # Checked cheapest first: only a connector name that may be a vLLM built-in imports vLLM
+    # (seconds), so a typo anywhere else is answered at once.
+    model = Path(args.model) if args.model else default_model_dir()
     try:
         extra = json.loads(args.config)
         if not isinstance(extra, dict):
             raise ValueError(f"--config must be a JSON object, got {type(extra).__name__}")
         select(args.scenario)
-        spec = parse_connector(args.connector, extra)
         if args.tp < 1:
             raise ValueError(f"--tp must be at least 1, got {args.tp}")
+        if args.model and not (model / "config.json").is_file():
+            raise ValueError(f"no model at {model} (config.json missing)")
+        spec = parse_connector(args.connector, extra)
     except ValueError as exc:  # json.JSONDecodeError too
         print(f"kvscope verify: {exc}", file=sys.stderr)
         return 2
-    model = Path(args.model) if args.model else default_model_dir()
     if not (model / "config.json").is_file():
-        if args.model:
-            print(f"kvscope verify: no model at {model} (config.json missing)", file=sys.stderr)
-            return 2
+        from kvscope.model.build import build_model  # torch: only to build one
+
         build_model(model)
     use_in_process_engine()
     with _stdout_to_stderr():

@@ -8,15 +8,9 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from kvscope.model.corpus import sentences
-from kvscope.model.shapes import SHAPES, ModelShape
+from kvscope.model.shapes import SHAPES, ModelShape, default_model_dir
 
 SPECIAL_TOKENS = ("<|begin_of_text|>", "<|end_of_text|>", "<|pad|>")
-DEFAULT_DIR = Path.home() / ".cache" / "kvscope" / "models"
-
-
-def default_model_dir(shape: str = "tiny", seed: int = 0) -> Path:
-    """Where `kvscope model build` writes a shape and seed unless told otherwise."""
-    return DEFAULT_DIR / f"{shape}-seed{seed}"
 
 
 def build_model(out: Path, shape: str | ModelShape = "tiny", seed: int = 0) -> Path:

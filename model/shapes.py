@@ -1,6 +1,15 @@
 """Shapes of the models kvscope builds: tiny ones for tests, a mid one for the benches."""
 
 from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_DIR = Path.home() / ".cache" / "kvscope" / "models"
+"""Where built models live unless told otherwise."""
+
+
+def default_model_dir(shape: str = "tiny", seed: int = 0) -> Path:
+    """Where `kvscope model build` writes a shape and seed unless told otherwise."""
+    return DEFAULT_DIR / f"{shape}-seed{seed}"
 
 
 @dataclass(frozen=True)
