@@ -36,6 +36,14 @@ class Stored:
     live: LiveUpdate | None = field(default=None)
 
 
+RETRIED_SQLSTATES = {"40P01": "deadlock", "40001": "serialization failure"}
+"""PostgreSQL's errors that roll back a transaction only because another one ran beside it
+(two backends' batches whose rollup rows or requests cross): written again at once, as
+PostgreSQL's manual advises, instead of failing the export request."""
+
+TRANSACTION_ATTEMPTS = 3
+"""Writes of one transaction before the database's refusal goes back to the client (503)."""
+
 MAX_GROUP_SPANS = 8192
 """Group commit: batches waiting for the writer are committed together, up to this many spans."""
 
@@ -116,16 +124,32 @@ class Committer:
             waiting.done = True
 
     def _transaction(self, group: list[_Waiting]) -> None:
-        try:
-            with self.engine.begin() as connection:
-                for waiting in group:
-                    prepared = waiting.prepared
-                    write_rows(connection, prepared.facts, prepared.resources, prepared.received_ns)
-        except self._passing_errors as error:
-            spans = sum(len(waiting.prepared.facts.spans) for waiting in group)
-            logger.warning("%d batch(es) of %d spans not stored: %s", len(group), spans, error)
-            reason = getattr(error, "orig", error)
-            raise StoreUnavailable(f"database unavailable, retry later: {reason}") from None
+        for attempt in range(1, TRANSACTION_ATTEMPTS + 1):
+            try:
+                with self.engine.begin() as connection:
+                    for waiting in group:
+                        prepared = waiting.prepared
+                        write_rows(
+                            connection, prepared.facts, prepared.resources, prepared.received_ns
+                        )
+                return
+            except self._passing_errors as error:
+                reason = getattr(error, "orig", error)
+                spans = sum(len(waiting.prepared.facts.spans) for waiting in group)
+                retried = RETRIED_SQLSTATES.get(getattr(reason, "sqlstate", None))
+                if retried and attempt < TRANSACTION_ATTEMPTS:
+                    logger.info(
+                        "%d batch(es) of %d spans rolled back by a %s: writing them again "
+                        "(attempt %d of %d)",
+                        len(group),
+                        spans,
+                        retried,
+                        attempt + 1,
+                        TRANSACTION_ATTEMPTS,
+                    )
+                    continue
+                logger.warning("%d batch(es) of %d spans not stored: %s", len(group), spans, error)
+                raise StoreUnavailable(f"database unavailable, retry later: {reason}") from None
 
 
 def live_update(facts: Facts, max_timelines: int) -> LiveUpdate:
