@@ -1,8 +1,8 @@
 """Backend at scale: ingest rate with N spans stored against an empty database, timeline,
 summary and series p95 at N, and database bytes per span (SQLite; PostgreSQL with --postgres).
 
-python -m kvscope.bench.scale [--spans 10000000] [--postgres URL]: replays OTLP protobuf bodies
-(520 spans each, the shapes the connectors emit, every batch its own traces and requests)
+python -m kvscope.bench.scale [--spans 10000000] [--postgres SERVER_URL]: replays OTLP protobuf
+bodies (520 spans each, the shapes the connectors emit, every batch its own traces and requests)
 into the backend's app in this process (decode, derive, write; HTTP routing through
 Starlette's test client, no sockets), retention off. The rate of the first CHUNK spans (an
 empty database) and of the last CHUNK (N stored) are measured in the same run; their ratio is
@@ -15,12 +15,16 @@ import random
 import statistics
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, text
 
+from kvscope.backend.db.engine import normalized_url
 from kvscope.backend.main import create_app
 from kvscope.backend.settings import Settings
+from kvscope.bench.postgres import durability, fresh_database
 from kvscope.bench.results import record
 from kvscope.bench.scale_spans import Batches
 
@@ -111,11 +115,18 @@ def _exists(client: TestClient, path: str) -> bool:
     return client.get(path).status_code == 200
 
 
-def database_bytes(url: str) -> int | None:
-    if not url.startswith("sqlite:///"):
-        return None
-    path = Path(url.removeprefix("sqlite:///"))
-    return sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
+def database_bytes(url: str) -> int:
+    """The SQLite file with its WAL, or PostgreSQL's database size (tables, indexes, TOAST)."""
+    if url.startswith("sqlite:///"):
+        path = Path(url.removeprefix("sqlite:///"))
+        return sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
+    engine = create_engine(normalized_url(url))
+    try:
+        with engine.connect() as connection:
+            query = text("SELECT pg_database_size(current_database())")
+            return connection.execute(query).scalar_one()
+    finally:
+        engine.dispose()
 
 
 def run(
@@ -155,16 +166,19 @@ def run(
                 stored,
             )
     size = database_bytes(url)
-    if size is not None:
-        print(f"  database: {size / 2**20:,.0f} MiB, {size / sent:,.0f} bytes per span")
-        record(BENCH, label.format("bytes_per_span"), size / sent, "bytes", "", note)
+    print(f"  database: {size / 2**20:,.0f} MiB, {size / sent:,.0f} bytes per span")
+    record(BENCH, label.format("bytes_per_span"), size / sent, "bytes", "", note)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spans", type=int, default=10_000_000, help="spans to store")
     parser.add_argument("--samples", type=int, default=100, help="timed reads of each kind")
-    parser.add_argument("--postgres", help="also a PostgreSQL database URL (emptied first)")
+    parser.add_argument(
+        "--postgres",
+        metavar="SERVER_URL",
+        help="also a PostgreSQL server: filled in a database of its own, dropped afterwards",
+    )
     parser.add_argument("--workdir", help="where the SQLite file goes (default: a temp dir)")
     parser.add_argument(
         "--stop-after-s",
@@ -177,7 +191,10 @@ def main() -> None:
         url = f"sqlite:///{folder}/scale.db"
         run("sqlite", url, arguments.spans, arguments.samples, arguments.stop_after_s)
     if arguments.postgres:
-        run("postgres", arguments.postgres, arguments.spans, arguments.samples)
+        name = f"kvscope_scale_{uuid.uuid4().hex[:8]}"
+        with fresh_database(arguments.postgres, name) as url:
+            print(f"postgres: database {name}, {durability(arguments.postgres)}")
+            run("postgres", url, arguments.spans, arguments.samples, arguments.stop_after_s)
 
 
 if __name__ == "__main__":
