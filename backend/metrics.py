@@ -33,7 +33,9 @@ class IngestMetrics:
             PREFIX + "spans_received", "Spans in export requests read.", registry=self.registry
         )
         self.stored = Counter(
-            PREFIX + "spans_stored", "Spans written to the database.", registry=self.registry
+            PREFIX + "spans_stored",
+            "Spans new to the database (a retried batch's not counted).",
+            registry=self.registry,
         )
         self.dropped = Counter(
             PREFIX + "spans_dropped",
@@ -54,9 +56,11 @@ class IngestMetrics:
             registry=self.registry,
         )
 
-    def stored_batch(self, spans: int, rejected: int, seconds: float) -> None:
+    def stored_batch(self, spans: int, new_spans: int, rejected: int, seconds: float) -> None:
+        """An export request answered: `spans` accepted, of which `new_spans` not stored
+        before (an exporter's retry of a batch already stored adds none)."""
         self.received.inc(spans + rejected)
-        self.stored.inc(spans)
+        self.stored.inc(new_spans)
         if rejected:
             self.dropped.labels("invalid").inc(rejected)
         self.requests.labels("stored" if spans else "rejected").inc()

@@ -35,21 +35,22 @@ class BulkCursor:
         columns: Sequence[str],
         rows: list[tuple],
         on_conflict: str = DO_NOTHING,
-    ) -> None:
-        """Inserts rows (tuples in `columns` order); rows already stored follow on_conflict."""
+    ) -> int:
+        """Inserts rows (tuples in `columns` order); rows already stored follow on_conflict.
+        Returns the rows inserted or updated (those DO NOTHING skipped not counted)."""
         if not rows:
-            return
+            return 0
         names = ", ".join(columns)
         copy = on_conflict == DO_NOTHING and table.name in self.staged
         if copy and len(rows) >= COPY_MIN_ROWS:
-            self._copy_insert(table, names, rows, on_conflict)
-            return
+            return self._copy_insert(table, names, rows, on_conflict)
         values = ", ".join([self.marker] * len(columns))
         self.cursor.executemany(
             f"INSERT INTO {table.name} ({names}) VALUES ({values}) {on_conflict}", rows
         )
+        return self.cursor.rowcount
 
-    def _copy_insert(self, table: Table, names: str, rows: list[tuple], on_conflict: str):
+    def _copy_insert(self, table: Table, names: str, rows: list[tuple], on_conflict: str) -> int:
         stage = STAGE_PREFIX + table.name
         with self.cursor.copy(f"COPY {stage} ({names}) FROM STDIN") as copy:
             for row in rows:
@@ -60,6 +61,7 @@ class BulkCursor:
         self.cursor.execute(
             f"INSERT INTO {table.name} ({names}) SELECT {names} FROM {stage} {on_conflict}"
         )
+        return self.cursor.rowcount
 
     def execute(self, sql: str, parameters: Sequence = ()) -> list[tuple]:
         """One statement written with '?' markers; returns its rows (empty for writes)."""

@@ -34,6 +34,7 @@ class Stored:
     rejected: int
     message: str | None
     live: LiveUpdate | None = field(default=None)
+    new_spans: int = 0  # of `spans`, those not stored before (an exporter's retry has none)
 
 
 RETRIED_SQLSTATES = {"40P01": "deadlock", "40001": "serialization failure"}
@@ -55,6 +56,7 @@ class _Waiting:
     prepared: Prepared
     done: bool = False
     error: BaseException | None = None
+    new_spans: int = 0
 
 
 class Committer:
@@ -90,7 +92,8 @@ class Committer:
         if waiting.error is not None:
             raise waiting.error
         update = live_update(facts, self.max_timelines) if live else None
-        return Stored(len(facts.spans), prepared.rejected, prepared.message, update)
+        spans = len(facts.spans)
+        return Stored(spans, prepared.rejected, prepared.message, update, waiting.new_spans)
 
     def _take(self, mine: _Waiting) -> list[_Waiting]:
         """The queued batches, oldest first, up to MAX_GROUP_SPANS (always including mine)."""
@@ -129,7 +132,7 @@ class Committer:
                 with self.engine.begin() as connection:
                     for waiting in group:
                         prepared = waiting.prepared
-                        write_rows(
+                        waiting.new_spans = write_rows(
                             connection, prepared.facts, prepared.resources, prepared.received_ns
                         )
                 return

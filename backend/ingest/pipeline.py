@@ -49,7 +49,8 @@ class Pipeline:
         except Exception as error:
             self.metrics.refused(error)
             raise
-        self.metrics.stored_batch(stored.spans, stored.rejected, time.perf_counter() - started)
+        elapsed_s = time.perf_counter() - started
+        self.metrics.stored_batch(stored.spans, stored.new_spans, stored.rejected, elapsed_s)
         return stored
 
     def _ingest(self, body: bytes, content_type: str) -> Stored:
@@ -59,7 +60,7 @@ class Pipeline:
             prepared = prepare(body, content_type, self.limits)
         live = self.on_batch is not None and self.hub.has_clients
         stored = self.writer.commit(prepared, live)
-        self.spans_stored += stored.spans
+        self.spans_stored += stored.new_spans
         interval = self.settings.retention_interval_s
         if stored.spans and time.monotonic() - self._last_prune >= interval:
             self._prune_quietly(time.time_ns())

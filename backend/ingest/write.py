@@ -81,12 +81,14 @@ _PROCESS_UPSERT = (
 )
 
 
-def write_rows(connection: Connection, facts: Facts, resources: dict, now_ns: int) -> None:
+def write_rows(connection: Connection, facts: Facts, resources: dict, now_ns: int) -> int:
+    """Writes one batch's rows in the caller's transaction; returns the spans new to the
+    database (an exporter's retry of a stored batch adds none)."""
     writer = BulkCursor(connection, STAGED_TABLES)
     # These rows' rollup triggers read their request's other rows: see request_locks.
     request_keyed = facts.request_stubs + facts.requests + facts.points + facts.lookups
     request_locks.lock(writer, request_keyed)
-    writer.insert(Span.__table__, SPAN_COLUMNS, facts.spans)
+    new_spans = writer.insert(Span.__table__, SPAN_COLUMNS, facts.spans)
     _insert_dicts(writer, Request.__table__, facts.request_stubs)
     if facts.requests:
         updates = ", ".join(
@@ -105,6 +107,7 @@ def write_rows(connection: Connection, facts: Facts, resources: dict, now_ns: in
     _insert_dicts(writer, Block.__table__, facts.blocks, _BLOCK_UPSERT)
     _upsert_processes(writer, facts, resources, now_ns)
     seqs.merge(writer, facts.seqs, now_ns)
+    return new_spans
 
 
 def _insert_dicts(

@@ -69,3 +69,28 @@ def test_each_app_counts_only_its_own_exports(make_backend):
     assert first.export(process.spans()) == SpanExportResult.SUCCESS
     assert value(scrape(first), "kvscope_backend_spans_stored_total") == 1
     assert value(scrape(second), "kvscope_backend_spans_stored_total") == 0
+
+
+@pytest.mark.parametrize("spans", [3, 40], ids=["few rows", "copied rows"])
+def test_a_retried_batch_is_received_again_but_stored_once(make_backend, spans):
+    """An exporter that timed out on a batch the backend did store sends it again: its spans
+    count as received twice, as stored once (/metrics and /health alike). PostgreSQL writes
+    40 spans through COPY and a staging table, 3 with one INSERT."""
+    backend = make_backend()
+    process = Process("vllm-engine", "e", "scheduler")
+    for _ in range(spans):
+        with process.tracer.start_as_current_span("kvscope.hook.x"):
+            pass
+    batch = process.spans()
+    assert backend.export(batch) == SpanExportResult.SUCCESS
+    assert backend.export(batch) == SpanExportResult.SUCCESS  # the retry: accepted, not stored
+    with process.tracer.start_as_current_span("kvscope.hook.y"):
+        pass
+    assert backend.export(batch + process.spans()[-1:]) == SpanExportResult.SUCCESS  # one new
+    found = scrape(backend)
+    assert value(found, "kvscope_backend_spans_received_total") == 3 * spans + 1
+    assert value(found, "kvscope_backend_spans_stored_total") == spans + 1
+    assert value(found, "kvscope_backend_export_requests_total", outcome="stored") == 3
+    with backend.client() as client:
+        health = client.get("/health").json()
+    assert health["spans_stored_since_start"] == spans + 1
