@@ -35,7 +35,9 @@ fi
 
 # Two workers (xdist), each given whole modules so that a module's engines and servers are
 # shared by its tests: on 2 cores the suite's engines, servers and waits overlap (42 -> 22 min
-# here). KVSCOPE_TEST_WORKERS=0 runs it in one process; an explicit -n in "$@" wins.
+# here). Three workers were slower (25 min against 22.8, clean clone, one afternoon): the
+# cores were busy 89% of that run, so a third worker only adds contention.
+# KVSCOPE_TEST_WORKERS=0 runs it in one process; an explicit -n in "$@" wins.
 WORKERS=${KVSCOPE_TEST_WORKERS:-2}
 echo "==> tests (pytest, $WORKERS workers)"
 "$VENV/bin/pytest" -n "$WORKERS" --dist loadfile "$@"
