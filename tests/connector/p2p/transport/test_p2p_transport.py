@@ -130,17 +130,37 @@ def test_a_block_outermost_owner_serves_a_layer_outermost_reader():
         assert not layer[1:9].view(torch.int16).any()
 
 
+def thread_cpu_seconds() -> dict[int, float]:
+    """CPU seconds (user + system) of each thread of this process, by thread id."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    found = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as stat:
+                fields = stat.read().rpartition(")")[2].split()
+        except FileNotFoundError:  # the thread ended meanwhile
+            continue
+        found[int(tid)] = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+    return found
+
+
 def test_idle_agents_use_almost_no_cpu(owner, reader, owner_peer):
     transport, _ = reader
     time.sleep(0.3)  # let the short fast-polling tail after the last activity run out
     steps_before = transport.poller_stats.steps
-    own_before, owner_before = time.process_time(), owner.cpu_seconds()
+    threads_before, owner_before = thread_cpu_seconds(), owner.cpu_seconds()
     time.sleep(2.0)
-    own_share = (time.process_time() - own_before) / 2.0
+    threads_after = thread_cpu_seconds()
+    # Per thread: under xdist this process also runs the threads earlier modules left (span
+    # exporters, servers), whose wake-ups added up to 2.5% of a core once. A spinning thread
+    # is what this looks for: NIXL's own progress thread would show ~1.0 here.
+    busiest = max(
+        (after - threads_before.get(tid, 0.0)) / 2.0 for tid, after in threads_after.items()
+    )
     owner_share = (owner.cpu_seconds() - owner_before) / 2.0
-    # NIXL's own progress thread would show ~1.0 here; ours sleeps but for a 1 s heartbeat.
+    # Ours sleeps but for a 1 s heartbeat.
     assert transport.poller_stats.steps - steps_before <= 3
-    assert own_share < 0.02, f"reader used {own_share:.1%} of a core while idle"
+    assert busiest < 0.02, f"a reader thread used {busiest:.1%} of a core while idle"
     assert owner_share < 0.02, f"owner used {owner_share:.1%} of a core while idle"
 
 
