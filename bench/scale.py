@@ -19,10 +19,11 @@ import uuid
 from pathlib import Path
 
 from fastapi.testclient import TestClient
-from sqlalchemy import create_engine, text
+from sqlmodel import Session
 
-from kvscope.backend.db.engine import normalized_url
+from kvscope.backend.db.engine import make_engine
 from kvscope.backend.main import create_app
+from kvscope.backend.metrics import database_bytes as stored_bytes
 from kvscope.backend.settings import Settings
 from kvscope.bench.postgres import durability, fresh_database
 from kvscope.bench.results import record
@@ -120,11 +121,10 @@ def database_bytes(url: str) -> int:
     if url.startswith("sqlite:///"):
         path = Path(url.removeprefix("sqlite:///"))
         return sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
-    engine = create_engine(normalized_url(url))
+    engine = make_engine(url)
     try:
-        with engine.connect() as connection:
-            query = text("SELECT pg_database_size(current_database())")
-            return connection.execute(query).scalar_one()
+        with Session(engine) as session:
+            return int(stored_bytes(engine, session))  # what /metrics reports
     finally:
         engine.dispose()
 

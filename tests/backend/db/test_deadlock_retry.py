@@ -13,9 +13,9 @@ from kvscope.backend.db.engine import make_engine
 from kvscope.backend.db.migrations import migrate
 from kvscope.backend.ingest.commit import Committer, Stored
 from kvscope.backend.ingest.prepare import Prepared
-from kvscope.backend.ingest.write import STAGED_TABLES, write_rows
+from kvscope.backend.ingest.write import STAGED_TABLES
 from tests.backend.conftest import POSTGRES_URL, SKIP_POSTGRES, _throwaway_postgres_database
-from tests.backend.db.test_concurrent_writers import WAIT_S, Story, _lookup, _rollups
+from tests.backend.db.test_concurrent_writers import WAIT_S, Story, _commit, _lookup, _rollups
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -66,8 +66,7 @@ def test_a_deadlock_victim_is_written_again_and_counted_once(engine, caplog):
     every batch shares: each waits for the other. PostgreSQL aborts the batch (the older wait
     is checked first); the committer writes it again once the other has let go."""
     serial, racing = Story("deadlock: serial"), Story("deadlock: victim")
-    with engine.begin() as connection:
-        write_rows(connection, serial.batch(_lookup(1, 192)), {}, time.time_ns())
+    _commit(engine, serial.batch(_lookup(1, 192)))
     facts = racing.batch(_lookup(1, 192))
     key = request_locks.request_key(racing.engine_id, "req-0")
 
