@@ -10,8 +10,7 @@ class Lookup(SQLModel, table=True):
     """One decided external-cache lookup (a get_num_new_matched_tokens span)."""
 
     __table_args__ = (
-        UniqueConstraint("trace_id", "span_id", name="uq_lookup_span"),
-        Index("ix_lookup_time", "time_ns"),
+        Index("uq_lookup_time", "time_ns", "trace_id", "span_id", unique=True),
         Index("ix_lookup_request", "request_id", "engine_id"),
     )
     id: int | None = Field(default=None, primary_key=True)
@@ -31,8 +30,7 @@ class Latency(SQLModel, table=True):
     """vLLM's llm_request timings of one request (its API server's request id)."""
 
     __table_args__ = (
-        UniqueConstraint("trace_id", "span_id", name="uq_latency_span"),
-        Index("ix_latency_time", "time_ns"),
+        Index("uq_latency_time", "time_ns", "trace_id", "span_id", unique=True),
         Index("ix_latency_request", "request_id"),
     )
     id: int | None = Field(default=None, primary_key=True)

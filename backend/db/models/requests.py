@@ -52,9 +52,9 @@ class TimelinePointBase(SQLModel):
 
 class TimelinePoint(TimelinePointBase, table=True):
     __table_args__ = (
-        UniqueConstraint("trace_id", "span_id", "point", "ordinal", name="uq_point_source"),
-        # Retention deletes by time; timelines read by request; series sum one point kind.
-        Index("ix_point_time", "time_ns"),
+        # Unique keys led by time (backend/db/time_keys.py), which retention deletes by;
+        # timelines read by request; series sum one point kind.
+        Index("uq_point_time", "time_ns", "trace_id", "span_id", "point", "ordinal", unique=True),
         Index("ix_point_request", "request_id", "engine_id"),
         Index("ix_point_kind_time", "point", "time_ns"),
     )
@@ -80,12 +80,12 @@ class TransferBase(SQLModel):
     gbps: float | None = None
     descriptors: int | None = int64_column()
     ok: bool = True
-    start_ns: int = int64_column(index=True, nullable=False)
+    start_ns: int = int64_column(nullable=False)
     end_ns: int = int64_column(nullable=False)
 
 
 class Transfer(TransferBase, table=True):
-    __table_args__ = (UniqueConstraint("trace_id", "span_id", name="uq_transfer_span"),)
+    __table_args__ = (Index("uq_transfer_time", "start_ns", "trace_id", "span_id", unique=True),)
     id: int | None = Field(default=None, primary_key=True)
 
 
@@ -100,7 +100,7 @@ class FailureBase(SQLModel):
     trace_id: str = Field(max_length=32)
     span_id: str = Field(max_length=16)
     ordinal: int = 0
-    time_ns: int = int64_column(index=True, nullable=False)
+    time_ns: int = int64_column(nullable=False)
     kind: str = Field(index=True)
     cause: str | None = None
     policy: str | None = None
@@ -116,7 +116,7 @@ class FailureBase(SQLModel):
 
 class Failure(FailureBase, table=True):
     __table_args__ = (
-        UniqueConstraint("trace_id", "span_id", "ordinal", name="uq_failure_source"),
+        Index("uq_failure_time", "time_ns", "trace_id", "span_id", "ordinal", unique=True),
         Index("ix_failure_request", "request_id", "engine_id"),
     )
     id: int | None = Field(default=None, primary_key=True)

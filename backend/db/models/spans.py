@@ -1,6 +1,6 @@
 """The span table: every span received, as it came, with its attributes as JSON text."""
 
-from sqlalchemy import Column, Index, Text, UniqueConstraint, text
+from sqlalchemy import Column, Index, Text, text
 from sqlmodel import Field, SQLModel
 
 from kvscope.backend.db.models.columns import int64_column, json_text_column
@@ -28,7 +28,9 @@ _TIER_HEALTH_SPANS = text("name = 'kvscope.tier.health'")
 
 class Span(SpanBase, table=True):
     __table_args__ = (
-        UniqueConstraint("trace_id", "span_id", name="uq_span_trace_span"),
+        # An exporter's retry is the same span at the same time. The key is led by that time,
+        # so OTel's random trace ids do not make every insert random (backend/db/time_keys.py).
+        Index("uq_span_time", "start_ns", "trace_id", "span_id", unique=True),
         # Tier state changes are rare spans: a partial index makes the latest per tier a
         # small range read (backend/queries/tiers.py); other spans' inserts only test the name.
         Index(

@@ -1,0 +1,86 @@
+"""Migration step: the span-derived tables' unique keys led by time, not by random trace ids.
+
+A retried batch is recognised by its spans' (trace_id, span_id), but OpenTelemetry's trace ids
+are random: a unique index led by them takes every insert at a random place, and once it
+outgrows the page cache each batch reads and rewrites pages all over it (a 10M-span fill ended
+at 0.54 of its empty-database rate). The same key led by the row's own time appends, and a
+retry carries the same times, so it still matches. The derived tables' time indexes are then
+that key's first column, and go; the span table keeps its narrow one, which the summary counts
+a window's spans on (a third of the pages the wide key would read).
+"""
+
+from sqlalchemy import Connection, Table, text
+from sqlmodel import SQLModel
+
+from kvscope.backend.db import (
+    models,  # noqa: F401  (registers the tables on SQLModel.metadata)
+    rollups,
+)
+
+REKEYED = {
+    # table: (its old unique key's constraint name, its old time index if that goes)
+    "span": ("uq_span_trace_span", None),
+    "timelinepoint": ("uq_point_source", "ix_point_time"),
+    "transfer": ("uq_transfer_span", "ix_transfer_start_ns"),
+    "failure": ("uq_failure_source", "ix_failure_time_ns"),
+    "lookup": ("uq_lookup_span", "ix_lookup_time"),
+    "latency": ("uq_latency_span", "ix_latency_time"),
+}
+"""The tables whose unique key migration 8 leads by time."""
+
+_OLD = "kvscope_rekey_old_"
+
+
+def migrate(connection: Connection) -> None:
+    """PostgreSQL drops the old key and index and builds the new one in place; SQLite cannot
+    drop a table's UNIQUE constraint, so each table without the new key is rebuilt (its rows
+    copied, ids kept). Minutes for tens of millions of rows, once; the rollup triggers are
+    installed again. Idempotent."""
+    tables = [SQLModel.metadata.tables[name] for name in REKEYED]
+    if connection.dialect.name == "postgresql":
+        for table in tables:
+            constraint, index = REKEYED[table.name]
+            connection.execute(
+                text(f"ALTER TABLE {table.name} DROP CONSTRAINT IF EXISTS {constraint}")
+            )
+            if index is not None:
+                connection.execute(text(f"DROP INDEX IF EXISTS {index}"))
+            for declared in table.indexes:
+                declared.create(connection, checkfirst=True)
+        return
+    # Triggers of other tables read these ones: none may exist while a table is missing.
+    for name, *_ in rollups.TRIGGERS:
+        connection.exec_driver_sql(f"DROP TRIGGER IF EXISTS {name}")
+    for table in tables:
+        if not _has_index(connection, _time_key(table)):
+            _rebuild_sqlite(connection, table)
+    rollups.install(connection)
+
+
+def _time_key(table: Table) -> str:
+    (key,) = [index.name for index in table.indexes if index.unique]
+    return key
+
+
+def _has_index(connection: Connection, name: str) -> bool:
+    found = connection.exec_driver_sql(
+        "SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = ?", (name,)
+    )
+    return found.first() is not None
+
+
+def _rebuild_sqlite(connection: Connection, table: Table) -> None:
+    old = _OLD + table.name
+    named = connection.exec_driver_sql(
+        "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ? AND sql IS NOT NULL",
+        (table.name,),
+    ).scalars()
+    for index in list(named):  # their names go to the new table's indexes
+        connection.exec_driver_sql(f'DROP INDEX "{index}"')
+    connection.exec_driver_sql(f"ALTER TABLE {table.name} RENAME TO {old}")
+    table.create(connection)
+    columns = ", ".join(column.name for column in table.columns)
+    connection.exec_driver_sql(
+        f"INSERT INTO {table.name} ({columns}) SELECT {columns} FROM {old} ORDER BY id"
+    )
+    connection.exec_driver_sql(f"DROP TABLE {old}")

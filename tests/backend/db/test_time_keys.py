@@ -1,0 +1,133 @@
+"""Migration 8 on a database of version 7 (unique keys led by trace ids): its rows are kept, a
+retry of batches stored before the upgrade is still recognised, and the backend then serves
+what a backend given the same stream on a fresh database serves."""
+
+import uuid
+
+import pytest
+from sqlalchemy import Index, MetaData, UniqueConstraint, inspect
+from sqlmodel import SQLModel
+
+from kvscope.backend.db import rollups, time_keys
+from kvscope.backend.db.bulk import add_postgres_stages
+from kvscope.backend.db.engine import make_engine
+from kvscope.backend.db.migrations import VERSION_TABLE, latest_version, migrate
+from kvscope.backend.ingest.bound import Limits
+from kvscope.backend.ingest.commit import Committer
+from kvscope.backend.ingest.prepare import prepare
+from kvscope.backend.ingest.write import STAGED_TABLES
+from tests.backend.conftest import POSTGRES_URL, RunningBackend
+from tests.backend.conftest import _throwaway_postgres_database as throwaway
+from tests.backend.served_state import differences, recorded_bodies, served_state, settings_for
+
+pytestmark = pytest.mark.timeout(300)
+
+VERSION_7_KEYS = {
+    # table: (unique key, its columns, time index, its column): what version 7 created
+    "span": ("uq_span_trace_span", ("trace_id", "span_id"), "ix_span_start_ns", "start_ns"),
+    "timelinepoint": (
+        "uq_point_source",
+        ("trace_id", "span_id", "point", "ordinal"),
+        "ix_point_time",
+        "time_ns",
+    ),
+    "transfer": ("uq_transfer_span", ("trace_id", "span_id"), "ix_transfer_start_ns", "start_ns"),
+    "failure": (
+        "uq_failure_source",
+        ("trace_id", "span_id", "ordinal"),
+        "ix_failure_time_ns",
+        "time_ns",
+    ),
+    "lookup": ("uq_lookup_span", ("trace_id", "span_id"), "ix_lookup_time", "time_ns"),
+    "latency": ("uq_latency_span", ("trace_id", "span_id"), "ix_latency_time", "time_ns"),
+}
+
+
+def _version_7(url: str) -> None:
+    """An empty database as version 7 made it: the six tables with their trace-led keys."""
+    engine = make_engine(url)
+    migrate(engine)
+    old = MetaData()
+    for name, (key, columns, index, time_column) in VERSION_7_KEYS.items():
+        table = SQLModel.metadata.tables[name].to_metadata(old)
+        table.indexes = {i for i in table.indexes if not i.unique}
+        table.append_constraint(UniqueConstraint(*columns, name=key))
+        if index not in {declared.name for declared in table.indexes}:  # the span's stays
+            Index(index, table.c[time_column])
+    with engine.begin() as connection:
+        for name in VERSION_7_KEYS:
+            connection.exec_driver_sql(f"DROP TABLE {name}")
+        old.create_all(connection)
+        rollups.install(connection)
+        connection.exec_driver_sql(f"UPDATE {VERSION_TABLE} SET version = 7")
+    engine.dispose()
+
+
+def _write_unmigrated(url: str, bodies: list[bytes]) -> None:
+    """Batches stored by the ingest path straight into the version 7 tables (no migration)."""
+    engine = make_engine(url)
+    add_postgres_stages(engine, STAGED_TABLES)  # as the app does
+    committer = Committer(engine, 0)
+    for body in bodies:
+        committer.commit(prepare(body, "application/json", Limits()), False)
+    engine.dispose()
+
+
+def _unique_keys(url: str) -> dict[str, list[tuple[str, ...]]]:
+    engine = make_engine(url)
+    found = inspect(engine)
+    keys = {  # PostgreSQL lists a unique constraint's index among the indexes too
+        name: sorted(
+            {tuple(c["column_names"]) for c in found.get_unique_constraints(name)}
+            | {tuple(i["column_names"]) for i in found.get_indexes(name) if i["unique"]}
+        )
+        for name in VERSION_7_KEYS
+    }
+    engine.dispose()
+    return keys
+
+
+@pytest.fixture
+def two_databases(database_url, tmp_path):
+    """The module's database (SQLite or PostgreSQL) and a second, fresh one of the same kind."""
+    if database_url.startswith("sqlite"):
+        yield (
+            database_url.replace("kvscope.db", f"old-{uuid.uuid4().hex[:8]}.db"),
+            (f"sqlite:///{tmp_path}/fresh.db"),
+        )
+        return
+    databases = [throwaway(POSTGRES_URL), throwaway(POSTGRES_URL)]
+    yield tuple(next(database) for database in databases)
+    for database in databases:
+        next(database, None)
+
+
+def test_migration_8_keeps_rows_and_recognises_their_retries(two_databases):
+    old_url, fresh_url = two_databases
+    bodies = recorded_bodies()
+    _version_7(old_url)
+    assert _unique_keys(old_url)["span"] == [("trace_id", "span_id")]
+    _write_unmigrated(old_url, bodies[: len(bodies) // 2])
+
+    with (
+        RunningBackend(settings_for(old_url)) as upgraded,  # migrates at start
+        RunningBackend(settings_for(fresh_url)) as fresh,
+    ):
+        for backend in (upgraded, fresh):
+            with backend.client() as client:
+                for body in bodies:  # the first half again: an exporter's retries
+                    answer = client.post(
+                        "/v1/traces", content=body, headers={"Content-Type": "application/json"}
+                    )
+                    assert answer.status_code == 200, answer.text
+            with backend.client() as client:
+                assert client.get("/health").json()["schema_version"] == latest_version()
+        want = served_state(fresh)
+        assert want["timelines"] and want["incidents"]
+        assert differences(served_state(upgraded), want) == []
+
+    keys = _unique_keys(old_url)
+    assert keys == _unique_keys(fresh_url)
+    for name in VERSION_7_KEYS:
+        assert keys[name][0][0] in ("start_ns", "time_ns"), keys  # led by time
+    assert set(time_keys.REKEYED) == set(VERSION_7_KEYS)
