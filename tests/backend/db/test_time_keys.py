@@ -2,8 +2,6 @@
 retry of batches stored before the upgrade is still recognised, and the backend then serves
 what a backend given the same stream on a fresh database serves."""
 
-import uuid
-
 import pytest
 from sqlalchemy import Index, MetaData, UniqueConstraint, inspect
 from sqlmodel import SQLModel
@@ -63,14 +61,17 @@ def _version_7(url: str) -> None:
     engine.dispose()
 
 
-def _write_unmigrated(url: str, bodies: list[bytes]) -> None:
-    """Batches stored by the ingest path straight into the version 7 tables (no migration)."""
+def _write_unmigrated(url: str, bodies: list[bytes]) -> int:
+    """Batches stored by the ingest path straight into the version 7 tables (no migration);
+    returns the spans stored."""
     engine = make_engine(url)
     add_postgres_stages(engine, STAGED_TABLES)  # as the app does
     committer = Committer(engine, 0)
-    for body in bodies:
-        committer.commit(prepare(body, "application/json", Limits()), False)
+    stored = sum(
+        committer.commit(prepare(body, "application/json", Limits())).new_spans for body in bodies
+    )
     engine.dispose()
+    return stored
 
 
 def _unique_keys(url: str) -> dict[str, list[tuple[str, ...]]]:
@@ -88,26 +89,23 @@ def _unique_keys(url: str) -> dict[str, list[tuple[str, ...]]]:
 
 
 @pytest.fixture
-def two_databases(database_url, tmp_path):
-    """The module's database (SQLite or PostgreSQL) and a second, fresh one of the same kind."""
+def fresh_url(database_url, tmp_path):
+    """A second database of the module's kind (SQLite or PostgreSQL), fresh."""
     if database_url.startswith("sqlite"):
-        yield (
-            database_url.replace("kvscope.db", f"old-{uuid.uuid4().hex[:8]}.db"),
-            (f"sqlite:///{tmp_path}/fresh.db"),
-        )
+        yield f"sqlite:///{tmp_path}/fresh.db"
         return
-    databases = [throwaway(POSTGRES_URL), throwaway(POSTGRES_URL)]
-    yield tuple(next(database) for database in databases)
-    for database in databases:
-        next(database, None)
+    database = throwaway(POSTGRES_URL)
+    yield next(database)
+    next(database, None)  # drops it
 
 
-def test_migration_8_keeps_rows_and_recognises_their_retries(two_databases):
-    old_url, fresh_url = two_databases
+def test_migration_8_keeps_rows_and_recognises_their_retries(database_url, fresh_url):
+    old_url = database_url
     bodies = recorded_bodies()
     _version_7(old_url)
     assert _unique_keys(old_url)["span"] == [("trace_id", "span_id")]
-    _write_unmigrated(old_url, bodies[: len(bodies) // 2])
+    before = _write_unmigrated(old_url, bodies[: len(bodies) // 2])
+    assert before > 0
 
     with (
         RunningBackend(settings_for(old_url)) as upgraded,  # migrates at start
@@ -120,8 +118,13 @@ def test_migration_8_keeps_rows_and_recognises_their_retries(two_databases):
                         "/v1/traces", content=body, headers={"Content-Type": "application/json"}
                     )
                     assert answer.status_code == 200, answer.text
+        stored = {}
+        for name, backend in (("upgraded", upgraded), ("fresh", fresh)):
             with backend.client() as client:
-                assert client.get("/health").json()["schema_version"] == latest_version()
+                health = client.get("/health").json()
+            assert health["schema_version"] == latest_version()
+            stored[name] = health["spans_stored_since_start"]  # spans new to its database
+        assert stored["upgraded"] + before == stored["fresh"]  # the retries stored nothing
         want = served_state(fresh)
         assert want["timelines"] and want["incidents"]
         assert differences(served_state(upgraded), want) == []
