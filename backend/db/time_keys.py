@@ -9,11 +9,12 @@ that key's first column, and go; the span table keeps its narrow one, which the 
 a window's spans on (a third of the pages the wide key would read).
 """
 
-from sqlalchemy import Connection, Table, text
+from sqlalchemy import Connection, Table, inspect, text
 from sqlmodel import SQLModel
 
 from kvscope.backend.db import (
     models,  # noqa: F401  (registers the tables on SQLModel.metadata)
+    read_schema,
     rollups,
 )
 
@@ -45,38 +46,24 @@ def migrate(connection: Connection) -> None:
             )
             if index is not None:
                 connection.execute(text(f"DROP INDEX IF EXISTS {index}"))
-            for declared in table.indexes:
-                declared.create(connection, checkfirst=True)
+        read_schema.add_missing(connection)  # the new keys
         return
     # Triggers of other tables read these ones: none may exist while a table is missing.
     for name, *_ in rollups.TRIGGERS:
         connection.exec_driver_sql(f"DROP TRIGGER IF EXISTS {name}")
     for table in tables:
-        if not _has_index(connection, _time_key(table)):
+        (key,) = [index.name for index in table.indexes if index.unique]
+        if not inspect(connection).has_index(table.name, key):
             _rebuild_sqlite(connection, table)
     rollups.install(connection)
 
 
-def _time_key(table: Table) -> str:
-    (key,) = [index.name for index in table.indexes if index.unique]
-    return key
-
-
-def _has_index(connection: Connection, name: str) -> bool:
-    found = connection.exec_driver_sql(
-        "SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = ?", (name,)
-    )
-    return found.first() is not None
-
-
 def _rebuild_sqlite(connection: Connection, table: Table) -> None:
     old = _OLD + table.name
-    named = connection.exec_driver_sql(
-        "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ? AND sql IS NOT NULL",
-        (table.name,),
-    ).scalars()
-    for index in list(named):  # their names go to the new table's indexes
-        connection.exec_driver_sql(f'DROP INDEX "{index}"')
+    # Named indexes only (the UNIQUE constraint's autoindex goes with the table); their names
+    # go to the new table's indexes.
+    for index in inspect(connection).get_indexes(table.name):
+        connection.exec_driver_sql(f'DROP INDEX "{index["name"]}"')
     connection.exec_driver_sql(f"ALTER TABLE {table.name} RENAME TO {old}")
     table.create(connection)
     columns = ", ".join(column.name for column in table.columns)
