@@ -36,6 +36,8 @@ class EngineSpec:
     # the same engine untraced. An arm's batch ends when its spans are exported, so the
     # traced arm pays for its spans and leaves no export work to the next batch.
     arms: tuple[str, ...] = ()
+    # Where to write a sampling profile of each arm's batches (bench/profiles.py), if anywhere.
+    profile_dir: str | None = None
 
     def labels(self) -> list[str]:
         """The names timings are kept under: the arms, or the engine's name."""
@@ -69,6 +71,7 @@ def _serve(
     """Worker process: one engine; answers ('batch', i[, arm]) with a BatchTiming, ('stats',)
     with the span export counters, ('stop',) by exiting. Its environment was set before it
     started."""
+    from kvscope.bench.profiles import ArmProfiles
     from kvscope.harness.engine import in_process_llm
     from kvscope.harness.oracle import greedy_params
     from kvscope.traces.sdk.configure import configure_tracing, export_counters, flush
@@ -83,9 +86,12 @@ def _serve(
         llm.generate(prompts[:2], params, use_tqdm=False)  # warm-up
         conn.send("ready")
         served = 0
+        profiles = ArmProfiles() if spec.profile_dir else None
         while True:
             command, *args = conn.recv()
             if command == "stop":
+                if profiles is not None:
+                    profiles.write(Path(spec.profile_dir), spec.name)
                 break
             if command == "stats":
                 flush(timeout_s=5)
@@ -100,10 +106,12 @@ def _serve(
             arm = args[1] if len(args) > 1 else None
             if arm is not None:
                 set_traced(connectors, arm == TRACED)
+            profiled = profiles.around(arm or spec.name) if profiles else contextlib.nullcontext()
             wall, cpu = time.perf_counter(), time.process_time()
-            outputs = llm.generate(batch, params, use_tqdm=False)
-            if arm is not None:
-                flush(timeout_s=30)
+            with profiled:
+                outputs = llm.generate(batch, params, use_tqdm=False)
+                if arm is not None:
+                    flush(timeout_s=30)
             wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
             tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
             conn.send(BatchTiming(tokens, wall, cpu))

@@ -1,7 +1,7 @@
 """Tracing overhead: tokens/s with TracedConnector (aggregated and per-layer) over the same
 connector untraced, measured side by side in one run, plus the median cost of one span.
 
-    python -m kvscope.bench.tracing_overhead [--rounds 60] [--max-tokens 256]
+    python -m kvscope.bench.tracing_overhead [--rounds 60] [--max-tokens 256] [--profile DIR]
 
 One engine per layer mode runs TracedConnector around ExampleConnector and switches it off and
 on between batches (bench/tracing_switch.py): untraced, vLLM calls ExampleConnector itself.
@@ -145,6 +145,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--model", type=Path, default=None)
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="profile each arm's batches (pyinstrument) into this folder and compare them",
+    )
     args = parser.parse_args(argv)
 
     from kvscope.model.build import build_model, default_model_dir
@@ -163,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         for mode in MODES:
             config = traced_example_config(Path(storage) / mode, trace_layer_mode=mode)
             print(f"{mode}: starting the engine", flush=True)
-            spec = EngineSpec(mode, config, env, arms=ARMS)
+            profile_dir = str(args.profile) if args.profile else None
+            spec = EngineSpec(mode, config, env, arms=ARMS, profile_dir=profile_dir)
             prompts = prompts_for(args.prompts)
             with PairedEngines([spec], model, prompts, args.max_tokens) as engines:
                 engines.run_rounds(args.rounds, print_round)
@@ -192,7 +199,21 @@ def main(argv: list[str] | None = None) -> int:
             f"{counts['dropped_queue_full'] + counts['dropped_export_failed']}"
         )
     print(f"OTLP receiver: {sink.requests} requests, {sink.bytes / 1e6:.1f} MB")
+    if args.profile:
+        print_profiles(args.profile)
     return 0
+
+
+def print_profiles(directory: Path) -> None:
+    """Per mode: where the traced arm's extra time went, and the control arm's (the noise)."""
+    from kvscope.bench.profiles import compare
+
+    for mode in MODES:
+        for arm in (TRACED, "control"):
+            first, second = (directory / f"{mode}-{name}.json" for name in (arm, "untraced"))
+            if first.exists() and second.exists():
+                print(f"\n{mode}: {arm} against untraced, own time per function\n")
+                print(compare(first, second))
 
 
 if __name__ == "__main__":

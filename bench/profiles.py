@@ -1,0 +1,132 @@
+"""Sampling profiles of a bench's arms, taken side by side: one pyinstrument profiler per arm,
+started around each of its batches only, so arms measured in one process compare frame by frame.
+
+    with ArmProfiles() as profiles:          # in the process that runs the batches
+        with profiles.around("traced"):
+            run_batch()
+    profiles.write(directory, "engine")      # <engine>-<arm>.txt and .json per arm
+
+`compare` reads two arms' .json back and lists the functions whose own time differs most:
+where the one arm's extra time went. pyinstrument samples the thread that starts it (here the
+engine's), so another thread's cost (the span export thread) shows as time its GIL took from
+this one, spread over the frames that were waiting.
+"""
+
+import contextlib
+import json
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+INTERVAL_S = 0.001
+TOP = 25
+
+
+class ArmProfiles:
+    """One profiler per arm; each batch adds to its arm's session."""
+
+    def __init__(self, interval_s: float = INTERVAL_S) -> None:
+        self.interval_s = interval_s
+        self._profilers: dict = {}
+        self._batches: Counter[str] = Counter()
+
+    @contextlib.contextmanager
+    def around(self, arm: str) -> Iterator[None]:
+        from pyinstrument import Profiler
+
+        profiler = self._profilers.get(arm)
+        if profiler is None:
+            profiler = self._profilers[arm] = Profiler(interval=self.interval_s)
+        profiler.start()
+        try:
+            yield
+        finally:
+            profiler.stop()
+            self._batches[arm] += 1
+
+    def write(self, directory: Path, prefix: str) -> list[Path]:
+        """Each arm's tree as text and its functions' own time as JSON; returns the paths."""
+        directory.mkdir(parents=True, exist_ok=True)
+        written = []
+        for arm, profiler in self._profilers.items():
+            session = profiler.last_session
+            if session is None:
+                continue
+            text = directory / f"{prefix}-{arm}.txt"
+            text.write_text(profiler.output_text(unicode=False, color=False, show_all=False))
+            summary = {
+                "arm": arm,
+                "batches": self._batches[arm],
+                "duration_s": session.duration,
+                "functions": self_times(session.root_frame()),
+            }
+            data = directory / f"{prefix}-{arm}.json"
+            data.write_text(json.dumps(summary, indent=1))
+            written += [text, data]
+        return written
+
+
+def self_times(root) -> dict[str, float]:
+    """Seconds spent in each function itself (not its callees), summed over the tree; a
+    function is named `function (file:line)`. pyinstrument keeps a frame's own time in a
+    synthetic child ('[self]', '[await]'...): that time is the parent's."""
+    totals: Counter[str] = Counter()
+    stack = [(root, None)] if root is not None else []
+    while stack:
+        frame, parent = stack.pop()
+        name = parent if frame.is_synthetic and parent else _name(frame)
+        stack.extend((child, name) for child in frame.children)
+        own = frame.time - sum(child.time for child in frame.children)
+        if own > 0:
+            totals[name] += own
+    return dict(totals.most_common())
+
+
+def _name(frame) -> str:
+    if frame.is_synthetic:
+        return frame.function
+    return f"{frame.function} ({frame.file_path_short}:{frame.line_no})"
+
+
+def compare(first: Path, second: Path, top: int = TOP) -> str:
+    """Markdown tables: per batch, each arm's own time by package, then in the functions
+    whose own time differs most between the arms."""
+    ours, theirs = (json.loads(path.read_text()) for path in (first, second))
+    per_batch = [
+        {name: seconds / max(1, arm["batches"]) for name, seconds in arm["functions"].items()}
+        for arm in (ours, theirs)
+    ]
+    a, b = ours["arm"], theirs["arm"]
+    total = [arm["duration_s"] / max(1, arm["batches"]) * 1e3 for arm in (ours, theirs)]
+    lines = [
+        f"per batch: {a} {total[0]:.1f} ms, {b} {total[1]:.1f} ms "
+        f"({ours['batches']} and {theirs['batches']} batches)",
+        "",
+        *_table("package", a, b, [_by_package(arm) for arm in per_batch], top),
+        "",
+        *_table("function", a, b, per_batch, top),
+    ]
+    return "\n".join(lines)
+
+
+def _by_package(functions: dict[str, float]) -> dict[str, float]:
+    """Own time summed by the first folder of each function's file (vllm, torch, traces...)."""
+    packages: Counter[str] = Counter()
+    for name, seconds in functions.items():
+        path = name.rpartition(" (")[2].rstrip(")").rpartition(":")[0]  # "[self]" has none
+        packages[path.split("/")[0] or name] += seconds
+    return dict(packages)
+
+
+def _table(kind: str, a: str, b: str, arms: list[dict[str, float]], top: int) -> list[str]:
+    names = sorted(
+        set(arms[0]) | set(arms[1]),
+        key=lambda n: arms[0].get(n, 0) - arms[1].get(n, 0),
+        reverse=True,
+    )
+    lines = [f"| {kind} (own time) | {a} ms/batch | {b} ms/batch | difference |"]
+    lines.append("| --- | --- | --- | --- |")
+    for name in names[:top]:
+        x, y = (arm.get(name, 0) * 1e3 for arm in arms)
+        lines.append(f"| `{name}` | {x:.2f} | {y:.2f} | {x - y:+.2f} |")
+    return lines
