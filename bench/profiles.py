@@ -1,23 +1,27 @@
 """Sampling profiles of a bench's arms, taken side by side: one pyinstrument profiler per arm,
 started around each of its batches only, so arms measured in one process compare frame by frame.
 
-    with ArmProfiles() as profiles:          # in the process that runs the batches
-        with profiles.around("traced"):
-            run_batch()
+    profiles = ArmProfiles()                 # in the process that runs the batches
+    with profiles.around("traced"):
+        run_batch()
     profiles.write(directory, "engine")      # <engine>-<arm>.txt and .json per arm
 
 `compare` reads two arms' .json back and lists the functions whose own time differs most:
 where the one arm's extra time went. pyinstrument samples the thread that starts it (here the
 engine's), so another thread's cost (the span export thread) shows as time its GIL took from
-this one, spread over the frames that were waiting.
+this one, spread over the frames that were waiting. For every thread of a process that runs
+on its own (a backend being filled), `from_py_spy` turns py-spy's raw output into the same
+summary, per second of sampling.
 """
 
 import contextlib
 import json
+import re
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+_LINE = re.compile(r":\d+\)$")
 INTERVAL_S = 0.001
 TOP = 25
 
@@ -56,6 +60,7 @@ class ArmProfiles:
             text.write_text(profiler.output_text(unicode=False, color=False, show_all=False))
             summary = {
                 "arm": arm,
+                "unit": "batch",
                 "batches": self._batches[arm],
                 "duration_s": session.duration,
                 "functions": self_times(session.root_frame()),
@@ -88,23 +93,48 @@ def _name(frame) -> str:
     return f"{frame.function} ({frame.file_path_short}:{frame.line_no})"
 
 
+def from_py_spy(raw: Path, arm: str, duration_s: float, rate_hz: int) -> Path:
+    """`py-spy record --format raw` output (one 'frame;frame;...;leaf count' line per stack)
+    as the summary ArmProfiles writes, per second of the recording; returns the .json path."""
+    functions: Counter[str] = Counter()
+    samples = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        samples += int(count)
+        leaf = stack.rsplit(";", 1)[-1]
+        functions[_LINE.sub(")", leaf)] += int(count) / rate_hz  # py-spy names the line run
+    summary = {
+        "arm": arm,
+        "unit": "s",
+        "batches": duration_s,
+        "duration_s": samples / rate_hz,
+        "functions": dict(functions.most_common()),
+    }
+    path = raw.with_suffix(".json")
+    path.write_text(json.dumps(summary, indent=1))
+    return path
+
+
 def compare(first: Path, second: Path, top: int = TOP) -> str:
     """Markdown tables: per batch, each arm's own time by package, then in the functions
     whose own time differs most between the arms."""
     ours, theirs = (json.loads(path.read_text()) for path in (first, second))
     per_batch = [
-        {name: seconds / max(1, arm["batches"]) for name, seconds in arm["functions"].items()}
+        {name: seconds / arm["batches"] for name, seconds in arm["functions"].items()}
         for arm in (ours, theirs)
     ]
     a, b = ours["arm"], theirs["arm"]
-    total = [arm["duration_s"] / max(1, arm["batches"]) * 1e3 for arm in (ours, theirs)]
+    unit = ours.get("unit", "batch")
+    total = [arm["duration_s"] / arm["batches"] * 1e3 for arm in (ours, theirs)]
     lines = [
-        f"per batch: {a} {total[0]:.1f} ms, {b} {total[1]:.1f} ms "
-        f"({ours['batches']} and {theirs['batches']} batches)",
+        f"per {unit}: {a} {total[0]:.1f} ms, {b} {total[1]:.1f} ms "
+        f"(over {ours['batches']:g} and {theirs['batches']:g})",
         "",
-        *_table("package", a, b, [_by_package(arm) for arm in per_batch], top),
+        *_table("package", a, b, [_by_package(arm) for arm in per_batch], top, unit),
         "",
-        *_table("function", a, b, per_batch, top),
+        *_table("function", a, b, per_batch, top, unit),
     ]
     return "\n".join(lines)
 
@@ -113,18 +143,21 @@ def _by_package(functions: dict[str, float]) -> dict[str, float]:
     """Own time summed by the first folder of each function's file (vllm, torch, traces...)."""
     packages: Counter[str] = Counter()
     for name, seconds in functions.items():
-        path = name.rpartition(" (")[2].rstrip(")").rpartition(":")[0]  # "[self]" has none
-        packages[path.split("/")[0] or name] += seconds
+        _, found, where = name.rpartition(" (")
+        path = where.rstrip(")").split(":")[0] if found else name  # "[self]" has no file
+        packages[path.split("/")[0]] += seconds
     return dict(packages)
 
 
-def _table(kind: str, a: str, b: str, arms: list[dict[str, float]], top: int) -> list[str]:
+def _table(
+    kind: str, a: str, b: str, arms: list[dict[str, float]], top: int, unit: str
+) -> list[str]:
     names = sorted(
         set(arms[0]) | set(arms[1]),
         key=lambda n: arms[0].get(n, 0) - arms[1].get(n, 0),
         reverse=True,
     )
-    lines = [f"| {kind} (own time) | {a} ms/batch | {b} ms/batch | difference |"]
+    lines = [f"| {kind} (own time) | {a} ms/{unit} | {b} ms/{unit} | difference |"]
     lines.append("| --- | --- | --- | --- |")
     for name in names[:top]:
         x, y = (arm.get(name, 0) * 1e3 for arm in arms)
