@@ -17,6 +17,11 @@ summary, per second of sampling.
 import contextlib
 import json
 import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -91,6 +96,42 @@ def _name(frame) -> str:
     if frame.is_synthetic:
         return frame.function
     return f"{frame.function} ({frame.file_path_short}:{frame.line_no})"
+
+
+class PySpy:
+    """py-spy recording every thread of a process (this one, say) from start() to stop()."""
+
+    def __init__(self, pid: int, raw: Path, rate_hz: int = 100) -> None:
+        self.pid, self.raw, self.rate_hz = pid, raw, rate_hz
+        self._process: subprocess.Popen | None = None
+        self._started = 0.0
+
+    def start(self) -> None:
+        found = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or "py-spy"
+        command = [found, "record", "--pid", str(self.pid), "--rate", str(self.rate_hz)]
+        command += ["--format", "raw", "--nonblocking", "-o", str(self.raw)]
+        self.raw.parent.mkdir(parents=True, exist_ok=True)
+        self._process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        self._started = time.perf_counter()
+
+    def stop(self, arm: str) -> Path | None:
+        """Ends the recording (py-spy writes it on SIGINT); its summary's path, or None if
+        py-spy recorded nothing (not installed, or not allowed to read the process)."""
+        if self._process is None:
+            return None
+        duration_s = time.perf_counter() - self._started
+        self._process.send_signal(signal.SIGINT)
+        try:
+            self._process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait(timeout=10)
+        self._process = None
+        if not self.raw.exists():
+            return None
+        return from_py_spy(self.raw, arm, duration_s, self.rate_hz)
 
 
 def from_py_spy(raw: Path, arm: str, duration_s: float, rate_hz: int) -> Path:

@@ -12,6 +12,7 @@ N spans stored.
 """
 
 import argparse
+import math
 import os
 import random
 import statistics
@@ -29,6 +30,7 @@ from kvscope.backend.main import create_app
 from kvscope.backend.metrics import database_bytes as stored_bytes
 from kvscope.backend.settings import Settings
 from kvscope.bench.postgres import durability, fresh_database
+from kvscope.bench.profiles import PySpy, compare
 from kvscope.bench.results import record
 from kvscope.bench.scale_spans import Batches
 
@@ -64,12 +66,21 @@ class Fill:
     sent: int
 
 
-def fill(client: TestClient, batches: Batches, stop_after_s: float = float("inf")) -> Fill:
+def fill(
+    client: TestClient,
+    batches: Batches,
+    stop_after_s: float = float("inf"),
+    profile: tuple[Path, str] | None = None,
+) -> Fill:
     """Sends every batch (or those sent within stop_after_s), timing each CHUNK-span stretch.
 
     The CPU rate counts this process's CPU (the backend's app, its test client and the
-    bodies' rewriting): unlike the wall rate it holds when neighbours load the machine."""
+    bodies' rewriting): unlike the wall rate it holds when neighbours load the machine.
+    With `profile` (a folder, a name), py-spy records this process over the fill's first and
+    last tenth (bench/profiles.py), and the two are compared when it ends."""
     per_chunk = max(1, CHUNK // batches.spans)
+    tenth = max(1, math.ceil(batches.count * ENDS))
+    spies = _end_spies(profile)
     stretches: list[tuple[int, float, float]] = []  # (spans, wall s, CPU s)
     started, cpu_started = time.perf_counter(), time.process_time()
     sent, last_report = 0, time.monotonic()
@@ -78,6 +89,10 @@ def fill(client: TestClient, batches: Batches, stop_after_s: float = float("inf"
         if time.monotonic() > deadline and batch % per_chunk == 0:
             print(f"  stopped after {stop_after_s:.0f} s at {sent:,} spans", flush=True)
             break
+        if spies and batch in (0, batches.count - tenth):
+            spies["first" if batch == 0 else "last"].start()
+        if spies and batch == tenth:
+            spies["first"].stop("first tenth")
         body = batches.body(batch)  # about 2 ms, timed with the batch it builds
         response = client.post("/v1/traces", content=body, headers=PROTOBUF)
         if response.status_code != 200:
@@ -98,8 +113,29 @@ def fill(client: TestClient, batches: Batches, stop_after_s: float = float("inf"
                 f" ({cpu_rate:,.0f}/CPU-s), load {os.getloadavg()[0]:.1f}",
                 flush=True,
             )
+    if spies:
+        _compare_ends(spies)
     first, last = end_rates(stretches), end_rates(stretches[::-1])
     return Fill(first[0], last[0], first[1], last[1], sent)
+
+
+def _end_spies(profile: tuple[Path, str] | None) -> dict[str, PySpy]:
+    if profile is None:
+        return {}
+    folder, name = profile
+    return {end: PySpy(os.getpid(), folder / f"{name}-{end}.raw") for end in ("first", "last")}
+
+
+def _compare_ends(spies: dict[str, PySpy]) -> None:
+    """Where the last tenth's time went against the first's, per second of each."""
+    spies["first"].stop("first tenth")  # a fill of fewer than ten batches ends inside it
+    last = spies["last"].stop("last tenth")
+    first = spies["first"].raw.with_suffix(".json")
+    if last is None or not first.exists():
+        print("  profile: py-spy recorded nothing (is it installed, may it read this process?)")
+        return
+    print("  profile, last tenth against first (py-spy, every thread):")
+    print(compare(last, first))
 
 
 def end_rates(stretches: list[tuple[int, float, float]]) -> tuple[float, float]:
@@ -164,14 +200,19 @@ def database_bytes(url: str) -> int:
 
 
 def run(
-    database: str, url: str, spans: int, samples: int, stop_after_s: float = float("inf")
+    database: str,
+    url: str,
+    spans: int,
+    samples: int,
+    stop_after_s: float = float("inf"),
+    profile: Path | None = None,
 ) -> None:
     settings = Settings(database_url=url, ingest_workers=0, retention_max_spans=10**12, token=TOKEN)
     batches = Batches(spans)
     print(f"{database}: {batches.count * batches.spans:,} spans in {batches.count} batches")
     headers = {"Authorization": f"Bearer {TOKEN}"}
     with TestClient(create_app(settings), headers=headers) as client:
-        filled = fill(client, batches, stop_after_s)
+        filled = fill(client, batches, stop_after_s, (profile, database) if profile else None)
         sent = filled.sent
         # The size asked for (10m, not 9_9m), or the size reached when stopped early.
         reached = spans if sent >= batches.count * batches.spans else sent
@@ -179,7 +220,7 @@ def run(
         ratio = filled.full_rate / filled.empty_rate
         cpu_ratio = filled.full_cpu_rate / filled.empty_cpu_rate
         load = "/".join(f"{x:.1f}" for x in os.getloadavg())
-        note = f"{sent:,} spans; first and last {CHUNK:,}-span stretch of one run; load {load}"
+        note = f"{sent:,} spans; first and last tenth of one run; load {load}"
         print(
             f"  ingest: empty {filled.empty_rate:,.0f}/s, at {sent:,} {filled.full_rate:,.0f}/s"
             f" ({ratio:.2f}); per CPU-second {filled.empty_cpu_rate:,.0f} and"
@@ -229,15 +270,21 @@ def main() -> None:
         default=float("inf"),
         help="stop filling after this long and measure at the size reached (a busy machine)",
     )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="record the fill's first and last tenth with py-spy into this folder, and compare",
+    )
     arguments = parser.parse_args()
+    sizes = (arguments.spans, arguments.samples, arguments.stop_after_s)
     with tempfile.TemporaryDirectory(dir=arguments.workdir) as folder:
         url = f"sqlite:///{folder}/scale.db"
-        run("sqlite", url, arguments.spans, arguments.samples, arguments.stop_after_s)
+        run("sqlite", url, *sizes, arguments.profile)
     if arguments.postgres:
         name = f"kvscope_scale_{uuid.uuid4().hex[:8]}"
         with fresh_database(arguments.postgres, name) as url:
             print(f"postgres: database {name}, {durability(arguments.postgres)}")
-            run("postgres", url, arguments.spans, arguments.samples, arguments.stop_after_s)
+            run("postgres", url, *sizes, arguments.profile)
 
 
 if __name__ == "__main__":
