@@ -29,6 +29,8 @@ from pathlib import Path
 _LINE = re.compile(r":\d+\)$")
 INTERVAL_S = 0.001
 TOP = 25
+OURS = ("traces/", "connector/", "bench/", "backend/", "harness/", "opentelemetry/")
+"""Files whose functions' inclusive time `compare` lists: kvscope's packages and OTel's SDK."""
 
 
 class ArmProfiles:
@@ -69,6 +71,7 @@ class ArmProfiles:
                 "batches": self._batches[arm],
                 "duration_s": session.duration,
                 "functions": self_times(session.root_frame()),
+                "inclusive": inclusive_times(session.root_frame()),
             }
             data = directory / f"{prefix}-{arm}.json"
             data.write_text(json.dumps(summary, indent=1))
@@ -89,6 +92,22 @@ def self_times(root) -> dict[str, float]:
         own = frame.time - sum(child.time for child in frame.children)
         if own > 0:
             totals[name] += own
+    return dict(totals.most_common())
+
+
+def inclusive_times(root) -> dict[str, float]:
+    """Seconds spent in each function and its callees, summed over the tree (a recursive
+    call counted once: only the outermost on each path)."""
+    totals: Counter[str] = Counter()
+    stack = [(root, frozenset())] if root is not None else []
+    while stack:
+        frame, above = stack.pop()
+        if frame.is_synthetic:
+            continue
+        name = _name(frame)
+        if name not in above:
+            totals[name] += frame.time
+        stack.extend((child, above | {name}) for child in frame.children)
     return dict(totals.most_common())
 
 
@@ -177,6 +196,16 @@ def compare(first: Path, second: Path, top: int = TOP) -> str:
         "",
         *_table("function", a, b, per_batch, top, unit),
     ]
+    inclusive = [
+        {
+            name: seconds / arm["batches"]
+            for name, seconds in arm.get("inclusive", {}).items()
+            if name.rpartition(" (")[2].removeprefix("kvscope/").startswith(OURS)
+        }
+        for arm in (ours, theirs)
+    ]
+    if inclusive[0] or inclusive[1]:
+        lines += ["", *_table("kvscope function (with callees)", a, b, inclusive, top, unit)]
     return "\n".join(lines)
 
 

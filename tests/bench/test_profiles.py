@@ -44,6 +44,8 @@ def test_an_arms_extra_function_tops_the_comparison(tmp_path):
     # Own time only: _extra_work calls _busy, whose time is _busy's (and its callees').
     own = {name.split(" (")[0]: seconds for name, seconds in traced["functions"].items()}
     assert own.get("_extra_work", 0) < 0.02
+    inclusive = {name.split(" (")[0]: seconds for name, seconds in traced["inclusive"].items()}
+    assert 0.12 < inclusive["_extra_work"] < inclusive["_busy"]  # 3 x 60 ms of its callee's
     assert own["_busy"] > 0.1
     table = compare(tmp_path / "engine-traced.json", tmp_path / "engine-untraced.json")
     assert table.startswith("per batch: traced ")
