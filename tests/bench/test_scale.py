@@ -1,0 +1,32 @@
+"""bench.scale: a fill at smoke size, profiled (real py-spy), and each end's rate taken over a
+tenth of the fill, not one stretch."""
+
+import json
+
+from kvscope.bench import scale
+from kvscope.bench.scale import end_rates
+
+
+def test_a_small_fill_measures_reads_and_compares_its_ends(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(scale, "CHUNK", 1000)  # a stretch of about two batches
+    url = f"sqlite:///{tmp_path}/scale.db"
+    scale.run("sqlite", url, 12_000, 3, profile=tmp_path / "profiles")
+    out = capsys.readouterr().out
+    assert "sqlite: 11,960 spans in 23 batches" in out
+    assert "ingest: empty " in out and "timeline: p50" in out and "bytes per span" in out
+    assert "profile, last tenth against first (py-spy, every thread):" in out
+    last = json.loads((tmp_path / "profiles" / "sqlite-last.json").read_text())
+    assert last["arm"] == "last tenth" and last["unit"] == "s"
+    # The recording saw the backend's decode or write at work (every thread sampled).
+    assert any("backend/" in name for name in last["functions"])
+
+
+def test_each_end_covers_a_tenth_of_the_spans_weighted_by_time():
+    # 20 stretches of 100 spans: the first two take 1 s each, the last two 2 s and 3 s.
+    stretches = [(100, 1.0, 0.5)] * 18 + [(100, 2.0, 1.0), (100, 3.0, 2.0)]
+    assert end_rates(stretches) == (100.0, 200.0)
+    assert end_rates(stretches[::-1]) == (200 / 5.0, 200 / 3.0)  # not the last stretch alone
+
+
+def test_a_short_fill_still_has_a_stretch_at_each_end():
+    assert end_rates([(50, 2.0, 1.0)]) == (25.0, 50.0)
