@@ -1,5 +1,6 @@
 """Backend at scale: ingest rate with N spans stored against an empty database, timeline,
-summary and series p95 at N, and database bytes per span (SQLite; PostgreSQL with --postgres).
+summary and series p95 at N, and database bytes per span (SQLite, then PostgreSQL with
+--postgres or --with-postgres).
 
 python -m kvscope.bench.scale [--spans 10000000] [--postgres SERVER_URL]: replays OTLP protobuf
 bodies (520 spans each, the shapes the connectors emit, every batch its own traces and requests)
@@ -19,6 +20,7 @@ import statistics
 import tempfile
 import time
 import uuid
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +31,13 @@ from kvscope.backend.db.engine import make_engine
 from kvscope.backend.main import create_app
 from kvscope.backend.metrics import database_bytes as stored_bytes
 from kvscope.backend.settings import Settings
-from kvscope.bench.postgres import durability, fresh_database
+from kvscope.bench.postgres import (
+    cpu_seconds,
+    durability,
+    fresh_database,
+    postmaster,
+    started_server,
+)
 from kvscope.bench.profiles import PySpy, compare
 from kvscope.bench.results import record
 from kvscope.bench.scale_spans import Batches
@@ -211,8 +219,13 @@ def run(
     batches = Batches(spans)
     print(f"{database}: {batches.count * batches.spans:,} spans in {batches.count} batches")
     headers = {"Authorization": f"Bearer {TOKEN}"}
+    server = postmaster(url) if database == "postgres" else None
+    server_cpu = cpu_seconds([], server)[1]
     with TestClient(create_app(settings), headers=headers) as client:
+        cpu, wall = time.process_time(), time.perf_counter()
         filled = fill(client, batches, stop_after_s, (profile, database) if profile else None)
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        server_cpu = cpu_seconds([], server)[1] - server_cpu
         sent = filled.sent
         # The size asked for (10m, not 9_9m), or the size reached when stopped early.
         reached = spans if sent >= batches.count * batches.spans else sent
@@ -238,6 +251,16 @@ def run(
             "",
             note,
         )
+        if server is not None:  # the database's own CPU, which the figures above leave out
+            both = filled.sent / (cpu + server_cpu)
+            print(
+                f"  whole fill: {filled.sent / wall:,.0f} spans/s; CPU {cpu:,.0f} s here and "
+                f"{server_cpu:,.0f} s in the server: {both:,.0f} spans per CPU-second of both"
+            )
+            whole = f"{filled.sent:,} spans, the whole fill; server on this machine"
+            record(
+                BENCH, label.format("spans_per_cpu_s_with_server"), both, "spans/CPU-s", "", whole
+            )
         for name, (p50, p95) in reads(client, samples, batches.end_ns).items():
             print(f"  {name}: p50 {p50:.1f} ms, p95 {p95:.1f} ms")
             stored = f"{sent:,} spans stored; p50 {p50:.1f} ms"
@@ -254,14 +277,20 @@ def run(
     record(BENCH, label.format("bytes_per_span"), size / sent, "bytes", "", note)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spans", type=int, default=10_000_000, help="spans to store")
     parser.add_argument("--samples", type=int, default=100, help="timed reads of each kind")
     parser.add_argument(
         "--postgres",
         metavar="SERVER_URL",
+        default=os.environ.get("KVSCOPE_BENCH_POSTGRES_URL"),
         help="also a PostgreSQL server: filled in a database of its own, dropped afterwards",
+    )
+    parser.add_argument(
+        "--with-postgres",
+        action="store_true",
+        help="also PostgreSQL: --postgres's server, or else a throwaway one (scripts/postgres.sh)",
     )
     parser.add_argument("--workdir", help="where the SQLite file goes (default: a temp dir)")
     parser.add_argument(
@@ -275,16 +304,19 @@ def main() -> None:
         type=Path,
         help="record the fill's first and last tenth with py-spy into this folder, and compare",
     )
-    arguments = parser.parse_args()
+    arguments = parser.parse_args(argv)
     sizes = (arguments.spans, arguments.samples, arguments.stop_after_s)
     with tempfile.TemporaryDirectory(dir=arguments.workdir) as folder:
         url = f"sqlite:///{folder}/scale.db"
         run("sqlite", url, *sizes, arguments.profile)
-    if arguments.postgres:
+    if not (arguments.postgres or arguments.with_postgres):
+        return
+    with ExitStack() as stack:
+        server_url = arguments.postgres or stack.enter_context(started_server())
         name = f"kvscope_scale_{uuid.uuid4().hex[:8]}"
-        with fresh_database(arguments.postgres, name) as url:
-            print(f"postgres: database {name}, {durability(arguments.postgres)}")
-            run("postgres", url, *sizes, arguments.profile)
+        url = stack.enter_context(fresh_database(server_url, name))
+        print(f"postgres: database {name}, {durability(server_url)}")
+        run("postgres", url, *sizes, arguments.profile)
 
 
 if __name__ == "__main__":

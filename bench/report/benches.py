@@ -84,14 +84,15 @@ BENCHES: list[BenchSpec] = [
         quick_timeout_s=300,
         full_timeout_s=3600,
     ),
+    # PostgreSQL from KVSCOPE_BENCH_POSTGRES_URL, or a throwaway one from scripts/postgres.sh:
+    # scale fills it after SQLite (10M spans there took 35 minutes here).
     module_bench(
         "scale",
-        quick_args=["--spans", "200000", "--samples", "30"],
-        full_args=["--spans", "10000000"],
-        quick_timeout_s=300,
+        quick_args=["--spans", "200000", "--samples", "30", "--with-postgres"],
+        full_args=["--spans", "10000000", "--with-postgres"],
+        quick_timeout_s=600,
         full_timeout_s=4 * 3600,
     ),
-    # PostgreSQL from KVSCOPE_BENCH_POSTGRES_URL, or a throwaway one from scripts/postgres.sh.
     module_bench(
         "scale_out",
         quick_args=["--spans", "40000"],

@@ -2,9 +2,15 @@
 tenth of the fill, not one stretch."""
 
 import json
+import re
 
+import pytest
+from sqlalchemy import create_engine, text
+
+from kvscope.backend.db.engine import normalized_url
 from kvscope.bench import scale
 from kvscope.bench.scale import end_rates
+from tests.backend.conftest import POSTGRES_URL, SKIP_POSTGRES
 
 
 def test_a_small_fill_measures_reads_and_compares_its_ends(tmp_path, capsys, monkeypatch):
@@ -19,6 +25,45 @@ def test_a_small_fill_measures_reads_and_compares_its_ends(tmp_path, capsys, mon
     assert last["arm"] == "last tenth" and last["unit"] == "s"
     # The recording saw the backend's decode or write at work (every thread sampled).
     assert any("backend/" in name for name in last["functions"])
+
+
+@pytest.mark.skipif(not POSTGRES_URL, reason=SKIP_POSTGRES)
+@pytest.mark.timeout(300)
+def test_postgres_is_filled_after_sqlite_with_the_servers_cpu_counted(
+    tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setattr(scale, "CHUNK", 1000)
+    scale.main(["--spans", "6000", "--samples", "2", "--workdir", str(tmp_path)])
+    assert "postgres:" not in capsys.readouterr().out  # SQLite alone unless asked
+    scale.main(
+        [
+            "--spans",
+            "6000",
+            "--samples",
+            "2",
+            "--workdir",
+            str(tmp_path),
+            "--postgres",
+            POSTGRES_URL,
+        ]
+    )
+    out = capsys.readouterr().out
+    assert "sqlite: 5,720 spans" in out and "postgres: 5,720 spans" in out
+    name = re.search(r"postgres: database (kvscope_scale_[0-9a-f]+),", out).group(1)
+    # The server runs here (scripts/postgres.sh): its CPU joins the backend's.
+    assert "s in the server: " in out and "spans per CPU-second of both" in out
+    assert out.count("timeline: p50") == 2
+    assert not _database_exists(name)  # the bench's database was dropped
+
+
+def _database_exists(name: str) -> bool:
+    engine = create_engine(normalized_url(POSTGRES_URL))
+    try:
+        with engine.connect() as connection:
+            query = text("SELECT 1 FROM pg_database WHERE datname = :name")
+            return connection.execute(query, {"name": name}).first() is not None
+    finally:
+        engine.dispose()
 
 
 def test_each_end_covers_a_tenth_of_the_spans_weighted_by_time():

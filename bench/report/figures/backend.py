@@ -83,40 +83,41 @@ BACKEND_FIGURES: list[Figure] = [
         "",
         "spans dropped with both destinations slow",
     ),
-    Figure(
-        "scale",
-        "sqlite_ingest_10m_over_empty",
-        "ratio",
-        ">= 0.9",
-        "SQLite ingest rate with 10M spans stored over an empty database (bench.scale)",
+    *(
+        Figure("scale", f"{database}_{metric}_10m{suffix}", unit, target, f"{what}, {name}")
+        for database, name in (("sqlite", "SQLite"), ("postgres", "PostgreSQL"))
+        for metric, suffix, unit, target, what in (
+            (
+                "ingest",
+                "_over_empty",
+                "ratio",
+                ">= 0.9",
+                "ingest rate of a 10M-span fill's last tenth over its first tenth's (bench.scale)",
+            ),
+            (
+                "timeline_p95_ms",
+                "",
+                "ms",
+                "<= 50",
+                "a request's timeline p95 with 10M spans stored",
+            ),
+            (
+                "summary_p95_ms",
+                "",
+                "ms",
+                "<= 50",
+                "the overview's summary p95 with 10M spans stored",
+            ),
+            ("series_p95_ms", "", "ms", "<= 50", "the overview's time series p95 with 10M spans"),
+            ("bytes_per_span", "", "bytes", "", "database bytes per stored span at 10M spans"),
+        )
     ),
     Figure(
         "scale",
-        "sqlite_timeline_p95_ms_10m",
-        "ms",
-        "<= 50",
-        "a request's timeline p95 with 10M spans stored, SQLite",
-    ),
-    Figure(
-        "scale",
-        "sqlite_summary_p95_ms_10m",
-        "ms",
-        "<= 50",
-        "the overview's summary p95 with 10M spans stored, SQLite",
-    ),
-    Figure(
-        "scale",
-        "sqlite_series_p95_ms_10m",
-        "ms",
-        "<= 50",
-        "the overview's time series p95 with 10M spans stored, SQLite",
-    ),
-    Figure(
-        "scale",
-        "sqlite_bytes_per_span_10m",
-        "bytes",
+        "postgres_spans_per_cpu_s_with_server_10m",
+        "spans/CPU-s",
         "",
-        "database bytes per stored span at 10M spans, SQLite",
+        "spans per CPU-second of the backend and the PostgreSQL server together, 10M-span fill",
     ),
     *(
         Figure(
