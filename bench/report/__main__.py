@@ -50,7 +50,8 @@ def run_report(
 
 STANDING = "scale_10m*.jsonl"
 """Figures of runs too long for a report run (the 10M-span fill), kept beside the report: they
-fill expected rows the run did not record; the run's own figures of the same name win."""
+fill expected rows; of two records of one figure the newer wins (a 10M fill run on its own
+after the report's run, on newer code, replaces that run's figure)."""
 
 
 def standing_records(out_dir: Path) -> list[dict]:
@@ -64,13 +65,15 @@ def standing_records(out_dir: Path) -> list[dict]:
     ]
 
 
+def report_records(out_dir: Path) -> list[dict]:
+    """The run's records and the standing ones, oldest first (the newest of a figure wins)."""
+    records = standing_records(out_dir) + load(out_dir / "results.jsonl")
+    return sorted(records, key=lambda record: record.get("time", 0.0))  # stable
+
+
 def write_report(out_dir: Path, machine: Machine, runs: list[BenchRun], command: str) -> Path:
     """README.md and the plots from a run's results (figure names as FIGURES has them now)."""
-    rows = build_rows(
-        runs,
-        standing_records(out_dir) + load(out_dir / "results.jsonl"),
-        quick="--quick" in command,
-    )
+    rows = build_rows(runs, report_records(out_dir), quick="--quick" in command)
     plots = {
         "ratios": plot_ratios(rows, out_dir / "ratios.png"),
         "runs": plot_runs(runs, machine, out_dir / "runs.png"),

@@ -5,7 +5,12 @@ import sys
 import textwrap
 from pathlib import Path
 
-from kvscope.bench.report.__main__ import run_report, standing_records, write_report
+from kvscope.bench.report.__main__ import (
+    report_records,
+    run_report,
+    standing_records,
+    write_report,
+)
 from kvscope.bench.report.benches import BENCHES, BenchSpec
 from kvscope.bench.report.figures import FIGURES, target_met
 from kvscope.bench.report.saved import load_run
@@ -158,3 +163,18 @@ def test_standing_files_fill_only_expected_figures(tmp_path: Path) -> None:
     ]
     (tmp_path / "scale_10m_followup.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     assert [r["metric"] for r in standing_records(tmp_path)] == ["sqlite_summary_p95_ms_10m"]
+
+
+def test_a_standing_figure_newer_than_the_runs_wins(tmp_path: Path) -> None:
+    def line(value: float, time: float) -> str:
+        metric = "sqlite_ingest_10m_over_empty"
+        return json.dumps({"bench": "scale", "metric": metric, "value": value, "time": time})
+
+    (tmp_path / "results.jsonl").write_text(line(1.07, 100.0) + "\n")
+    (tmp_path / "scale_10m_old.jsonl").write_text(line(0.54, 50.0) + "\n")
+    (tmp_path / "scale_10m_new.jsonl").write_text(line(0.99, 200.0) + "\n")
+    rows = {row.metric: row for row in build_rows([], report_records(tmp_path))}
+    assert rows["sqlite_ingest_10m_over_empty"].value == 0.99
+    (tmp_path / "scale_10m_new.jsonl").unlink()
+    rows = {row.metric: row for row in build_rows([], report_records(tmp_path))}
+    assert rows["sqlite_ingest_10m_over_empty"].value == 1.07  # the run's, newer than 0.54
