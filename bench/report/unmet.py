@@ -44,17 +44,14 @@ _INGEST = (
     "decoder that does not build a Python object per attribute); not done."
 )
 _INGEST_WALL = (
-    "The full size stores 1M spans and the rate falls as the database grows (rounds of 20k "
-    "spans at ~22k/s over the first 100k, 11-14k/s past 600k; the 60k-span comparisons in the "
-    "same run reach 19.7-21.3k/s). Measured after the run, the backend alone in one process: "
-    "with OTel's random trace ids its CPU per span grows until ~500k spans (19.5k -> 13.5k "
-    "spans/CPU-s) and then holds; with trace ids that grow batch by batch it holds at ~23k. "
-    "The unique (trace_id, span_id) index takes random inserts and outgrows SQLite's 64 MiB "
-    "page cache (timelines read spans by trace id, so the index stays); a 256 MiB cache gave "
-    "16-17.6k at 1M. Not changed: a larger cache costs memory per connection and only moves "
-    "the knee; trace ids stored as 16 bytes rather than 32 hex characters would shrink the "
-    "index, with a migration. The OTel clients share the two cores (the run reached 0.79 of "
-    "what the cores allow)."
+    "The full size stores 1M spans. With OTel's random trace ids the unique (trace_id, "
+    "span_id) keys took every insert at a random place and the rate fell as the database "
+    "grew (11-14k/s past 600k in the report's run). Those keys are now led by the span's time "
+    "(schema 8): the same bench at 1M spans, alone on the machine, gave 19.5k spans/s wall and "
+    "17.5k per backend CPU-second (docs/bench/logs/ingest_time_keys.log), and a 10M fill "
+    "holds its rate (docs/bench/scale_10m.md). What is left is CPU: the OTel clients share "
+    "the two cores with the backend, and the backend's own cost per span is the 30k target's "
+    "note."
 )
 NOTES: dict[tuple[str, str], str] = {
     ("ingest", "sqlite_spans_per_s"): _INGEST_WALL,
