@@ -185,8 +185,10 @@ class PairedEngines:
         for _, conn in self._workers.values():
             with contextlib.suppress(OSError):
                 conn.send(("stop",))
+        # A profiled engine writes its profiles before it exits (bench/profiles.py).
+        stop_timeout_s = 120 if any(spec.profile_dir for spec in self.specs) else 30
         for process, _ in self._workers.values():
-            process.join(timeout=30)
+            process.join(timeout=stop_timeout_s)
             if process.is_alive():
                 process.kill()
                 process.join(timeout=10)

@@ -97,17 +97,24 @@ def self_times(root) -> dict[str, float]:
 
 def inclusive_times(root) -> dict[str, float]:
     """Seconds spent in each function and its callees, summed over the tree (a recursive
-    call counted once: only the outermost on each path)."""
+    call counted once: only the outermost on each path). One pass: a function's count on the
+    current path goes up as the walk enters a frame and down as it leaves."""
     totals: Counter[str] = Counter()
-    stack = [(root, frozenset())] if root is not None else []
+    on_path: Counter[str] = Counter()
+    stack = [(root, True)] if root is not None else []
     while stack:
-        frame, above = stack.pop()
+        frame, entering = stack.pop()
         if frame.is_synthetic:
             continue
         name = _name(frame)
-        if name not in above:
+        if not entering:
+            on_path[name] -= 1
+            continue
+        if not on_path[name]:
             totals[name] += frame.time
-        stack.extend((child, above | {name}) for child in frame.children)
+        on_path[name] += 1
+        stack.append((frame, False))
+        stack.extend((child, True) for child in frame.children)
     return dict(totals.most_common())
 
 
