@@ -199,9 +199,9 @@ def compare(first: Path, second: Path, top: int = TOP) -> str:
         f"per {unit}: {a} {total[0]:.1f} ms, {b} {total[1]:.1f} ms "
         f"(over {ours['batches']:g} and {theirs['batches']:g})",
         "",
-        *_table("package", a, b, [_by_package(arm) for arm in per_batch], top, unit),
+        *_table("package (own time)", a, b, [_by_package(arm) for arm in per_batch], top, unit),
         "",
-        *_table("function", a, b, per_batch, top, unit),
+        *_table("function (own time)", a, b, per_batch, top, unit),
     ]
     inclusive = [
         {
@@ -212,7 +212,10 @@ def compare(first: Path, second: Path, top: int = TOP) -> str:
         for arm in (ours, theirs)
     ]
     if inclusive[0] or inclusive[1]:
-        lines += ["", *_table("kvscope function (with callees)", a, b, inclusive, top, unit)]
+        lines += [
+            "",
+            *_table("kvscope or OTel function (with callees)", a, b, inclusive, top, unit),
+        ]
     return "\n".join(lines)
 
 
@@ -234,7 +237,7 @@ def _table(
         key=lambda n: arms[0].get(n, 0) - arms[1].get(n, 0),
         reverse=True,
     )
-    lines = [f"| {kind} (own time) | {a} ms/{unit} | {b} ms/{unit} | difference |"]
+    lines = [f"| {kind} | {a} ms/{unit} | {b} ms/{unit} | difference |"]
     lines.append("| --- | --- | --- | --- |")
     for name in names[:top]:
         x, y = (arm.get(name, 0) * 1e3 for arm in arms)
