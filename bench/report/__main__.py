@@ -48,10 +48,10 @@ def run_report(
     return write_report(out_dir, machine, runs, command)
 
 
-STANDING = "scale_10m*.jsonl"
-"""Figures of runs too long for a report run (the 10M-span fill), kept beside the report: they
-fill expected rows; of two records of one figure the newer wins (a 10M fill run on its own
-after the report's run, on newer code, replaces that run's figure)."""
+STANDING = ("scale_10m*.jsonl", "scale_out*.jsonl")
+"""Figures of runs made outside a report run (the 10M-span fills, the scale-out bench's own
+runs), kept beside the report: they fill expected rows; of two records of one figure the newer
+wins (a run on its own after the report's run, on newer code, replaces that run's figure)."""
 
 
 def standing_records(out_dir: Path) -> list[dict]:
@@ -59,7 +59,8 @@ def standing_records(out_dir: Path) -> list[dict]:
     expected = {(figure.bench, figure.metric) for figure in FIGURES}
     return [
         record
-        for path in sorted(out_dir.glob(STANDING))
+        for pattern in STANDING
+        for path in sorted(out_dir.glob(pattern))
         for record in load(path)
         if (record["bench"], canonical(record["bench"], record["metric"])) in expected
     ]

@@ -21,14 +21,16 @@ _SCATTERED = (
     "layout's cost, not the engine's."
 )
 _TRACING = (
-    "One span costs ~15 us to record (the OTel SDK's start and end ~10 us, attribute checks "
-    "~3 us, kvscope ~2.5 us: the bench's `span_cost_*` figures) and a batch makes ~90, so "
-    "recording is ~0.3% of a ~0.4 s batch; the traced batch also pays for encoding and sending "
-    "its spans before it ends (encoding written straight to protobuf wire format, "
-    "traces/sdk/otlp_proto.py). The rest of the gap is not explained by those costs; the rounds "
-    "spread 0.7-1.5 on this 2-core VM (the control arm's spread is as wide), so a 1% effect "
-    "needs more rounds than `make bench` has time for, and aggregated vs per-layer disagree in "
-    "their order between runs."
+    "Profiled (tracing_overhead --profile, 30 rounds, docs/bench/profiles.md): tracing's own "
+    "code is ~2% of a batch in both layer modes (kvscope's hook wrappers 14-16 ms and the OTel "
+    "SDK 7-9 ms of 1.1-1.2 s, under pyinstrument), most of the gap; the `span_cost_*` figures "
+    "(~15 us a span, ~90 spans a batch) count only spans, not the wrappers run on every call of "
+    "every step. Half of the SDK's span start is validating attributes, four of them the same "
+    "on every span (connector, role, engine id, KV role). The aggregated engine's traced arm "
+    "also spent +41 ms in vLLM's and torch's frames against the control's -16 ms: the export "
+    "thread's GIL time, likeliest (py-spy --gil over every thread is the next profile). The "
+    "rounds spread 0.7-1.5 on this 2-core VM, so a 1% effect needs more rounds than `make "
+    "bench` has time for."
 )
 _INGEST = (
     "Tried: group commit across concurrent export requests (KVSCOPE_BACKEND_GROUP_COMMIT), "
@@ -53,7 +55,17 @@ _INGEST_WALL = (
     "the two cores with the backend, and the backend's own cost per span is the 30k target's "
     "note."
 )
+_POSTGRES_SUMMARY = (
+    "Timed statement by statement at 5.6M spans: 38 of the summary's ~62 ms are the window's "
+    "span count (`SELECT COUNT(*) FROM span` on start_ns), an index-only scan that fetches "
+    "the heap for every row (EXPLAIN ANALYZE: 120,521 heap fetches for 120,001 rows): the "
+    "newest rows are not all-visible until autovacuum's insert-driven pass, and a live window "
+    "is always the newest rows. SQLite answers the same count from its index in ~7 ms. The way "
+    "out is to count a window's spans from rollups (a statement-level trigger with a transition "
+    "table on PostgreSQL); not done (docs/bench/scale_10m.md, seventh run)."
+)
 NOTES: dict[tuple[str, str], str] = {
+    ("scale", "postgres_summary_p95_ms_10m"): _POSTGRES_SUMMARY,
     ("ingest", "sqlite_spans_per_s"): _INGEST_WALL,
     ("copy_bandwidth", "store_over_raw_contiguous"): _COPY,
     ("copy_bandwidth", "load_over_raw_contiguous"): _COPY,

@@ -163,6 +163,12 @@ def test_standing_files_fill_only_expected_figures(tmp_path: Path) -> None:
     ]
     (tmp_path / "scale_10m_followup.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     assert [r["metric"] for r in standing_records(tmp_path)] == ["sqlite_summary_p95_ms_10m"]
+    scale_out = {"bench": "scale_out", "metric": "spans_per_s_2_backends_over_1", "value": 1.5}
+    (tmp_path / "scale_out.jsonl").write_text(json.dumps(scale_out) + "\n")
+    assert [r["metric"] for r in standing_records(tmp_path)] == [
+        "sqlite_summary_p95_ms_10m",
+        "spans_per_s_2_backends_over_1",
+    ]
 
 
 def test_a_standing_figure_newer_than_the_runs_wins(tmp_path: Path) -> None:
