@@ -137,9 +137,12 @@ class PySpy:
         command = [found, "record", "--pid", str(self.pid), "--rate", str(self.rate_hz)]
         command += ["--format", "raw", "--nonblocking", "-o", str(self.raw)]
         self.raw.parent.mkdir(parents=True, exist_ok=True)
-        self._process = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
+        try:
+            self._process = subprocess.Popen(
+                command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+        except FileNotFoundError:  # no py-spy: the bench goes on unprofiled (stop says so)
+            self._process = None
         self._started = time.perf_counter()
 
     def stop(self, arm: str) -> Path | None:
