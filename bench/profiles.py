@@ -21,6 +21,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -132,17 +133,25 @@ class PySpy:
         self._process: subprocess.Popen | None = None
         self._started = 0.0
 
-    def start(self) -> None:
+    def start(self, timeout_s: float = 10.0) -> None:
+        """Starts py-spy and returns once it samples (it says so), so that what follows is
+        recorded however briefly it runs; without py-spy the bench goes on unprofiled."""
         found = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or "py-spy"
         command = [found, "record", "--pid", str(self.pid), "--rate", str(self.rate_hz)]
         command += ["--format", "raw", "--nonblocking", "-o", str(self.raw)]
         self.raw.parent.mkdir(parents=True, exist_ok=True)
         try:
             self._process = subprocess.Popen(
-                command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+                command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
             )
-        except FileNotFoundError:  # no py-spy: the bench goes on unprofiled (stop says so)
+        except FileNotFoundError:
             self._process = None
+            return
+        sampling = threading.Event()
+        threading.Thread(
+            target=_read_until_exit, args=(self._process.stdout, sampling), daemon=True
+        ).start()
+        sampling.wait(timeout_s)
         self._started = time.perf_counter()
 
     def stop(self, arm: str) -> Path | None:
@@ -161,6 +170,14 @@ class PySpy:
         if not self.raw.exists():
             return None
         return from_py_spy(self.raw, arm, duration_s, self.rate_hz)
+
+
+def _read_until_exit(stream, sampling: threading.Event) -> None:
+    """Drains py-spy's output; sets `sampling` at its 'Sampling process ...' line."""
+    for line in stream:
+        if "Sampling process" in line:
+            sampling.set()
+    sampling.set()  # exited: nothing to wait for
 
 
 def from_py_spy(raw: Path, arm: str, duration_s: float, rate_hz: int) -> Path:
