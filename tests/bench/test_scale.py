@@ -23,8 +23,10 @@ def test_a_small_fill_measures_reads_and_compares_its_ends(tmp_path, capsys, mon
     assert "profile, last tenth against first (py-spy, every thread):" in out
     last = json.loads((tmp_path / "profiles" / "sqlite-last.json").read_text())
     assert last["arm"] == "last tenth" and last["unit"] == "s"
-    # The recording saw the backend's decode or write at work (every thread sampled).
-    assert any("backend/" in name for name in last["functions"])
+    # What py-spy sampled is not asserted: a smoke fill's tenth lasts about 100 ms, and under the
+    # suite's load it may hold no sample at all (CI saw one without a backend frame). That py-spy's
+    # samples name the functions at work is test_profiles' check, on a process of known work.
+    assert isinstance(last["functions"], dict)
 
 
 @pytest.mark.skipif(not POSTGRES_URL, reason=SKIP_POSTGRES)
