@@ -10,6 +10,7 @@ from kvscope.backend.db import (
     models,  # noqa: F401  (registers the tables on SQLModel.metadata)
     read_schema,
     rollups,
+    span_counts,
     time_keys,
 )
 from kvscope.backend.db.identities import migrate_ids_to_bigint, widen_ids
@@ -40,6 +41,11 @@ MIGRATIONS: list[Migration] = [
     (6, "per-second series rollups kept by triggers; lookups by request", rollups.migrate),
     (7, "token accounting: lookups' local hits", read_schema.add_missing),
     (8, "span-derived tables' unique keys led by time, not by random trace ids", time_keys.migrate),
+    (
+        9,
+        "spans per second in the rollups; the span table's narrow time index dropped",
+        span_counts.migrate,
+    ),
 ]
 
 MIGRATION_LOCK = 0x6B7673636F7065  # 'kvscope'

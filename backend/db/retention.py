@@ -8,6 +8,9 @@ so the writer lock is never held for long.
 
 from sqlalchemy import Connection, text
 
+from kvscope.backend.db import span_counts
+from kvscope.backend.db.rollups import RESOLUTION_NS
+
 MAX_AGE_S = 1e11
 """Longer than anything a signed 64-bit nanosecond time can hold back from now."""
 
@@ -17,10 +20,12 @@ BATCH = 20_000
 # Two statements: SQLite answers MIN or MAX alone from the key's ends, both at once by a scan.
 _LOWEST_SPAN_ID = text("SELECT MIN(id) FROM span")
 _HIGHEST_SPAN_ID = text("SELECT MAX(id) FROM span")
-_SPANS_UP_TO = text("DELETE FROM span WHERE id <= :upto")
+# Each returns the deleted spans' start times: they leave the per-second span counts too.
+_SPANS_UP_TO = text("DELETE FROM span WHERE id <= :upto RETURNING start_ns")
 _SPANS_BEFORE = text(
     "DELETE FROM span WHERE id IN "
-    "(SELECT id FROM span WHERE start_ns < :before ORDER BY start_ns LIMIT :batch)"
+    "(SELECT id FROM span WHERE start_ns < :before ORDER BY start_ns LIMIT :batch) "
+    "RETURNING start_ns"
 )
 _OLDEST_SPAN = text("SELECT MIN(start_ns) FROM span")
 
@@ -35,7 +40,9 @@ _DERIVED = (
     ("kv_request", "end_ns IS NOT NULL AND end_ns < :before"),
     ("lease", "ended_ns IS NOT NULL AND ended_ns < :before"),
     ("block", "state = 'evicted' AND updated_ns < :before"),
-    ("series_rollup", "bucket_ns < :before"),
+    # A second's rollup goes once all of it is older: the span counts of the second that
+    # holds the oldest span kept are still read.
+    ("series_rollup", f"bucket_ns < :before - {RESOLUTION_NS}"),
 )
 _DERIVED_DELETES = tuple(
     text(f"DELETE FROM {table} WHERE id IN (SELECT id FROM {table} WHERE {where} LIMIT :batch)")
@@ -53,19 +60,25 @@ def prune_step(
 ) -> tuple[int, bool]:
     """One bounded step: (spans removed, whether more is left to remove)."""
     before = cutoff_ns(max_age_s, now_ns)
-    removed = connection.execute(_SPANS_BEFORE, {"before": before, "batch": batch}).rowcount
-    more = removed >= batch
+    starts = _deleted(connection, _SPANS_BEFORE, {"before": before, "batch": batch})
+    more = len(starts) >= batch
     low = connection.execute(_LOWEST_SPAN_ID).scalar()
     high = connection.execute(_HIGHEST_SPAN_ID).scalar()
     if low is not None and high - low + 1 > max_spans:
         upto = min(high - max_spans, low + batch - 1)
-        removed += connection.execute(_SPANS_UP_TO, {"upto": upto}).rowcount
+        starts += _deleted(connection, _SPANS_UP_TO, {"upto": upto})
         more = more or upto < high - max_spans
+    span_counts.remove(connection, starts)
+    removed = len(starts)
     oldest = connection.execute(_OLDEST_SPAN).scalar()
     derived_before = max(before, oldest if oldest is not None else now_ns)
     # Always: a few probes of time indexes, and derived rows left by an earlier step go too.
     more = _prune_derived(connection, derived_before, batch) or more
     return removed, more
+
+
+def _deleted(connection: Connection, statement, parameters: dict) -> list[int]:
+    return [start for (start,) in connection.execute(statement, parameters)]
 
 
 def _prune_derived(connection: Connection, before_ns: int, batch: int) -> bool:

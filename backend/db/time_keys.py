@@ -5,8 +5,8 @@ are random: a unique index led by them takes every insert at a random place, and
 outgrows the page cache each batch reads and rewrites pages all over it (a 10M-span fill ended
 at 0.54 of its empty-database rate). The same key led by the row's own time appends, and a
 retry carries the same times, so it still matches. The derived tables' time indexes are then
-that key's first column, and go; the span table keeps its narrow one, which the summary counts
-a window's spans on (a third of the pages the wide key would read).
+that key's first column, and go; the span table kept its narrow one for the summary's count
+until migration 9 moved that count to the rollups (backend/db/span_counts.py).
 """
 
 from sqlalchemy import Connection, Table, inspect, text

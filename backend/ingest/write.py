@@ -4,7 +4,7 @@ import json
 
 from sqlalchemy import Connection
 
-from kvscope.backend.db import request_locks, seqs
+from kvscope.backend.db import request_locks, seqs, span_counts
 from kvscope.backend.db.bulk import DO_NOTHING, BulkCursor
 from kvscope.backend.db.models import (
     Block,
@@ -22,6 +22,8 @@ from kvscope.backend.ingest.facts import Facts
 from kvscope.backend.ingest.record import SERVICE_NAME, clean
 from kvscope.backend.ingest.span_row import SPAN_COLUMNS
 from kvscope.traces import names
+
+_START, _RECEIVED = SPAN_COLUMNS.index("start_ns"), SPAN_COLUMNS.index("received_ns")
 
 STAGED_TABLES = tuple(
     model.__table__ for model in (Span, TimelinePoint, Request, Transfer, Failure, Lookup, Latency)
@@ -89,6 +91,8 @@ def write_rows(connection: Connection, facts: Facts, resources: dict, now_ns: in
     request_keyed = facts.request_stubs + facts.requests + facts.points + facts.lookups
     request_locks.lock(writer, request_keyed)
     new_spans = writer.insert(Span.__table__, SPAN_COLUMNS, facts.spans)
+    times = [(row[_START], row[_RECEIVED]) for row in facts.spans]
+    span_counts.add_stored(writer, times, new_spans)
     _insert_dicts(writer, Request.__table__, facts.request_stubs)
     if facts.requests:
         updates = ", ".join(

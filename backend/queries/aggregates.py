@@ -70,7 +70,6 @@ REQUESTS_BY_STATUS = text(
     "SELECT status, COUNT(*) FROM kv_request "
     "WHERE start_ns >= :since AND start_ns < :until GROUP BY status"
 )
-SPANS_IN_WINDOW = text("SELECT COUNT(*) FROM span WHERE start_ns >= :since AND start_ns < :until")
 LEASES_HELD = text("SELECT COUNT(*) FROM lease WHERE ended_ns IS NULL")
 BLOCKS_BY_STATE = text("SELECT tier, state, COUNT(*) FROM block GROUP BY tier, state")
 

@@ -4,6 +4,7 @@ import time
 
 from fastapi import APIRouter, Query
 
+from kvscope.backend.db import span_counts
 from kvscope.backend.db.rollups import RESOLUTION_NS
 from kvscope.backend.deps import SessionDep, SettingsDep, TokenDep
 from kvscope.backend.queries import aggregates as sql
@@ -62,7 +63,7 @@ def summary(session: SessionDep, settings: SettingsDep, window_s: WindowS = 300.
         failures=failures,
         leases_active=connection.execute(sql.LEASES_HELD).scalar_one(),
         blocks=blocks,
-        spans=connection.execute(sql.SPANS_IN_WINDOW, bounds).scalar_one(),
+        spans=span_counts.in_window(connection, bounds["since"], bounds["until"]),
         streams_incomplete=len({g.origin for g in certainty.gaps(session, settings.gap_grace_s)}),
         tiers_bypassed=sum(t.state != "healthy" for t in tiers.latest(connection)),
     )

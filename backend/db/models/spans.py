@@ -12,7 +12,7 @@ class SpanBase(SQLModel):
     parent_span_id: str | None = Field(default=None, max_length=16)
     name: str
     kind: int = 0
-    start_ns: int = int64_column(index=True, nullable=False)
+    start_ns: int = int64_column(nullable=False)
     end_ns: int = int64_column(nullable=False)
     status_code: int = 0
     status_message: str | None = None

@@ -6,7 +6,7 @@ import re
 import pytest
 from sqlalchemy import text
 
-from kvscope.backend.db import liveness, retention
+from kvscope.backend.db import liveness, retention, span_counts
 from kvscope.backend.db.engine import make_engine
 from kvscope.backend.db.migrations import migrate
 from kvscope.backend.queries import aggregates
@@ -29,10 +29,11 @@ WINDOWED = {
         "TRANSFERS_BY_DIRECTION",
         "LEASES_IN_WINDOW",
         "REQUESTS_BY_STATUS",
-        "SPANS_IN_WINDOW",
         "LEASES_HELD",
     )
 }
+WINDOWED["SPANS_ROLLED"] = span_counts.ROLLED
+WINDOWED["SPANS_COUNTED"] = span_counts.COUNTED
 RETENTION = {
     "spans_before": retention._SPANS_BEFORE,
     "spans_up_to": retention._SPANS_UP_TO,
