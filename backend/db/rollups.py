@@ -170,25 +170,42 @@ def _with_new(old: str, mine: str) -> str:
     return f"CASE WHEN {mine} AND ({old} IS NULL OR NEW.time_ns < {old}) THEN NEW.time_ns ELSE {old} END"  # noqa: E501
 
 
+def _fence(postgres: bool) -> str:
+    """Keeps a subquery whole: without it the planner may pull the subquery up and copy its
+    expressions, correlated lookups included, into every reference the outer query makes."""
+    return "OFFSET 0" if postgres else "LIMIT -1 OFFSET 0"
+
+
 def point_statements(postgres: bool) -> list[str]:
     """The request's KV wait before and after this point: the old one out, the new one in."""
     allocated = "NEW.point = 'blocks_allocated'"
+    fence = _fence(postgres)
+    # The request's first allocation and first load before this point, looked up once.
     state = (
         f"(SELECT {_first(_ALLOCATED, postgres)} AS a0, "
-        f"{_first(f'IN {_LOADED}', postgres)} AS l0) s"
+        f"{_first(f'IN {_LOADED}', postgres)} AS l0 {fence}) s"
     )
     # Only a point earlier than its kind's first changes the wait.
     changed = f"(CASE WHEN {allocated} THEN s.a0 ELSE s.l0 END)"
-    changed = f"WHERE {changed} IS NULL OR NEW.time_ns < {changed}"
+    changed = f"{changed} IS NULL OR NEW.time_ns < {changed}"
+    # The old pair (sign -1) and the new one (sign 1), both from the one state row.
+    signs = "(SELECT -1 AS sign UNION ALL SELECT 1) n"
     pairs = (
-        f"SELECT s.a0 AS a, s.l0 AS l, -1 AS sign FROM {state} {changed} UNION ALL "
-        f"SELECT {_with_new('s.a0', allocated)}, {_with_new('s.l0', f'NOT ({allocated})')}, 1 "
-        f"FROM {state} {changed}"
+        "SELECT CASE WHEN n.sign < 0 THEN s.a0 ELSE "
+        f"{_with_new('s.a0', allocated)} END AS a, "
+        "CASE WHEN n.sign < 0 THEN s.l0 ELSE "
+        f"{_with_new('s.l0', f'NOT ({allocated})')} END AS l, n.sign AS sign "
+        f"FROM {state} CROSS JOIN {signs} WHERE {changed} {fence}"
     )
-    wait = "(CASE WHEN pair.l > pair.a THEN (pair.l - pair.a) / 1e6 ELSE 0 END)"
+    # The wait computed once: the bins' CASE names it twenty-odd times.
+    waits = (
+        "SELECT pair.a AS a, pair.sign AS sign, "
+        "(CASE WHEN pair.l > pair.a THEN (pair.l - pair.a) / 1e6 ELSE 0 END) AS wait "
+        f"FROM ({pairs}) pair WHERE pair.a IS NOT NULL AND pair.l IS NOT NULL {fence}"
+    )
     binned = (
-        f"SELECT pair.a - pair.a % {_R} AS b, CAST({bin_sql(wait, postgres)} AS TEXT) AS w, "
-        f"pair.sign AS sign FROM ({pairs}) pair WHERE pair.a IS NOT NULL AND pair.l IS NOT NULL"
+        f"SELECT w.a - w.a % {_R} AS b, CAST({bin_sql('w.wait', postgres)} AS TEXT) AS w, "
+        f"w.sign AS sign FROM ({waits}) w"
     )
     # The old wait out and the new one in may fall in one bucket and bin: one row for both, as
     # PostgreSQL's upsert may not touch a row twice in one statement.
