@@ -48,10 +48,11 @@ def run_report(
     return write_report(out_dir, machine, runs, command)
 
 
-STANDING = ("scale_10m*.jsonl", "scale_out*.jsonl")
+STANDING = ("scale_10m*.jsonl", "scale_out*.jsonl", "ingest_*.jsonl")
 """Figures of runs made outside a report run (the 10M-span fills, the scale-out bench's own
-runs), kept beside the report: they fill expected rows; of two records of one figure the newer
-wins (a run on its own after the report's run, on newer code, replaces that run's figure)."""
+runs, the ingest bench's at 1M spans), kept beside the report: they fill expected rows; of two
+records of one figure the newer wins (a run on its own after the report's run, on newer code,
+replaces that run's figure)."""
 
 
 def standing_records(out_dir: Path) -> list[dict]:

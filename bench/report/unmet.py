@@ -34,16 +34,17 @@ _TRACING = (
 )
 _INGEST = (
     "Tried: group commit across concurrent export requests (KVSCOPE_BACKEND_GROUP_COMMIT), "
-    "rollups kept by triggers (~3% of the write's CPU), ingest worker processes "
-    "(`sqlite_otel_workers_over_in_process`). Measured by part, one process, 520-span bodies "
-    "into an empty database: protobuf parse + decode + deriving rows ~70k spans per "
-    "CPU-second (decode ~100k, derive ~265k), the same plus the SQLite write (the ingest "
-    "service called directly) ~34k, through the app with an in-process HTTP client ~25k. So "
-    "the write and the decode each cost about as much as the 30k target allows for all of "
-    "ingest, and the server's HTTP path, thread hand-offs and (with workers) the bodies' and "
-    "rows' trips between processes take the rest: the served figure is 15-20k. Reaching 30k "
-    "needs the write and the decode each about twice as fast (fewer rows per span, or a "
-    "decoder that does not build a Python object per attribute); not done."
+    "rollups kept by triggers, ingest worker processes "
+    "(`sqlite_otel_workers_over_in_process`), unique keys led by time (schema 8), the span "
+    "count moved to per-second counts and the KV-wait trigger fenced (schema 9). Measured by "
+    "part on 520-span scale bodies, one process, prepare and commit called directly (100k "
+    "spans): ~35 us a span, ~29k per CPU-second: prepare (protobuf parse, decode, rows) "
+    "15-19 us, the SQLite write 19-21 us (timeline points with the KV-wait trigger ~5.5, "
+    "spans ~4.2, requests 1.5, blocks 1.3, lookups 1.1, transfers 0.8; the trigger alone ~3 "
+    "per span, most of it SQLite's per-firing cost of a trigger with an upsert). The server "
+    "adds HTTP and, with workers, the rows' trip back (pickling 2.2 us a span in the worker, "
+    "unpickling 2.5 in the server): 19.4k served at 1M (docs/bench/ingest_1m.jsonl). Reaching "
+    "30k needs the decode and the write each a third cheaper again; not done."
 )
 _INGEST_WALL = (
     "The full size stores 1M spans. With OTel's random trace ids the unique (trace_id, "
@@ -55,17 +56,7 @@ _INGEST_WALL = (
     "the two cores with the backend, and the backend's own cost per span is the 30k target's "
     "note."
 )
-_POSTGRES_SUMMARY = (
-    "Timed statement by statement at 5.6M spans: 38 of the summary's ~62 ms are the window's "
-    "span count (`SELECT COUNT(*) FROM span` on start_ns), an index-only scan that fetches "
-    "the heap for every row (EXPLAIN ANALYZE: 120,521 heap fetches for 120,001 rows): the "
-    "newest rows are not all-visible until autovacuum's insert-driven pass, and a live window "
-    "is always the newest rows. SQLite answers the same count from its index in ~7 ms. The way "
-    "out is to count a window's spans from rollups (a statement-level trigger with a transition "
-    "table on PostgreSQL); not done (docs/bench/scale_10m.md, seventh run)."
-)
 NOTES: dict[tuple[str, str], str] = {
-    ("scale", "postgres_summary_p95_ms_10m"): _POSTGRES_SUMMARY,
     ("ingest", "sqlite_spans_per_s"): _INGEST_WALL,
     ("copy_bandwidth", "store_over_raw_contiguous"): _COPY,
     ("copy_bandwidth", "load_over_raw_contiguous"): _COPY,

@@ -165,9 +165,12 @@ def test_standing_files_fill_only_expected_figures(tmp_path: Path) -> None:
     assert [r["metric"] for r in standing_records(tmp_path)] == ["sqlite_summary_p95_ms_10m"]
     scale_out = {"bench": "scale_out", "metric": "spans_per_s_2_backends_over_1", "value": 1.5}
     (tmp_path / "scale_out.jsonl").write_text(json.dumps(scale_out) + "\n")
+    ingest = {"bench": "ingest", "metric": "sqlite_spans_per_backend_cpu_s", "value": 2e4}
+    (tmp_path / "ingest_1m.jsonl").write_text(json.dumps(ingest) + "\n")
     assert [r["metric"] for r in standing_records(tmp_path)] == [
         "sqlite_summary_p95_ms_10m",
         "spans_per_s_2_backends_over_1",
+        "sqlite_spans_per_backend_cpu_s",
     ]
 
 
