@@ -2,11 +2,11 @@
 window's count read from them, exactly (whole seconds from the rollup, the two edges counted).
 
 PostgreSQL counts a window of the span table by an index-only scan that still visits the heap
-for every row not yet marked all-visible, and a live window's rows are the newest ones: at 10M
+for every row not yet marked all-visible, and a live window's rows are the newest ones: at 5.6M
 spans the summary's count took 38 ms of its 62. From the rollup it is a range of one small row
-per second. Spans an exporter's retry brought again (ON CONFLICT DO NOTHING) are not counted.
-Each backend process keeps rows of its own (the label): backends sharing a database never wait
-for each other's transactions on one counter row.
+per second per backend. Spans an exporter's retry brought again (ON CONFLICT DO NOTHING) are
+not counted. Each backend process keeps rows of its own (the label): backends sharing a database
+never wait for each other's transactions on one counter row.
 """
 
 import os
