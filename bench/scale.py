@@ -15,8 +15,6 @@ N spans stored.
 import argparse
 import math
 import os
-import random
-import statistics
 import tempfile
 import time
 import uuid
@@ -27,7 +25,6 @@ from pathlib import Path
 from fastapi.testclient import TestClient
 from sqlmodel import Session
 
-from kvscope.backend.db import span_counts
 from kvscope.backend.db.engine import make_engine
 from kvscope.backend.main import create_app
 from kvscope.backend.metrics import database_bytes as stored_bytes
@@ -41,6 +38,7 @@ from kvscope.bench.postgres import (
 )
 from kvscope.bench.profiles import PySpy, compare
 from kvscope.bench.results import record
+from kvscope.bench.scale_reads import count_ways, reads
 from kvscope.bench.scale_spans import Batches
 
 BENCH = "scale"
@@ -158,70 +156,6 @@ def end_rates(stretches: list[tuple[int, float, float]]) -> tuple[float, float]:
     return spans / wall, spans / cpu
 
 
-def p95_ms(client: TestClient, paths: list[str]) -> tuple[float, float]:
-    """(p50, p95) in ms of GETting each path once, in order."""
-    took = []
-    for path in paths:
-        started = time.perf_counter()
-        response = client.get(path)
-        took.append((time.perf_counter() - started) * 1e3)
-        if response.status_code != 200:
-            raise SystemExit(f"GET {path}: {response.status_code} {response.text[:200]}")
-    cuts = statistics.quantiles(took, n=20, method="inclusive")
-    return statistics.median(took), cuts[18]
-
-
-def reads(client: TestClient, samples: int, end_ns: int) -> dict[str, tuple[float, float]]:
-    """The dashboard's reads with everything stored: a request's timeline, summary, series.
-
-    The stored stream ended at end_ns, when the fill began; the fill took a while since. The
-    windows are widened by that lag, so they hold the rows a 300 s (summary) and 900 s
-    (series, 15 s steps) window held when the stream ended: an empty window would time nothing.
-    """
-    newest = client.get("/api/v1/requests", params={"limit": 1}).json()["items"][0]["id"]
-    keys = [random.randint(1, newest) for _ in range(samples)]
-    timelines = [f"/api/v1/requests/{key}/timeline" for key in keys]
-    found = {"timeline": p95_ms(client, [p for p in timelines if _exists(client, p)])}
-    lag_s = max(0.0, (time.time_ns() - end_ns) / 1e9) + samples  # the reads take time too
-    summary = f"/api/v1/stats/summary?window_s={300 + lag_s:.0f}"
-    found["summary"] = p95_ms(client, [summary] * samples)
-    series = f"/api/v1/stats/series?window_s={900 + lag_s:.0f}&step_s=15"
-    found["series"] = p95_ms(client, [series] * samples)
-    print(f"  windows widened by {lag_s:.0f} s (the fill's time): {summary}, {series}")
-    return found
-
-
-def count_ways(url: str, samples: int, since_ns: int, until_ns: int, label: str) -> None:
-    """The summary's span count both ways over one window, alternating: COUNT(*) over the
-    span table (before migration 9) and the per-second rollups with the edges counted."""
-    engine = make_engine(url)
-    took: dict[str, list[float]] = {"table": [], "rollups": []}
-    bounds = {"since": since_ns, "until": until_ns}
-    with engine.connect() as connection:
-        for _ in range(samples):
-            started = time.perf_counter()
-            table = connection.execute(span_counts.COUNTED, bounds).scalar_one()
-            took["table"].append((time.perf_counter() - started) * 1e3)
-            started = time.perf_counter()
-            rolled = span_counts.in_window(connection, since_ns, until_ns)
-            took["rollups"].append((time.perf_counter() - started) * 1e3)
-    engine.dispose()
-    if rolled != table:
-        raise SystemExit(f"the rollups count {rolled:,} spans in the window, the table {table:,}")
-    p95 = {way: statistics.quantiles(ms, n=20, method="inclusive")[18] for way, ms in took.items()}
-    print(
-        f"  window's span count ({table:,} spans): COUNT(*) p95 {p95['table']:.1f} ms, "
-        f"rollups p95 {p95['rollups']:.1f} ms"
-    )
-    note = f"{table:,} spans in the summary's window; alternating, {samples} each"
-    for way, value in p95.items():
-        record(BENCH, label.format(f"window_count_{way}_p95_ms"), value, "ms", "", note)
-
-
-def _exists(client: TestClient, path: str) -> bool:
-    return client.get(path).status_code == 200
-
-
 def database_bytes(url: str) -> int:
     """The SQLite file with its WAL, or PostgreSQL's database size (tables, indexes, TOAST)."""
     if url.startswith("sqlite:///"):
@@ -301,7 +235,14 @@ def run(
                 stored,
             )
     # The window the summary's reads held: the stream's last 300 s, to now.
-    count_ways(url, samples, batches.end_ns - 300 * 10**9, time.time_ns(), label)
+    spans, p95 = count_ways(url, samples, batches.end_ns - 300 * 10**9, time.time_ns())
+    print(
+        f"  window's span count ({spans:,} spans): COUNT(*) p95 {p95['table']:.1f} ms, "
+        f"rollups p95 {p95['rollups']:.1f} ms"
+    )
+    counted = f"{spans:,} spans in the summary's window; alternating, {samples} each"
+    for way, value in p95.items():
+        record(BENCH, label.format(f"window_count_{way}_p95_ms"), value, "ms", "", counted)
     size = database_bytes(url)
     print(f"  database: {size / 2**20:,.0f} MiB, {size / sent:,.0f} bytes per span")
     record(BENCH, label.format("bytes_per_span"), size / sent, "bytes", "", note)

@@ -34,8 +34,9 @@ _UPSERT = (
 _R = RESOLUTION_NS
 
 
-def _add(select: str) -> str:
-    return f"INSERT INTO series_rollup ({_COLUMNS}) {select} {_UPSERT}"
+def add_sql(rows: str) -> str:
+    """Adds rows (a SELECT, or VALUES, of the eight columns in order) to the counters they name."""
+    return f"INSERT INTO series_rollup ({_COLUMNS}) {rows} {_UPSERT}"
 
 
 def bin_sql(value: str, postgres: bool) -> str:
@@ -106,11 +107,11 @@ def lookup_statements(postgres: bool) -> list[str]:
         f"WHERE {_same_key('o', 'NEW', postgres)} "
         "ORDER BY o.time_ns DESC, o.id DESC LIMIT 1"
     )
-    retire = _add(
+    retire = add_sql(
         f"{_hit_row('p', '-')} FROM lookup p WHERE NEW.request_id IS NOT NULL "
         f"AND p.id = ({previous}) AND {_later('NEW', 'p')}"
     )
-    count = _add(
+    count = add_sql(
         f"{_hit_row('NEW', '')} WHERE NEW.request_id IS NULL OR NOT EXISTS "
         f"(SELECT 1 FROM lookup o {_by('ix_lookup_request', postgres)} "
         f"WHERE {_same_key('o', 'NEW', postgres)} "
@@ -121,7 +122,7 @@ def lookup_statements(postgres: bool) -> list[str]:
 
 def prompt_statements(postgres: bool) -> list[str]:
     """A request's prompt length, first known: added to its counted lookups."""
-    counted = _add(
+    counted = add_sql(
         f"SELECT 'hit', l.time_ns - l.time_ns % {_R}, COALESCE(l.engine_id, ''), '', "
         "0, 0, 0, NEW.prompt_tokens FROM lookup l "
         f"{_by('ix_lookup_request', postgres)} WHERE l.request_id = NEW.request_id "
@@ -136,7 +137,7 @@ def prompt_statements(postgres: bool) -> list[str]:
 
 def transfer_statements(postgres: bool) -> list[str]:
     return [
-        _add(
+        add_sql(
             f"SELECT 'bytes', NEW.start_ns - NEW.start_ns % {_R}, COALESCE(NEW.engine_id, ''), "
             "COALESCE(NEW.direction, ''), 1, 0, COALESCE(NEW.bytes, 0), 0"
             + (" WHERE true" if not postgres else "")
@@ -146,7 +147,7 @@ def transfer_statements(postgres: bool) -> list[str]:
 
 def latency_statements(postgres: bool) -> list[str]:
     return [
-        _add(
+        add_sql(
             f"SELECT 'ttft', NEW.time_ns - NEW.time_ns % {_R}, '', "
             f"CAST({bin_sql('NEW.ttft_ms', postgres)} AS TEXT), 1, 0, 0, 0"
             + (" WHERE true" if not postgres else "")
@@ -210,7 +211,7 @@ def point_statements(postgres: bool) -> list[str]:
     # The old wait out and the new one in may fall in one bucket and bin: one row for both, as
     # PostgreSQL's upsert may not touch a row twice in one statement.
     return [
-        _add(
+        add_sql(
             f"SELECT 'kv_wait', k.b, COALESCE(NEW.engine_id, ''), k.w, SUM(k.sign), 0, 0, 0 "
             f"FROM ({binned}) k GROUP BY k.b, k.w HAVING SUM(k.sign) != 0"
         )

@@ -17,23 +17,16 @@ from collections.abc import Iterable
 from sqlalchemy import Connection, text
 
 from kvscope.backend.db.bulk import BulkCursor
-from kvscope.backend.db.rollups import RESOLUTION_NS
+from kvscope.backend.db.rollups import RESOLUTION_NS, add_sql
 
 METRIC = "spans"
 WRITER = f"{socket.gethostname()}:{os.getpid()}"
 """This process's rows (the rollup's label); a count sums every writer's."""
 
-_COUNT = (
-    "INSERT INTO series_rollup "
-    "(metric, bucket_ns, engine_id, label, samples, positives, total, extra) "
-    f"VALUES ('{METRIC}', ?, '', ?, ?, 0, 0, 0) "
-    "ON CONFLICT (metric, bucket_ns, engine_id, label) "
-    "DO UPDATE SET samples = series_rollup.samples + excluded.samples"
-)
+# A second's spans, added to this writer's counter row of that second.
+_COUNT = add_sql(f"VALUES ('{METRIC}', ?, '', ?, ?, 0, 0, 0)")
 # The spans one batch stored, told from those stored before by their received time.
 _STORED_BY = "SELECT start_ns FROM span WHERE start_ns >= ? AND start_ns <= ? AND received_ns = ?"
-
-_COUNT_BOUND = text(_COUNT.replace("?, '', ?, ?", ":second, '', :writer, :n"))
 
 ROLLED = text(
     f"SELECT COALESCE(SUM(samples), 0) FROM series_rollup WHERE metric = '{METRIC}' "
@@ -60,14 +53,18 @@ def add_stored(writer: BulkCursor, spans: list[tuple[int, int]], stored: int) ->
             mine = [start for start, at in spans if at == received]
             found = writer.execute(_STORED_BY, (min(mine), max(mine), received))
             starts.extend(start for (start,) in found)
-    writer.executemany(_COUNT, [(second, WRITER, n) for second, n in per_second(starts)])
+    _add(writer, starts, 1)
 
 
 def remove(connection: Connection, starts: list[int]) -> None:
     """Takes spans that retention deleted (their start times) out of the counts."""
-    counts = [{"second": second, "writer": WRITER, "n": -n} for second, n in per_second(starts)]
-    if counts:
-        connection.execute(_COUNT_BOUND, counts)
+    _add(BulkCursor(connection), starts, -1)
+
+
+def _add(writer: BulkCursor, starts: list[int], sign: int) -> None:
+    rows = [(second, WRITER, sign * n) for second, n in per_second(starts)]
+    if rows:
+        writer.executemany(_COUNT, rows)
 
 
 def in_window(connection: Connection, since_ns: int, until_ns: int) -> int:
@@ -92,10 +89,10 @@ def migrate(connection: Connection) -> None:
     connection.execute(text(f"DELETE FROM series_rollup WHERE metric = '{METRIC}'"))
     connection.execute(
         text(
-            "INSERT INTO series_rollup "
-            "(metric, bucket_ns, engine_id, label, samples, positives, total, extra) "
-            f"SELECT '{METRIC}', {second}, '', :writer, COUNT(*), 0, 0, 0 FROM span "
-            f"GROUP BY {second}"
+            add_sql(
+                f"SELECT '{METRIC}', {second}, '', :writer, COUNT(*), 0, 0, 0 FROM span "
+                f"WHERE true GROUP BY {second}"  # WHERE: SQLite's upsert after a SELECT
+            )
         ),
         {"writer": WRITER},
     )
