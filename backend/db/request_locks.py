@@ -30,14 +30,18 @@ _LOCK_EACH = (
 _LOCK_ALL = "SELECT pg_advisory_xact_lock(?)"
 
 
-def lock(writer: BulkCursor, rows: Iterable[dict]) -> None:
-    """Locks the request (engine_id, request_id) of each row until commit; PostgreSQL only."""
+def lock(writer: BulkCursor, requests: Iterable[tuple[str | None, str | None]]) -> None:
+    """Locks each (engine_id, request_id) until commit; PostgreSQL only (`requests` is not
+    read on SQLite: a generator costs nothing there). A None request_id locks nothing."""
     if not writer.postgres:
         return
-    requests = {
-        (row["engine_id"], row["request_id"]) for row in rows if row["request_id"] is not None
-    }
-    keys = sorted({request_key(*request) for request in requests})
+    keys = sorted(
+        {
+            request_key(engine_id, request_id)
+            for engine_id, request_id in requests
+            if request_id is not None
+        }
+    )
     if len(keys) > MAX_REQUEST_LOCKS:
         writer.execute(_LOCK_ALL, (EVERY_REQUEST,))
     elif keys:

@@ -55,9 +55,8 @@ class SpanChecker:
 
     def __init__(self, limits: Limits):
         self.limits = limits
-        self._small_span_bytes = min(
-            limits.max_attribute_value_bytes // 8, 2 * limits.max_attribute_array_len
-        )
+        # A text of at most this many characters has at most the value limit's bytes in UTF-8.
+        self._short_text = limits.max_attribute_value_bytes // 4
         self.counts: Counter[str] = Counter()
         self.first_detail: dict[str, str] = {}
 
@@ -66,30 +65,22 @@ class SpanChecker:
         self.counts[problem] += 1
         self.first_detail.setdefault(problem, detail)
 
-    def surely_within_limits(self, span, events) -> bool:
-        """True when the span is too small to hold anything over a limit (a cheap check).
-
-        An encoded item takes at least 2 bytes, a string's UTF-8 bytes are all in the
-        encoding, and str() of a key/value list is at most about 5 characters per encoded
-        byte; a span of at most min(value limit / 8, 2 x list limit) bytes, with few enough
-        attributes and events, therefore needs no cutting at all.
-        """
-        limits = self.limits
-        return (
-            span.ByteSize() <= self._small_span_bytes
-            and len(span.attributes) <= limits.max_attributes_per_span
-            and len(events) <= limits.max_events_per_span
-        )
-
     def bounded(self, attributes: dict, span_name: str) -> dict:
         """Attributes cut to the limits; cut keys are listed under TRUNCATED_KEYS."""
         limits = self.limits
+        short_text = self._short_text
+        if len(attributes) <= limits.max_attributes_per_span:
+            for value in attributes.values():
+                kind = type(value)
+                if kind is list or kind is dict or (kind is str and len(value) > short_text):
+                    break
+            else:
+                return attributes  # the usual span: numbers, flags and short texts only
         truncated: list[str] = []
         if len(attributes) > limits.max_attributes_per_span:
             kept = list(attributes)[: limits.max_attributes_per_span]
             truncated.append(f"(+{len(attributes) - len(kept)} attributes dropped)")
             attributes = {key: attributes[key] for key in kept}
-        short_text = limits.max_attribute_value_bytes // 4
         for key, value in attributes.items():
             kind = type(value)
             if not (kind is list or kind is dict or (kind is str and len(value) > short_text)):
@@ -116,6 +107,10 @@ class SpanChecker:
                 return value.encode()[:limit].decode(errors="ignore") + "...[truncated]"
             return value
         if isinstance(value, list):
+            if len(value) <= self.limits.max_attribute_array_len and all(
+                type(item) is int for item in value
+            ):
+                return value  # block ids, token counts: nothing in them to cut
             items = value[: self.limits.max_attribute_array_len]
             bounded = [self._bounded_value(item) for item in items]
             changed = len(items) < len(value) or any(

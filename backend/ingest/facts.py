@@ -10,7 +10,7 @@ class Facts:
     spans: list[tuple] = field(default_factory=list)
     requests: list[dict] = field(default_factory=list)
     request_stubs: list[dict] = field(default_factory=list)
-    points: list[dict] = field(default_factory=list)
+    points: list[tuple] = field(default_factory=list)  # request_rows.POINT_COLUMNS order
     transfers: list[dict] = field(default_factory=list)
     failures: list[dict] = field(default_factory=list)
     lookups: list[dict] = field(default_factory=list)

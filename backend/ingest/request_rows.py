@@ -20,6 +20,20 @@ _VLLM_CACHED = {
 STATUS_ERROR = 2
 """OTLP's STATUS_CODE_ERROR."""
 
+POINT_COLUMNS = (
+    "trace_id",
+    "span_id",
+    "ordinal",
+    "engine_id",
+    "request_id",
+    "point",
+    "time_ns",
+    "value",
+    "layer",
+)
+"""The timeline point table's columns in the order of timeline_point's tuples (a tuple, not a
+dict: a batch has more points than spans, and each crosses from an ingest worker pickled)."""
+
 
 def request_row(span: SpanRecord, attributes: dict) -> dict:
     """The request table's row of a request span (or, from a hook span, of its request)."""
@@ -90,17 +104,17 @@ def timeline_point(
 ):
     """One timeline point of the span's request; ordinals count within the span."""
     facts.points.append(
-        {
-            "trace_id": span.trace_id,
-            "span_id": span.span_id,
-            "ordinal": len(facts.points) - facts.points_before,
-            "engine_id": span.engine_id,
-            "request_id": request_id or column_text(attributes.get(names.REQUEST_ID)),
-            "point": point,
-            "time_ns": time_ns,
-            "value": value,
-            "layer": layer,
-        }
+        (
+            span.trace_id,
+            span.span_id,
+            len(facts.points) - facts.points_before,  # ordinal
+            span.engine_id,
+            request_id or column_text(attributes.get(names.REQUEST_ID)),
+            point,
+            time_ns,
+            value,
+            layer,
+        )
     )
 
 

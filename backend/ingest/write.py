@@ -1,6 +1,7 @@
 """The write stage: a batch of derived rows into the tables, bulk inserts and order-safe upserts."""
 
 import json
+from collections.abc import Iterator
 
 from sqlalchemy import Connection
 
@@ -20,10 +21,13 @@ from kvscope.backend.db.models import (
 )
 from kvscope.backend.ingest.facts import Facts
 from kvscope.backend.ingest.record import SERVICE_NAME, clean
+from kvscope.backend.ingest.request_rows import POINT_COLUMNS
 from kvscope.backend.ingest.span_row import SPAN_COLUMNS
 from kvscope.traces import names
 
 _START, _RECEIVED = SPAN_COLUMNS.index("start_ns"), SPAN_COLUMNS.index("received_ns")
+_POINT_ENGINE = POINT_COLUMNS.index("engine_id")
+_POINT_REQUEST = POINT_COLUMNS.index("request_id")
 
 STAGED_TABLES = tuple(
     model.__table__ for model in (Span, TimelinePoint, Request, Transfer, Failure, Lookup, Latency)
@@ -88,8 +92,7 @@ def write_rows(connection: Connection, facts: Facts, resources: dict, now_ns: in
     database (an exporter's retry of a stored batch adds none)."""
     writer = BulkCursor(connection, STAGED_TABLES)
     # These rows' rollup triggers read their request's other rows: see request_locks.
-    request_keyed = facts.request_stubs + facts.requests + facts.points + facts.lookups
-    request_locks.lock(writer, request_keyed)
+    request_locks.lock(writer, _requests(facts))
     new_spans = writer.insert(Span.__table__, SPAN_COLUMNS, facts.spans)
     times = [(row[_START], row[_RECEIVED]) for row in facts.spans]
     span_counts.add_stored(writer, times, new_spans)
@@ -102,7 +105,7 @@ def write_rows(connection: Connection, facts: Facts, resources: dict, now_ns: in
         )
         upsert = _REQUEST_UPSERT.format(updates=updates)
         _insert_dicts(writer, Request.__table__, facts.requests, upsert)
-    _insert_dicts(writer, TimelinePoint.__table__, facts.points)
+    writer.insert(TimelinePoint.__table__, POINT_COLUMNS, facts.points)
     _insert_dicts(writer, Transfer.__table__, facts.transfers)
     _insert_dicts(writer, Failure.__table__, facts.failures)
     _insert_dicts(writer, Lookup.__table__, facts.lookups)
@@ -112,6 +115,15 @@ def write_rows(connection: Connection, facts: Facts, resources: dict, now_ns: in
     _upsert_processes(writer, facts, resources, now_ns)
     seqs.merge(writer, facts.seqs, now_ns)
     return new_spans
+
+
+def _requests(facts: Facts) -> Iterator[tuple[str | None, str | None]]:
+    """(engine_id, request_id) of each row whose rollup trigger reads its request's rows."""
+    for rows in (facts.request_stubs, facts.requests, facts.lookups):
+        for row in rows:
+            yield row["engine_id"], row["request_id"]
+    for point in facts.points:
+        yield point[_POINT_ENGINE], point[_POINT_REQUEST]
 
 
 def _insert_dicts(
