@@ -106,9 +106,11 @@ TABLES = {
 }
 
 
-def _write(engine, rows: dict[str, list[dict]], rng: random.Random) -> None:
-    """Every row in shuffled batches of 40, a third of them sent twice (an exporter's retry);
-    each request row once as a 'running' stub (no prompt yet) and once final."""
+def _write(engine, rows: dict[str, list[dict]], rng: random.Random, by_table: bool) -> None:
+    """Every row in shuffled batches, a third of them sent twice (an exporter's retry); each
+    request row once as a 'running' stub (no prompt yet) and once final. Row by row in batches
+    of 40, or as the ingest writes: a batch's rows of one table in one insert, in batches of 400
+    (multi-row statements whose rows' triggers read rows of the same statement)."""
     items = [(kind, row) for kind, kinds in rows.items() for row in kinds]
     items += [
         ("stub", {**row, "end_ns": None, "status": "running", "prompt_tokens": None})
@@ -116,21 +118,29 @@ def _write(engine, rows: dict[str, list[dict]], rng: random.Random) -> None:
     ]
     items += rng.sample(items, len(items) // 3)
     rng.shuffle(items)
-    for first in range(0, len(items), 40):
+    size = 400 if by_table else 40
+    for first in range(0, len(items), size):
+        groups: dict[str, list[dict]] = {}
+        for kind, row in items[first : first + size]:
+            groups.setdefault(kind, []).append(row)
         with engine.begin() as connection:
             writer = BulkCursor(connection)
-            for kind, row in items[first : first + 40]:
-                if kind in ("request", "stub"):
-                    updates = ", ".join(
-                        f"{c} = excluded.{c}" for c in ("end_ns", "status", "prompt_tokens")
-                    )
-                    on_conflict = _REQUEST_UPSERT.format(updates=updates)
-                    if kind == "stub":
-                        on_conflict = DO_NOTHING
-                    writer.insert(Request.__table__, list(row), [tuple(row.values())], on_conflict)
-                else:
-                    table, on_conflict = TABLES[kind]
-                    writer.insert(table, list(row), [tuple(row.values())], on_conflict)
+            if by_table:
+                for kind, kind_rows in groups.items():
+                    _insert(writer, kind, kind_rows)
+            else:
+                for kind, row in items[first : first + size]:
+                    _insert(writer, kind, [row])
+
+
+def _insert(writer: BulkCursor, kind: str, rows: list[dict]) -> None:
+    if kind in ("request", "stub"):
+        updates = ", ".join(f"{c} = excluded.{c}" for c in ("end_ns", "status", "prompt_tokens"))
+        on_conflict = DO_NOTHING if kind == "stub" else _REQUEST_UPSERT.format(updates=updates)
+        table = Request.__table__
+    else:
+        table, on_conflict = TABLES[kind]
+    writer.insert(table, list(rows[0]), [tuple(row.values()) for row in rows], on_conflict)
 
 
 def _raw_hits(connection) -> dict[int, tuple]:
@@ -178,12 +188,16 @@ def _raw_waits(connection) -> dict[int, list[float]]:
     return waits
 
 
-@pytest.fixture(scope="module")
-def stored(database_url):
+@pytest.fixture(scope="module", params=["row_by_row", "by_table"])
+def stored(database_url, request):
     engine = make_engine(database_url)
     migrate(engine)
+    with engine.begin() as connection:  # the other way of writing used this database first
+        for table in ("lookup", "kv_request", "timelinepoint", "transfer", "latency"):
+            connection.execute(text(f"DELETE FROM {table}"))
+        connection.execute(text("DELETE FROM series_rollup"))
     rng = random.Random(20)
-    _write(engine, _rows(rng), rng)
+    _write(engine, _rows(rng), rng, by_table=request.param == "by_table")
     bounds = aggregates.window(T0, T0 + 120 * S, STEP)
     with Session(engine) as session:
         built = series.build(session, bounds, [])
@@ -264,6 +278,7 @@ def test_migration_6_brings_the_rollups_to_an_older_database(tmp_path):
         engine,
         {"lookup": rows["lookup"][:1], **{k: [] for k in rows if k != "lookup"}},
         random.Random(6),
+        by_table=False,
     )
     with engine.connect() as connection:
         found = connection.execute(text("SELECT metric, samples FROM series_rollup")).all()
