@@ -25,7 +25,8 @@ trigger, and more the more indexes that table has (timeline points, with a trigg
 fired: 2.5 us more a row by executemany, 1 in 32-row statements). The ingest write took 16.4
 instead of 19.3 us per span in-process (16 rows did as well, 128 worse). There is one statement
 per table, kept in the driver's statement cache; one per remainder size would be compiled again
-and again."""
+and again. Not PostgreSQL: its upsert refuses to touch one row twice in one statement, and its
+plain inserts go by COPY."""
 
 COPY_MIN_ROWS = 16
 """Below this many rows a COPY round trip costs more than executemany saves."""
