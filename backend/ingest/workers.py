@@ -1,9 +1,9 @@
 """Ingest worker processes: each decodes and derives whole batches off the server's GIL.
 
 Decoding and deriving are pure Python, so one process tops out at one core however many
-exporters send at once. Workers return the rows; the server writes them through its one
-connection (SQLite has a single writer, and a connection per worker would find its page
-cache stale after every other worker's commit).
+exporters send at once. Workers return the rows (marshalled: prepare.to_wire); the server
+writes them through its one connection (SQLite has a single writer, and a connection per
+worker would find its page cache stale after every other worker's commit).
 """
 
 import gc
@@ -17,7 +17,7 @@ from concurrent.futures.process import BrokenProcessPool
 
 from kvscope.backend.ingest.bound import Limits
 from kvscope.backend.ingest.commit import StoreUnavailable
-from kvscope.backend.ingest.prepare import Prepared, prepare
+from kvscope.backend.ingest.prepare import Prepared, from_wire, prepare, to_wire
 
 logger = logging.getLogger(__name__)
 
@@ -53,8 +53,8 @@ def _exit_with(server_pid: int) -> None:
     os._exit(0)
 
 
-def _prepare(body: bytes, content_type: str) -> Prepared:
-    return prepare(body, content_type, _limits)
+def _prepare(body: bytes, content_type: str) -> bytes:
+    return to_wire(prepare(body, content_type, _limits))
 
 
 def _ready() -> bool:
@@ -93,11 +93,12 @@ class IngestPool:
         """Prepares one export request in a worker; its errors come back as raised there."""
         executor = self._executor
         try:
-            return executor.submit(_prepare, body, content_type).result()
+            wire = executor.submit(_prepare, body, content_type).result()
         except BrokenProcessPool:
             # A worker died (killed, out of memory); nothing of the batch was written.
             self._replace(executor)
             raise StoreUnavailable("an ingest worker process died; retry the batch") from None
+        return from_wire(wire)
 
     def _replace(self, broken: ProcessPoolExecutor) -> None:
         with self._lock:

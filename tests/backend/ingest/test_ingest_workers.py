@@ -6,7 +6,12 @@ import time
 import uuid
 
 import pytest
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace.export import SpanExportResult
+
+from kvscope.backend.ingest.body import PROTOBUF
+from kvscope.backend.ingest.bound import Limits
+from kvscope.backend.ingest.prepare import from_wire, prepare, to_wire
 
 from ..story import Process, load_story
 
@@ -53,3 +58,12 @@ def test_a_killed_worker_is_replaced_and_the_batch_retried(backend):
     assert _total(backend, engine_id) == 1
     with backend.client() as client:
         assert client.get("/health").json()["status"] == "ok"
+
+
+def test_a_prepared_batch_comes_back_from_a_worker_unchanged():
+    body = encode_spans(_story_spans("engine-wire", 3)).SerializeToString()
+    prepared = prepare(body, PROTOBUF, Limits())
+    assert prepared.facts.spans and prepared.facts.requests and prepared.resources
+    assert from_wire(to_wire(prepared)) == prepared
+    empty = prepare(b"", PROTOBUF, Limits())
+    assert empty.facts is None and from_wire(to_wire(empty)) == empty
