@@ -1,4 +1,8 @@
-"""FastAPI dependencies: settings, database session, ingest service, bearer-token check."""
+"""FastAPI dependencies: settings, database session, ingest service, bearer-token check.
+
+The ones that only read the app's state are `async def`: FastAPI runs a plain `def`
+dependency in its thread pool, two thread hand-offs a request for an attribute read.
+"""
 
 from collections.abc import Iterator
 from typing import Annotated
@@ -10,7 +14,7 @@ from kvscope.backend.ingest.pipeline import Pipeline
 from kvscope.backend.settings import Settings, token_matches
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
@@ -19,7 +23,7 @@ def get_session(request: Request) -> Iterator[Session]:
         yield session
 
 
-def get_ingest(request: Request) -> Pipeline:
+async def get_ingest(request: Request) -> Pipeline:
     return request.app.state.ingest
 
 
@@ -28,7 +32,7 @@ SessionDep = Annotated[Session, Depends(get_session)]
 IngestDep = Annotated[Pipeline, Depends(get_ingest)]
 
 
-def require_token(request: Request, settings: SettingsDep) -> None:
+async def require_token(request: Request, settings: SettingsDep) -> None:
     if not token_matches(settings, request.headers.get("authorization")):
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED,
