@@ -12,7 +12,7 @@ from kvscope.backend.ingest.facts import Facts
 
 @dataclass(slots=True)
 class Prepared:
-    """An export request decoded and turned into rows, ready to write (and to pickle)."""
+    """An export request decoded and turned into rows, ready to write (and to marshal: to_wire)."""
 
     facts: Facts | None  # None when no span was valid
     resources: dict[str, dict]

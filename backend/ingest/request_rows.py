@@ -32,7 +32,7 @@ POINT_COLUMNS = (
     "layer",
 )
 """The timeline point table's columns in the order of timeline_point's tuples (a tuple, not a
-dict: a batch has more points than spans, and each crosses from an ingest worker pickled)."""
+dict: a batch has more points than spans, and each crosses from an ingest worker marshalled)."""
 
 
 def request_row(span: SpanRecord, attributes: dict) -> dict:
