@@ -26,6 +26,9 @@ from kvscope.harness.nixl_peer import (  # noqa: E402
 
 GIB = 1024**3
 
+READ_TARGET = 0.95
+"""kvscope's READ bandwidth over raw NIXL's, against each raw owner."""
+
 
 def _scattered_block_ids(num_blocks: int, count: int) -> tuple[list[int], list[int]]:
     """Every other block from the owner into a shuffled set of local blocks: real scatter."""
@@ -163,10 +166,10 @@ def _print_bandwidth(ours_s: list[float], raw_s: dict[str, list[float]], nbytes:
     print(f"  {'kvscope NixlTransport (adaptive pollers)':<46}{_summary(ours_s, nbytes)}")
     for mode, label in RAW_LABELS.items():
         ratio = statistics.median(raw_s[mode]) / statistics.median(ours_s)  # inverse of times
-        verdict = "meets" if ratio >= 0.8 else "BELOW"
-        print(f"  kvscope / ({label}): {ratio:.2f} ({verdict} the 0.80 target)")
+        verdict = "meets" if ratio >= READ_TARGET else "BELOW"
+        print(f"  kvscope / ({label}): {ratio:.3f} ({verdict} the {READ_TARGET:.2f} target)")
         metric = "read_over_raw_" + mode.replace("-", "_")  # progress_thread, poll_1ms
-        record("nixl_bandwidth", metric, ratio, "ratio", ">= 0.8", note=label)
+        record("nixl_bandwidth", metric, ratio, "ratio", f">= {READ_TARGET}", note=label)
 
 
 def main() -> None:

@@ -70,7 +70,21 @@ _INGEST_WALL = (
     "the two cores with the backend, and the backend's own cost per span is the 30k target's "
     "note."
 )
+_P2P = (
+    "The target was 0.8 until the performance issue asked for 0.95. Measured 2026-12-05, "
+    "alone on the machine, two runs as shipped: 0.82 and 0.95 against the raw owner's "
+    "progress thread, 0.95 and 0.99 against the raw owner polled every 1 ms; the progress "
+    "thread's arm moves most (medians 4.71-5.27 GiB/s). A run with kvscope polling every 0.25 "
+    "ms instead of 1 gave 0.84 and 0.97 (4.23 against 4.33 GiB/s: the same) and raised the "
+    "owner's CPU while a read is due from 2% to 11%: the poll interval is not what is short. "
+    "The progress thread spins a core even with nothing to move "
+    "(`idle_cpu_raw_owner_progress_thread_pct`), where kvscope's owner polls only while a "
+    "read is due; meeting 0.95 against it every run would mean spinning like it while a read "
+    "is due, not done, as an owner is a serving engine's worker."
+)
 NOTES: dict[tuple[str, str], str] = {
+    ("nixl_bandwidth", "read_over_raw_progress_thread"): _P2P,
+    ("nixl_bandwidth", "read_over_raw_poll_1ms"): _P2P,
     ("ingest", "sqlite_spans_per_s"): _INGEST_WALL,
     ("copy_bandwidth", "store_over_raw_contiguous"): _COPY,
     ("copy_bandwidth", "load_over_raw_contiguous"): _COPY,

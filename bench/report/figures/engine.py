@@ -99,14 +99,14 @@ ENGINE_FIGURES: list[Figure] = [
         "nixl_bandwidth",
         "read_over_raw_progress_thread",
         "ratio",
-        ">= 0.8",
+        ">= 0.95",
         "P2P READ bandwidth over raw NIXL (progress thread)",
     ),
     Figure(
         "nixl_bandwidth",
         "read_over_raw_poll_1ms",
         "ratio",
-        ">= 0.8",
+        ">= 0.95",
         "P2P READ bandwidth over raw NIXL (owner polled every 1 ms)",
     ),
     Figure(
