@@ -35,7 +35,7 @@ def any_value(value) -> object:
         # NaN and infinities are not JSON: keep them readable as text instead of failing reads.
         return number if math.isfinite(number) else str(number)
     if kind == "array_value":
-        return [any_value(item) for item in value.array_value.values]
+        return _array(value.array_value.values)
     if kind == "kvlist_value":
         return {kv.key: any_value(kv.value) for kv in value.kvlist_value.values}
     if kind == "bytes_value":
@@ -65,10 +65,10 @@ def attributes_of(key_values) -> dict:
 
 def _array(values) -> list:
     """An array value's items (block ids, most often: integers, read without a call each)."""
-    items = []
-    for item in values:
-        items.append(item.int_value if item.WhichOneof("value") == "int_value" else any_value(item))
-    return items
+    return [
+        item.int_value if item.WhichOneof("value") == "int_value" else any_value(item)
+        for item in values
+    ]
 
 
 def parse_body(body: bytes, content_type: str) -> pb.ExportTraceServiceRequest:
