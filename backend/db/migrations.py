@@ -7,6 +7,7 @@ from sqlalchemy import Connection, Engine, text
 from sqlmodel import SQLModel
 
 from kvscope.backend.db import (
+    kv_waits,
     models,  # noqa: F401  (registers the tables on SQLModel.metadata)
     read_schema,
     rollups,
@@ -46,6 +47,7 @@ MIGRATIONS: list[Migration] = [
         "spans per second in the rollups; the span table's narrow time index dropped",
         span_counts.migrate,
     ),
+    (10, "KV waits counted by the writer per batch, not by a row trigger", kv_waits.migrate),
 ]
 
 MIGRATION_LOCK = 0x6B7673636F7065  # 'kvscope'

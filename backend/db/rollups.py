@@ -11,8 +11,8 @@ Each row of series_rollup is one (metric, second, engine, label) with four count
   the request's prompt tokens (added when the request row brings them, before or after).
 - bytes: transfers by direction (label): samples = transfers, total = bytes.
 - ttft, kv_wait: histograms, label = the bin of the value in ms (two significant digits,
-  see bin_bounds_ms), samples = values in the bin; a KV wait is a request's first
-  blocks_allocated until its first transfer_complete or resumed, in the allocation's second.
+  see bin_bounds_ms), samples = values in the bin. KV waits are counted by the writer, a
+  batch at a time, not by a trigger (kv_waits).
 """
 
 from sqlalchemy import Connection, event
@@ -155,69 +155,6 @@ def latency_statements(postgres: bool) -> list[str]:
     ]
 
 
-_LOADED = "('transfer_complete', 'resumed')"
-_ALLOCATED = "= 'blocks_allocated'"
-
-
-def _first(kind: str, postgres: bool) -> str:
-    return (
-        f"(SELECT MIN(t.time_ns) FROM timelinepoint t {_by('ix_point_request', postgres)} "
-        "WHERE t.request_id = NEW.request_id "
-        f"AND t.engine_id {_is(postgres)} NEW.engine_id AND t.point {kind} AND t.id != NEW.id)"
-    )
-
-
-def _with_new(old: str, mine: str) -> str:
-    return f"CASE WHEN {mine} AND ({old} IS NULL OR NEW.time_ns < {old}) THEN NEW.time_ns ELSE {old} END"  # noqa: E501
-
-
-def _fence(postgres: bool) -> str:
-    """Keeps a subquery whole: without it the planner may pull the subquery up and copy its
-    expressions, correlated lookups included, into every reference the outer query makes."""
-    return "OFFSET 0" if postgres else "LIMIT -1 OFFSET 0"
-
-
-def point_statements(postgres: bool) -> list[str]:
-    """The request's KV wait before and after this point: the old one out, the new one in."""
-    allocated = "NEW.point = 'blocks_allocated'"
-    fence = _fence(postgres)
-    # The request's first allocation and first load before this point, looked up once.
-    state = (
-        f"(SELECT {_first(_ALLOCATED, postgres)} AS a0, "
-        f"{_first(f'IN {_LOADED}', postgres)} AS l0 {fence}) s"
-    )
-    # Only a point earlier than its kind's first changes the wait.
-    changed = f"(CASE WHEN {allocated} THEN s.a0 ELSE s.l0 END)"
-    changed = f"{changed} IS NULL OR NEW.time_ns < {changed}"
-    # The old pair (sign -1) and the new one (sign 1), both from the one state row.
-    signs = "(SELECT -1 AS sign UNION ALL SELECT 1) n"
-    pairs = (
-        "SELECT CASE WHEN n.sign < 0 THEN s.a0 ELSE "
-        f"{_with_new('s.a0', allocated)} END AS a, "
-        "CASE WHEN n.sign < 0 THEN s.l0 ELSE "
-        f"{_with_new('s.l0', f'NOT ({allocated})')} END AS l, n.sign AS sign "
-        f"FROM {state} CROSS JOIN {signs} WHERE {changed} {fence}"
-    )
-    # The wait computed once: the bins' CASE names it twenty-odd times.
-    waits = (
-        "SELECT pair.a AS a, pair.sign AS sign, "
-        "(CASE WHEN pair.l > pair.a THEN (pair.l - pair.a) / 1e6 ELSE 0 END) AS wait "
-        f"FROM ({pairs}) pair WHERE pair.a IS NOT NULL AND pair.l IS NOT NULL {fence}"
-    )
-    binned = (
-        f"SELECT w.a - w.a % {_R} AS b, CAST({bin_sql('w.wait', postgres)} AS TEXT) AS w, "
-        f"w.sign AS sign FROM ({waits}) w"
-    )
-    # The old wait out and the new one in may fall in one bucket and bin: one row for both, as
-    # PostgreSQL's upsert may not touch a row twice in one statement.
-    return [
-        add_sql(
-            f"SELECT 'kv_wait', k.b, COALESCE(NEW.engine_id, ''), k.w, SUM(k.sign), 0, 0, 0 "
-            f"FROM ({binned}) k GROUP BY k.b, k.w HAVING SUM(k.sign) != 0"
-        )
-    ]
-
-
 # (trigger, table, event, condition on NEW (and OLD), statements)
 TRIGGERS = (
     ("kvscope_rollup_lookup", "lookup", "INSERT", "NEW.child IS NULL", lookup_statements),
@@ -237,13 +174,6 @@ TRIGGERS = (
     ),
     ("kvscope_rollup_bytes", "transfer", "INSERT", "true", transfer_statements),
     ("kvscope_rollup_ttft", "latency", "INSERT", "NEW.ttft_ms IS NOT NULL", latency_statements),
-    (
-        "kvscope_rollup_kv_wait",
-        "timelinepoint",
-        "INSERT",
-        f"NEW.request_id IS NOT NULL AND NEW.point IN ('blocks_allocated', {_LOADED[1:-1]})",
-        point_statements,
-    ),
 )
 
 

@@ -13,6 +13,7 @@ from sqlalchemy import Connection, Table, inspect, text
 from sqlmodel import SQLModel
 
 from kvscope.backend.db import (
+    kv_waits,
     models,  # noqa: F401  (registers the tables on SQLModel.metadata)
     read_schema,
     rollups,
@@ -51,6 +52,7 @@ def migrate(connection: Connection) -> None:
     # Triggers of other tables read these ones: none may exist while a table is missing.
     for name, *_ in rollups.TRIGGERS:
         connection.exec_driver_sql(f"DROP TRIGGER IF EXISTS {name}")
+    kv_waits.drop_trigger(connection)  # a version 7 database has it; 10 would drop it anyway
     for table in tables:
         (key,) = [index.name for index in table.indexes if index.unique]
         if not inspect(connection).has_index(table.name, key):

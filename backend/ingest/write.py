@@ -5,7 +5,7 @@ from collections.abc import Iterator
 
 from sqlalchemy import Connection
 
-from kvscope.backend.db import request_locks, seqs, span_counts
+from kvscope.backend.db import kv_waits, request_locks, seqs, span_counts
 from kvscope.backend.db.bulk import DO_NOTHING, BulkCursor
 from kvscope.backend.db.models import (
     Block,
@@ -105,7 +105,7 @@ def write_rows(connection: Connection, facts: Facts, resources: dict, now_ns: in
         )
         upsert = _REQUEST_UPSERT.format(updates=updates)
         _insert_dicts(writer, Request.__table__, facts.requests, upsert)
-    writer.insert(TimelinePoint.__table__, POINT_COLUMNS, facts.points)
+    kv_waits.insert_points(writer, TimelinePoint.__table__, POINT_COLUMNS, facts.points)
     _insert_dicts(writer, Transfer.__table__, facts.transfers)
     _insert_dicts(writer, Failure.__table__, facts.failures)
     _insert_dicts(writer, Lookup.__table__, facts.lookups)

@@ -105,7 +105,7 @@ def test_migration_9_counts_the_stored_spans_and_drops_the_narrow_index(database
         connection.execute(text("DELETE FROM series_rollup WHERE metric = 'spans'"))
         connection.execute(text("CREATE INDEX ix_span_start_ns ON span (start_ns)"))
         connection.execute(text(f"UPDATE {VERSION_TABLE} SET version = 8"))
-    assert migrate(engine) == latest_version() == 9
+    assert migrate(engine) == latest_version()  # 9 and every later migration ran
     indexes = {index["name"] for index in inspect(engine).get_indexes("span")}
     assert "ix_span_start_ns" not in indexes and "uq_span_time" in indexes
     assert _assert_counts_agree(engine, random.Random(9)) > 0

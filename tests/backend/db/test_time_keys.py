@@ -57,6 +57,16 @@ def _version_7(url: str) -> None:
             connection.exec_driver_sql(f"DROP TABLE {name}")
         old.create_all(connection)
         rollups.install(connection)
+        if engine.dialect.name == "sqlite":
+            # Version 7 also counted KV waits by a trigger reading the points by this index.
+            connection.exec_driver_sql(
+                "CREATE TRIGGER kvscope_rollup_kv_wait AFTER INSERT ON timelinepoint "
+                "FOR EACH ROW BEGIN INSERT INTO series_rollup "
+                "(metric, bucket_ns, engine_id, label, samples, positives, total, extra) "
+                "SELECT 'kv_wait', 0, '', '0', COUNT(*), 0, 0, 0 "
+                "FROM timelinepoint t INDEXED BY ix_point_request "
+                "WHERE t.request_id = NEW.request_id HAVING 0 ON CONFLICT DO NOTHING; END"
+            )
         connection.exec_driver_sql(f"UPDATE {VERSION_TABLE} SET version = 7")
     engine.dispose()
 
