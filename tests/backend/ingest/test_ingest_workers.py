@@ -2,6 +2,8 @@
 
 import os
 import signal
+import subprocess
+import sys
 import time
 import uuid
 
@@ -58,6 +60,50 @@ def test_a_killed_worker_is_replaced_and_the_batch_retried(backend):
     assert _total(backend, engine_id) == 1
     with backend.client() as client:
         assert client.get("/health").json()["status"] == "ok"
+
+
+def test_a_body_a_worker_cannot_read_is_refused_with_its_reason(backend):
+    with backend.client() as client:
+        answer = client.post(
+            "/v1/traces", content=b"\x0a\xff\xff", headers={"Content-Type": PROTOBUF}
+        )
+    assert answer.status_code == 400
+    assert "not a valid OTLP protobuf message" in answer.text
+    assert len(_worker_pids(backend)) == 2  # a bad body is the sender's fault, not the worker's
+
+
+_ORPHAN = """
+import os, signal, time
+from kvscope.backend.ingest.bound import Limits
+from kvscope.backend.ingest.workers import IngestPool
+pool = IngestPool(Limits(), 2)
+pool.warm_up()
+while not pool.ready:
+    time.sleep(0.05)
+print(*(process.pid for process in pool._executor._processes.values()), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_the_workers_of_a_killed_server_exit():
+    server = subprocess.run(
+        [sys.executable, "-c", _ORPHAN], capture_output=True, text=True, timeout=60
+    )
+    assert server.returncode == -signal.SIGKILL, server.stderr
+    pids = [int(pid) for pid in server.stdout.split()]
+    assert len(pids) == 2
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in pids)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return False
 
 
 def test_a_prepared_batch_comes_back_from_a_worker_unchanged():
