@@ -8,8 +8,9 @@ brings such points for, inserts its points, and looks again: only a request whos
 changes the counts (an exporter's retry moves nothing). Taking the wait out and putting it in
 from the two looks is what a row trigger did point by point, summed. The trigger cost 2 us a
 span of the write at 0.7 points a span (SQLite runs a row trigger's program for every row of
-its table; six points in seven were of other kinds); the two looks cost 0.5. The writer holds the requests' locks (request_locks), so another
-backend's batch of the same request waits for this one's commit.
+its table; six points in seven were of other kinds); the two looks cost 0.5. The writer
+holds the requests' locks (request_locks), so another backend's batch of the same request
+waits for this one's commit.
 """
 
 import json

@@ -48,6 +48,11 @@ MIGRATIONS: list[Migration] = [
         span_counts.migrate,
     ),
     (10, "KV waits counted by the writer per batch, not by a row trigger", kv_waits.migrate),
+    (
+        11,
+        "timeline points indexed by time only for vLLM's cached-token counts",
+        lambda connection: read_schema.replace_indexes(connection, ["ix_point_kind_time"]),
+    ),
 ]
 
 MIGRATION_LOCK = 0x6B7673636F7065  # 'kvscope'

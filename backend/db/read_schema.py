@@ -24,3 +24,10 @@ def add_missing(connection: Connection) -> None:
                 )
         for index in table.indexes:
             index.create(connection, checkfirst=True)
+
+
+def replace_indexes(connection: Connection, dropped: list[str]) -> None:
+    """Drops indexes the models no longer declare, then adds what they declare."""
+    for name in dropped:
+        connection.execute(text(f"DROP INDEX IF EXISTS {name}"))
+    add_missing(connection)

@@ -4,9 +4,10 @@ lookup) + computed tokens (the prompt tokens vLLM itself did not count as cached
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel, Field
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, Select, select, text
 
 from kvscope.backend.db.models import Lookup, Request, TimelinePoint
+from kvscope.backend.db.models.requests import CACHED_TOKEN_POINTS
 from kvscope.traces.hit_rate import DEFINITION, hit_rate
 
 LONGEST_REQUEST_NS = 3600 * 10**9
@@ -261,22 +262,27 @@ def _lookups(
     return found
 
 
+def cached_tokens_query(since_ns: int | None, until_ns: int | None) -> Select:
+    """The cached-token points of requests that may overlap [since, until), newest first."""
+    point = TimelinePoint
+    query = select(
+        point.engine_id, point.request_id, point.time_ns, point.point, point.value
+    ).where(text(CACHED_TOKEN_POINTS))  # as written: their partial index's condition
+    if since_ns is not None:
+        query = query.where(point.time_ns >= since_ns - LONGEST_REQUEST_NS)
+    if until_ns is not None:
+        query = query.where(point.time_ns < until_ns + CLOCK_SLACK_NS)
+    return query.order_by(point.time_ns.desc(), point.id.desc())
+
+
 def _vllm_cached(
     connection: Connection, since_ns: int | None, until_ns: int | None
 ) -> dict[tuple[str, str], list[tuple[int, str, int]]]:
     """vLLM's own cached-token counts (timeline points of update_state_after_alloc) per
     (engine, request): (time, point, tokens), newest first (a dict of them keeps the first)."""
-    point = TimelinePoint
-    query = select(
-        point.engine_id, point.request_id, point.time_ns, point.point, point.value
-    ).where(point.point.in_(("vllm_local_cached", "vllm_external_cached")))
-    if since_ns is not None:
-        query = query.where(point.time_ns >= since_ns - LONGEST_REQUEST_NS)
-    if until_ns is not None:
-        query = query.where(point.time_ns < until_ns + CLOCK_SLACK_NS)
     found: dict[tuple[str, str], list[tuple[int, str, int]]] = {}
     for engine_id, request_id, time_ns, name, value in connection.execute(
-        query.order_by(point.time_ns.desc(), point.id.desc())
+        cached_tokens_query(since_ns, until_ns)
     ):
         found.setdefault((engine_id, request_id), []).append((time_ns, name, value))
     return found

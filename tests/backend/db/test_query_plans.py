@@ -9,7 +9,7 @@ from sqlalchemy import text
 from kvscope.backend.db import liveness, retention, span_counts
 from kvscope.backend.db.engine import make_engine
 from kvscope.backend.db.migrations import migrate
-from kvscope.backend.queries import aggregates
+from kvscope.backend.queries import accounting, aggregates
 
 GROWING = {
     *("span", "timelinepoint", "transfer", "failure", "lookup", "latency", "kv_request"),
@@ -84,3 +84,10 @@ def _full_scans(connection, statement) -> list[str]:
 def test_the_statement_reads_an_index_range(connection, name):
     statement = WINDOWED[name] if name in WINDOWED else RETENTION[name]
     assert _full_scans(connection, statement) == []
+
+
+def test_cached_token_points_are_read_by_their_partial_index(connection):
+    query = accounting.cached_tokens_query(1, 2)
+    sql = query.compile(connection, compile_kwargs={"literal_binds": True})
+    plan = [row[-1] for row in connection.execute(text(f"EXPLAIN QUERY PLAN {sql}"))]
+    assert any("USING INDEX ix_point_cached_time" in detail for detail in plan), plan
