@@ -42,7 +42,8 @@ _FIRSTS = (
     f"AND point IN ({_KINDS_SQL}) GROUP BY engine_id, request_id"
 )
 _BY_REQUEST = {
-    # SQLite without statistics picks the index of the point kinds: every allocation stored.
+    # Named for SQLite, which without statistics may pick a worse index (it took one of all
+    # points by kind and time, and read every allocation stored).
     False: _FIRSTS.format(
         by="INDEXED BY ix_point_request", requests="SELECT value FROM json_each(?)"
     ),
