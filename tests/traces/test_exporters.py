@@ -1,5 +1,6 @@
 """kvscope's OTLP exporters against real HTTP and gRPC receivers: bodies, headers, retries."""
 
+import fcntl
 import gzip
 import threading
 import time
@@ -17,8 +18,10 @@ from kvscope.traces.sdk.exporters import (
     DEFAULT_TIMEOUT_S,
     OtlpGrpcExporter,
     OtlpHttpExporter,
+    OtlpJsonFileExporter,
     timeout_from_env,
 )
+from kvscope.traces.sdk.otlp_json import read_spans_file, spans_to_otlp_json
 
 
 class Receiver:
@@ -179,3 +182,31 @@ def test_a_bad_timeout_in_the_environment_is_named_and_the_default_used(monkeypa
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", raw)
     assert timeout_from_env() == DEFAULT_TIMEOUT_S
     assert repr(raw) in caplog.text
+
+
+def test_a_spans_file_is_never_read_with_a_line_half_written(tmp_path):
+    provider = TracerProvider(resource=Resource({"service.name": "file-test"}))
+    memory = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    with provider.get_tracer("t").start_as_current_span("whole", attributes={"a": "x" * 9000}):
+        pass
+    path = tmp_path / "spans.jsonl"
+    OtlpJsonFileExporter(path).export(memory.get_finished_spans())
+    line = spans_to_otlp_json(memory.get_finished_spans()) + "\n"
+    half_written = threading.Event()
+
+    def write_slowly() -> None:  # as a process exporting beside the reader, its lock held
+        with open(path, "a", encoding="utf-8") as out:
+            fcntl.flock(out, fcntl.LOCK_EX)
+            out.write(line[:4000])
+            out.flush()
+            half_written.set()
+            time.sleep(0.3)
+            out.write(line[4000:])
+
+    writer = threading.Thread(target=write_slowly)
+    writer.start()
+    half_written.wait(5)
+    spans = read_spans_file(path)  # waits for the line's end
+    writer.join(5)
+    assert [span["name"] for span in spans] == ["whole", "whole"]

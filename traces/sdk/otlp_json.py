@@ -1,6 +1,7 @@
 """Encodes SDK spans as OTLP/JSON (an ExportTraceServiceRequest), as OTLP/HTTP JSON sends it."""
 
 import base64
+import fcntl
 import json
 from collections.abc import Sequence
 
@@ -61,8 +62,11 @@ def flat_spans(request: dict) -> list[dict]:
 
 
 def read_spans_file(path: str) -> list[dict]:
-    """Every span in a file of OTLP/JSON lines (as OtlpJsonFileExporter writes)."""
+    """Every span in a file of OTLP/JSON lines (as OtlpJsonFileExporter writes), read under a
+    shared lock: the exporter writes each line under an exclusive one, so a line another
+    process is writing is never read half-written."""
     with open(path, encoding="utf-8") as lines:
+        fcntl.flock(lines, fcntl.LOCK_SH)
         return [span for line in lines if line.strip() for span in flat_spans(json.loads(line))]
 
 
