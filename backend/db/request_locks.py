@@ -15,12 +15,13 @@ EVERY_REQUEST = 0x6B767372657173  # 'kvsreqs', beside migrations' MIGRATION_LOCK
 """Held shared by a transaction that locks its requests one by one, exclusive by one that
 locks them all at once."""
 
-# Two backends on one PostgreSQL: the rollup triggers (db/rollups.py) read the other rows of
-# a row's request, and rows of a transaction not yet committed are unseen, so two batches of
-# one request could each count a lookup as the request's last. A transaction locks its
-# requests before its first insert, until commit, all in one statement in one order (unnest
-# reads the array in order: the shared lock first, then keys ascending), so no two can wait for
-# each other; under READ COMMITTED each later statement sees the rows of the one it waited for.
+# Two backends on one PostgreSQL: the rollup triggers (db/rollups.py) and the writer's KV wait
+# reads (db/kv_waits.py) read the other rows of a row's request, and rows of a transaction not
+# yet committed are unseen, so two batches of one request could each count a lookup as the
+# request's last, or a KV wait twice. A transaction locks its requests before its first
+# insert, until commit, all in one statement in one order (unnest reads the array in order: the
+# shared lock first, then keys ascending), so no two can wait for each other; under READ
+# COMMITTED each later statement sees the rows of the one it waited for.
 # SQLite needs none: its one writer at a time takes the write lock at the batch's first insert.
 _LOCK_EACH = (
     "SELECT CASE WHEN n = 1 THEN pg_advisory_xact_lock_shared(key) "

@@ -91,7 +91,8 @@ def write_rows(connection: Connection, facts: Facts, resources: dict, now_ns: in
     """Writes one batch's rows in the caller's transaction; returns the spans new to the
     database (an exporter's retry of a stored batch adds none)."""
     writer = BulkCursor(connection, STAGED_TABLES)
-    # These rows' rollup triggers read their request's other rows: see request_locks.
+    # These rows' rollups (triggers, and kv_waits for points) read their request's other rows:
+    # see request_locks.
     request_locks.lock(writer, _requests(facts))
     new_spans = writer.insert(Span.__table__, SPAN_COLUMNS, facts.spans)
     times = [(row[_START], row[_RECEIVED]) for row in facts.spans]
@@ -118,7 +119,7 @@ def write_rows(connection: Connection, facts: Facts, resources: dict, now_ns: in
 
 
 def _requests(facts: Facts) -> Iterator[tuple[str | None, str | None]]:
-    """(engine_id, request_id) of each row whose rollup trigger reads its request's rows."""
+    """(engine_id, request_id) of each row whose rollup reads its request's rows."""
     for rows in (facts.request_stubs, facts.requests, facts.lookups):
         for row in rows:
             yield row["engine_id"], row["request_id"]
