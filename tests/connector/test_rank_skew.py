@@ -10,7 +10,11 @@ import pytest
 
 from kvscope.harness import configs
 from kvscope.harness.engine import in_process_llm
-from kvscope.harness.engine_state import leaked_device_blocks, scheduler_connector
+from kvscope.harness.engine_state import (
+    engine_scheduler,
+    leaked_device_blocks,
+    scheduler_connector,
+)
 from kvscope.harness.leaks import engine_leaks, worker_leaks
 from kvscope.harness.oracle import greedy_tokens, token_mismatches
 from kvscope.harness.prompts import DISTINCT
@@ -76,11 +80,22 @@ def set_plan(path, plan: dict) -> None:
     os.utime(path, ns=(time.time_ns(), time.time_ns()))  # a new mtime even within one tick
 
 
+def vllm_busy(llm) -> dict:
+    """vLLM's own hold: a request whose store ended in the step it finished is freed a step
+    later, when the workers, told to flush it, report it in finished_sending."""
+    return {"vllm_requests": sorted(engine_scheduler(llm).requests)}
+
+
 def settle(llm, timeout_s: float = 30) -> None:
-    """Steps the idle engine until every store and load was reported by both ranks."""
+    """Steps the idle engine until every store and load was reported by both ranks and vLLM
+    freed every finished request's blocks."""
     offload = scheduler_connector(llm).scheduler
     deadline = time.monotonic() + timeout_s
-    while unsettled := {what: v for what, v in offload.held().items() if v and what in SETTLING}:
+    while unsettled := {
+        what: v
+        for what, v in (offload.held() | vllm_busy(llm)).items()
+        if v and what in (*SETTLING, "vllm_requests")
+    }:
         assert time.monotonic() < deadline, f"never settled: {unsettled}"
         llm.llm_engine.step()
         time.sleep(0.02)
@@ -159,14 +174,15 @@ def test_a_load_failed_on_one_rank_falls_back_on_every_rank(tiny_model, expected
 def settle_multi(llm, timeout_s: float = 30) -> None:
     multi = scheduler_connector(llm)
     deadline = time.monotonic() + timeout_s
-    while busy := multi_busy(multi):
+    while busy := multi_busy(llm, multi):
         assert time.monotonic() < deadline, f"never settled: {busy}"
         llm.llm_engine.step()
         time.sleep(0.02)
 
 
-def multi_busy(multi) -> dict:
+def multi_busy(llm, multi) -> dict:
     """The Multi's loads and each child's stores in flight, by name (all falsy when settled)."""
     busy = {"loads": multi.held()["loads"]}
     busy |= {child.name: child.connector.held()["stores_in_flight"] for child in multi.children}
+    busy |= vllm_busy(llm)
     return {what: value for what, value in busy.items() if value}
