@@ -1,14 +1,15 @@
 """CPU copy backend: one background thread runs jobs in order while the engine computes."""
 
-import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
 
 import torch
 
 from kvscope.connector.cpu_offload.copy.block_copy import load_runs, store_runs
+from kvscope.connector.cpu_offload.copy.cpu_rows import RowTables, load_rows, store_rows
 from kvscope.connector.cpu_offload.copy.engine import (
     CopyEngine,
     CopyJob,
@@ -37,12 +38,22 @@ class CpuCopyEngine(CopyEngine):
     ):
         super().__init__(kv_layers, host_buffer, block_dim)
         self.num_threads: int | None = num_threads
-        # A blocking get() keeps the idle worker asleep instead of spinning.
-        self._jobs: queue.SimpleQueue[CopyJob | None] = queue.SimpleQueue()
-        self._lock: threading.Condition = threading.Condition()
+        # Blocks on the tables' first dim (every raw-row layout): a job's copies in one torch
+        # call, so the worker waits for the GIL once a job, not once a layer (cpu_rows.py).
+        self._rows: RowTables | None = (
+            RowTables.of(self.device_tables, self.host_tables)
+            if self.table_block_dim == 0
+            else None
+        )
+        # One lock; the worker sleeps on _work until a job is queued, waiters on _done.
+        self._mutex: threading.Lock = threading.Lock()
+        self._work: threading.Condition = threading.Condition(self._mutex)
+        self._done: threading.Condition = threading.Condition(self._mutex)
+        self._queue: deque[CopyJob] = deque()
+        self._running: CopyJob | None = None  # taken off the queue, by the worker or a waiter
+        self._copying: int | None = None  # the running job, once its copy began
         self._pending_ids: set[int] = set()
         self._cancelled: set[int] = set()
-        self._copying: int | None = None
         self._finished: list[CopyResult] = []
         self._stopping: threading.Event = threading.Event()
         self._worker: threading.Thread = threading.Thread(
@@ -57,7 +68,7 @@ class CpuCopyEngine(CopyEngine):
         torch.set_num_threads(threads_elsewhere)
 
     def poll(self) -> list[CopyResult]:
-        with self._lock:
+        with self._mutex:
             finished, self._finished = self._finished, []
             pending = bool(self._pending_ids)
         if pending:
@@ -68,11 +79,22 @@ class CpuCopyEngine(CopyEngine):
         return finished
 
     def wait(self, job_id: int, timeout_s: float | None = None) -> bool:
-        with self._lock:
-            return self._lock.wait_for(lambda: job_id not in self._pending_ids, timeout_s)
+        """Without a timeout, a job next in line that the worker has not taken yet is copied
+        on this thread: it blocks anyway (a preempted request's stores, a bench), and copying
+        here spares waking the worker and being woken back, two thread hand-offs a job."""
+        if timeout_s is None and (job := self._take(job_id)) is not None:
+            try:
+                result = self._copy_timed(job)
+            except BaseException:  # interrupted here: the worker must not wait on it forever
+                self._finish(job, job.result(0.0, "interrupted"))
+                raise
+            self._finish(job, result)
+            return True
+        with self._done:
+            return self._done.wait_for(lambda: job_id not in self._pending_ids, timeout_s)
 
     def cancel(self, job_id: int) -> bool:
-        with self._lock:
+        with self._mutex:
             if job_id not in self._pending_ids:
                 return False
             self._cancelled.add(job_id)
@@ -81,12 +103,12 @@ class CpuCopyEngine(CopyEngine):
 
     @property
     def num_pending(self) -> int:
-        with self._lock:
+        with self._mutex:
             return len(self._pending_ids)
 
     def drain(self, timeout_s: float | None = None) -> list[CopyResult]:
-        with self._lock:
-            self._lock.wait_for(lambda: not self._pending_ids, timeout_s)
+        with self._done:
+            self._done.wait_for(lambda: not self._pending_ids, timeout_s)
         return self.poll()
 
     def shutdown(self, timeout_s: float | None = None) -> None:
@@ -95,28 +117,56 @@ class CpuCopyEngine(CopyEngine):
             return
         super().shutdown(timeout_s)
         self._stopping.set()
-        self._jobs.put(None)
+        with self._work:
+            self._work.notify()
         self._worker.join(timeout_s)
 
     def _start(self, job: CopyJob) -> None:
-        with self._lock:
+        with self._work:
             self._pending_ids.add(job.job_id)
-        self._jobs.put(job)
+            self._queue.append(job)
+            self._work.notify()
+
+    def _take(self, job_id: int) -> CopyJob | None:
+        """The job, off the queue, if it is next, nothing runs, and it may copy now."""
+        with self._mutex:
+            if self._running is not None or not self._queue or self._queue[0].job_id != job_id:
+                return None
+            job = self._queue[0]
+            if job.job_id in self._cancelled or job.not_before > time.monotonic():
+                return None
+            self._running = self._queue.popleft()
+            self._copying = job.job_id
+            return job
 
     def _run(self) -> None:
         if self.num_threads is not None:
             torch.set_num_threads(self.num_threads)
         self._worker_ready.set()
-        while (job := self._jobs.get()) is not None:
-            result = self._execute(job)
-            with self._lock:
-                if job.job_id in self._cancelled:  # cancelled while it copied
-                    self._cancelled.discard(job.job_id)
-                    result = replace(result, error="cancelled")
-                self._pending_ids.discard(job.job_id)
-                self._copying = None
-                self._finished.append(result)
-                self._lock.notify_all()
+        while (job := self._next()) is not None:
+            self._finish(job, self._execute(job))
+
+    def _next(self) -> CopyJob | None:
+        """The next job, once no other runs (jobs run one at a time, in order); None once
+        shut down with nothing queued. A blocking wait keeps the idle worker asleep."""
+        with self._work:
+            while self._running is not None or not self._queue:
+                if self._stopping.is_set() and not self._queue and self._running is None:
+                    return None
+                self._work.wait()
+            self._running = self._queue.popleft()
+            return self._running
+
+    def _finish(self, job: CopyJob, result: CopyResult) -> None:
+        with self._mutex:
+            if job.job_id in self._cancelled:  # cancelled while it copied
+                self._cancelled.discard(job.job_id)
+                result = replace(result, error="cancelled")
+            self._pending_ids.discard(job.job_id)
+            self._running = self._copying = None
+            self._finished.append(result)
+            self._done.notify_all()
+            self._work.notify()
 
     def _execute(self, job: CopyJob) -> CopyResult:
         # An injected delay waits in short slices, so a cancel stops it early.
@@ -124,18 +174,27 @@ class CpuCopyEngine(CopyEngine):
             if job.job_id in self._cancelled:
                 break
             self._stopping.wait(min(delay_s, 0.01))
-        with self._lock:
+        with self._mutex:
             if job.job_id in self._cancelled:
                 self._cancelled.discard(job.job_id)
                 return job.result(0.0, "cancelled")
             self._copying = job.job_id
+        return self._copy_timed(job)
+
+    def _copy_timed(self, job: CopyJob) -> CopyResult:
         started = time.perf_counter()
         try:
             if job.fail_reason is not None:
                 raise InjectedFault(job.fail_reason)
-            copy = store_runs if job.direction is Direction.STORE else load_runs
-            num_copies = copy(self.device_tables, self.host_tables, self.table_block_dim, job.runs)
+            num_copies = self._copy(job)
             error = None
         except Exception as exc:  # reported to the caller through poll(), never raised here
             error, num_copies = describe_error(exc), 0
         return job.result(time.perf_counter() - started, error, num_copies)
+
+    def _copy(self, job: CopyJob) -> int:
+        store = job.direction is Direction.STORE
+        if self._rows is not None:
+            return (store_rows if store else load_rows)(self._rows, job.runs)
+        copy = store_runs if store else load_runs
+        return copy(self.device_tables, self.host_tables, self.table_block_dim, job.runs)

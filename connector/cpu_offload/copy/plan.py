@@ -16,7 +16,15 @@ class CopyRun:
     host_start: int
     num_blocks: int
     device_start: int | None  # set when the device ids are consecutive too: a plain slice copy
-    device_block_ids: torch.Tensor  # int64, same length; moved to the KV device before use
+    scattered_ids: torch.Tensor | None = None  # int64, when device_start is None
+
+    @property
+    def device_block_ids(self) -> torch.Tensor:
+        """The run's device block ids, int64; moved to the KV device before a gather."""
+        if self.scattered_ids is not None:
+            return self.scattered_ids
+        assert self.device_start is not None
+        return torch.arange(self.device_start, self.device_start + self.num_blocks)
 
 
 def plan_runs(
@@ -52,7 +60,8 @@ def plan_runs(
     if len(host_breaks) == 0:  # the usual job: one host range
         consecutive = not device_steps_off.any()
         device_start = int(device_ids[0]) if consecutive else None
-        return [CopyRun(int(host_ids[0]), len(host_ids), device_start, device_tensor)]
+        ids = device_tensor if device_start is None else None
+        return [CopyRun(int(host_ids[0]), len(host_ids), device_start, ids)]
     starts = np.concatenate(([0], host_breaks))
     ends = np.concatenate((host_breaks, [len(host_ids)]))
     # device_gaps[i]: how many device-id steps up to position i are not +1.
@@ -64,7 +73,7 @@ def plan_runs(
             host_start=host_start,
             num_blocks=end - start,
             device_start=device_start if is_consecutive else None,
-            device_block_ids=device_tensor[start:end],
+            scattered_ids=None if is_consecutive else device_tensor[start:end],
         )
         for start, end, host_start, device_start, is_consecutive in zip(
             *(column.tolist() for column in columns), strict=True
@@ -83,6 +92,9 @@ def _plan_small(
     num_host_blocks: int,
 ) -> list[CopyRun]:
     """plan_runs for a short job, in plain Python: the same runs, the same errors."""
+    limits = (num_device_blocks, num_host_blocks)
+    if (run := _one_host_range(device_block_ids, host_block_ids, *limits)) is not None:
+        return [run]
     device_ids = _checked_small("device", device_block_ids, num_device_blocks)
     host_ids = _checked_small("host", host_block_ids, num_host_blocks)
     if len(device_ids) != len(host_ids):
@@ -101,10 +113,45 @@ def _plan_small(
         first = device_ids[start]
         consecutive = device_ids[start:end] == list(range(first, first + end - start))
         whole = start == 0 and end == len(host_ids)
-        ids = device_tensor if whole else device_tensor[start:end]
-        runs.append(CopyRun(host_ids[start], end - start, first if consecutive else None, ids))
+        if consecutive:
+            runs.append(CopyRun(host_ids[start], end - start, first))
+        else:
+            ids = device_tensor if whole else device_tensor[start:end]
+            runs.append(CopyRun(host_ids[start], end - start, None, ids))
         start = end
     return runs
+
+
+def _one_host_range(
+    device_block_ids: Sequence[int],
+    host_block_ids: Sequence[int],
+    num_device_blocks: int,
+    num_host_blocks: int,
+) -> CopyRun | None:
+    """The usual job, one range of host ids, checked by whole-list operations instead of id by
+    id (a job comes right after a copy has evicted the caches); None for any other job, bad
+    ids included: the general path names what is wrong with them."""
+    count = len(host_block_ids)
+    if count == 0 or count != len(device_block_ids):
+        return None
+    try:
+        host_start = int(host_block_ids[0])
+        device_array = array("q", device_block_ids)  # TypeError for anything but integers
+    except (TypeError, ValueError, OverflowError):
+        return None
+    if host_start < 0 or host_start + count > num_host_blocks:
+        return None
+    if list(host_block_ids) != list(range(host_start, host_start + count)):
+        return None
+    device_ids = device_array.tolist()
+    device_start = device_ids[0]
+    if min(device_ids) < 0 or max(device_ids) >= num_device_blocks:
+        return None
+    if device_ids == list(range(device_start, device_start + count)):
+        return CopyRun(host_start, count, device_start)
+    if len(set(device_ids)) != count:
+        return None
+    return CopyRun(host_start, count, None, torch.frombuffer(device_array, dtype=torch.int64))
 
 
 def _checked_small(side: str, block_ids: Sequence[int], limit: int) -> list[int]:
@@ -167,14 +214,23 @@ def split_scattered(
         if run.device_start is not None or run.num_blocks < 2:
             split.append(run)
             continue
-        ids = run.device_block_ids.numpy()
-        breaks = (np.flatnonzero(np.diff(ids) != 1) + 1).tolist()
+        ids, breaks = _ranges(run.device_block_ids)
         num_ranges = len(breaks) + 1
         if num_ranges > max_ranges and run.num_blocks * row_bytes < num_ranges * range_bytes:
             split.append(run)  # many short ranges: one gather beats a memcpy each
             continue
         edges = [0, *breaks, run.num_blocks]
         for start, end in zip(edges, edges[1:], strict=False):
-            piece = run.device_block_ids[start:end]
-            split.append(CopyRun(run.host_start + start, end - start, int(ids[start]), piece))
+            split.append(CopyRun(run.host_start + start, end - start, ids[start]))
     return split
+
+
+def _ranges(device_block_ids: torch.Tensor) -> tuple[list[int], list[int]]:
+    """The ids, and where each consecutive range after the first begins. Short runs in plain
+    Python: a job is planned right after a copy evicted the caches, when numpy's first calls
+    took ~100 us for 64 ids."""
+    if len(device_block_ids) > SMALL_JOB:
+        ids = device_block_ids.numpy()
+        return ids.tolist(), (np.flatnonzero(np.diff(ids) != 1) + 1).tolist()
+    ids = device_block_ids.tolist()
+    return ids, [i for i in range(1, len(ids)) if ids[i] != ids[i - 1] + 1]

@@ -1,5 +1,6 @@
 """CPU copy engine: byte-exact round trips for each KV layout, async behaviour, failures."""
 
+import sys
 import threading
 import time
 
@@ -232,3 +233,58 @@ def test_cancel_stops_a_delayed_job_before_it_copies():
     assert kv[0].abs().sum() == 0, "the cancelled load never wrote its block"
     assert kv[1].abs().sum() > 0
     assert not engine.cancel(after), "a finished job cannot be cancelled"
+
+
+@pytest.fixture
+def gil_kept_until_blocking():
+    """The test's thread keeps the GIL until it blocks (or a torch copy lets go of it): the
+    copy thread, woken by a submit, cannot take a job before the test waits for it."""
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(30.0)
+    yield
+    sys.setswitchinterval(interval)
+
+
+def copying_threads(engine, monkeypatch) -> dict[int, str]:
+    """Which thread copied each job, by job id (the engine's own copy, recorded)."""
+    seen: dict[int, str] = {}
+    real_copy = engine._copy
+
+    def recorded(job):
+        seen[job.job_id] = threading.current_thread().name
+        return real_copy(job)
+
+    monkeypatch.setattr(engine, "_copy", recorded)
+    return seen
+
+
+def test_a_job_waited_for_is_copied_on_the_waiting_thread(
+    gil_kept_until_blocking, make_kv_cache, make_host_buffer, monkeypatch
+):
+    kv = make_kv_cache("cpu_layer_major")
+    with CpuCopyEngine(kv.layers, make_host_buffer(kv, 8), kv.block_dim) as engine:
+        seen = copying_threads(engine, monkeypatch)
+        first = engine.submit_store([1, 2], [0, 1])
+        second = engine.submit_load([5, 6], [0, 1])
+        assert engine.wait(first)  # next in line: copied here
+        assert engine.wait(second, timeout_s=10)  # with a timeout: left to the worker
+        results = engine.drain(timeout_s=10)
+    assert seen == {first: threading.current_thread().name, second: "kvscope-copy"}
+    assert [r.job_id for r in results] == [first, second] and all(r.ok for r in results)
+    assert torch.equal(kv.block_bits(5), kv.block_bits(1)), "the load read what the store wrote"
+
+
+def test_a_job_behind_another_is_left_to_the_worker_in_order(
+    gil_kept_until_blocking, make_kv_cache, make_host_buffer, monkeypatch
+):
+    """A waiter copies only the next job: jobs run one at a time, in submission order (a load
+    ends before a later store overwrites the host blocks it reads)."""
+    kv = make_kv_cache("cpu_layer_major")
+    with CpuCopyEngine(kv.layers, make_host_buffer(kv, 8), kv.block_dim) as engine:
+        seen = copying_threads(engine, monkeypatch)
+        delayed = engine.submit_store([1], [0], delay_s=0.05)
+        jobs = [delayed, *(engine.submit_store([n], [n]) for n in range(2, 5))]
+        assert engine.wait(jobs[-1])
+        results = engine.drain(timeout_s=10)
+    assert set(seen.values()) == {"kvscope-copy"}
+    assert [r.job_id for r in results] == jobs

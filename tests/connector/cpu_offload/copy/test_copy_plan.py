@@ -17,6 +17,8 @@ def job(seed: int, size: int, pattern: str) -> tuple[list[int], list[int]]:
     if pattern == "contiguous":
         return list(range(5, 5 + size)), list(range(size))
     device = rng.sample(range(4 * size + 4), size)
+    if pattern == "one host range":  # the usual job: the pool hands out consecutive blocks
+        return device, list(range(3, 3 + size))
     host = (
         sorted(rng.sample(range(2 * size + 2), size))
         if pattern == "sorted"
@@ -25,7 +27,7 @@ def job(seed: int, size: int, pattern: str) -> tuple[list[int], list[int]]:
     return device, host
 
 
-@pytest.mark.parametrize("pattern", ["contiguous", "sorted", "shuffled"])
+@pytest.mark.parametrize("pattern", ["contiguous", "one host range", "sorted", "shuffled"])
 @pytest.mark.parametrize("size", [0, 1, 2, 7, 64, SMALL_JOB])
 def test_short_jobs_plan_as_the_numpy_planner_does(size, pattern):
     for seed in range(5):
@@ -51,6 +53,10 @@ def test_a_job_in_pieces_gives_a_run_per_host_range():
         ([0], [99], r"host block id 99 out of range \[0, 4\)"),
         ([-1], [0], "device block id -1 out of range"),
         ([0, 1], [0], "2 device blocks but 1 host blocks"),
+        ([2, 2], [0, 1], "repeated device block ids"),
+        ([0, 4], [0, 1], r"device block id 4 out of range \[0, 4\)"),
+        ([0, 1], [3, 4], r"host block id 4 out of range \[0, 4\)"),
+        ([1, 2], [-1, 0], "host block id -1 out of range"),
     ],
 )
 def test_both_planners_refuse_bad_ids_alike(device, host, message, as_array):

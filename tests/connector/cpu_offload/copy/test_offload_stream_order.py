@@ -94,13 +94,13 @@ def test_a_load_that_ended_in_time_succeeds_even_when_polled_late():
 
 def test_on_the_cpu_a_load_still_copying_at_its_deadline_fails_too(monkeypatch):
     release = threading.Event()
-    real_load_runs = copy_cpu.load_runs
+    real_load_rows = copy_cpu.load_rows
 
-    def slow_load_runs(*args, **kwargs):
+    def slow_load_rows(*args, **kwargs):
         release.wait(5)
-        real_load_runs(*args, **kwargs)
+        return real_load_rows(*args, **kwargs)
 
-    monkeypatch.setattr(copy_cpu, "load_runs", slow_load_runs)
+    monkeypatch.setattr(copy_cpu, "load_rows", slow_load_rows)
     worker, _ = make_worker(load_timeout_s=0.05, fake_gpu=False)
     worker.start_loads(plan(worker, loads=[BlockTransfer("r1", (4,), (0,), 7)]))
     time.sleep(0.1)
