@@ -4,21 +4,20 @@
 from kvscope.bench.report.table import Row
 
 _COPY = (
-    "The bench prints each job's own copy time beside the ratio (`copy-only ratio` in its log): "
-    "the gap splits into the copy itself and what is around it (planning, the hand-off to the "
-    "copy thread and back). Tried: planning moved from torch tensor ops to plain Python / numpy "
-    "(64 blocks 250-400 us -> 20-70 us), a one-range fast path, the ratio taken per round (the "
-    "two copies back to back). What is left around the copy is two thread wake-ups (the copy "
-    "thread's queue, the caller's wait): 5-6% of a 64 MiB job in the 2026-12-01 full run, where "
-    "the copy alone was 0.95-0.96x raw for contiguous blocks (that part not explained). The way "
-    "to 0.95 is fewer wake-ups (copying on the submitting thread when the engine is idle) or "
-    "larger jobs."
+    "The bench prints each job's own copy time beside the ratio (`copy-only ratio` in its log) "
+    "and the job handed to the copy thread (`copy thread`). Before 2026-12-05 the ratio was "
+    "0.88-0.93 (scattered loads 1.00-1.05): around a 64 MiB job went its planning (~100-200 "
+    "us after a copy has evicted the caches) and two thread hand-offs (~200 us). Now a job "
+    "waited for without a timeout is copied by the waiting thread when it is next in line, a "
+    "job's range copies go in one torch call, and one-host-range jobs are planned by whole-list "
+    "checks: 0.96-0.99 contiguous in five runs (docs/bench/profiles.md); the copy thread's path "
+    "0.92-0.97."
 )
 _SCATTERED = (
-    " Scattered blocks: the raw baseline copies each layer as one contiguous range, while the "
-    "engine copies one run per block and layer (512 runs of 128 KiB): writing them into "
-    "scattered KV cache blocks (a load) is itself slower than one long copy, which is the "
-    "layout's cost, not the engine's."
+    " Scattered blocks: a store gathers 64 rows of 128 KiB a layer (index_select over 16-byte "
+    "elements), 1-3% slower than the raw baseline's one contiguous range at 64 MiB, whatever "
+    "copies them (a copy a row, one torch call for all, was slower still); with the ~2% of "
+    "planning and hand-back around it, scattered stores came out 0.93-0.99 in five runs."
 )
 _TRACING = (
     "Profiled (tracing_overhead --profile, 30 rounds, docs/bench/profiles.md): tracing's own "
