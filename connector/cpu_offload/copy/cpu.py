@@ -167,7 +167,8 @@ class CpuCopyEngine(CopyEngine):
             self._running = self._copying = None
             self._finished.append(result)
             self._done.notify_all()
-            self._work.notify()
+            if self._queue or self._stopping.is_set():  # else the worker has nothing to do
+                self._work.notify()
 
     def _execute(self, job: CopyJob) -> CopyResult:
         # An injected delay waits in short slices, so a cancel stops it early.

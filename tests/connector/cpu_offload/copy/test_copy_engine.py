@@ -288,3 +288,34 @@ def test_a_job_behind_another_is_left_to_the_worker_in_order(
         results = engine.drain(timeout_s=10)
     assert set(seen.values()) == {"kvscope-copy"}
     assert [r.job_id for r in results] == jobs
+
+
+def test_shutdown_while_a_waiter_copies_still_joins_the_worker(
+    gil_kept_until_blocking, make_kv_cache, make_host_buffer, monkeypatch
+):
+    kv = make_kv_cache("cpu_layer_major")
+    engine = CpuCopyEngine(kv.layers, make_host_buffer(kv, 8), kv.block_dim)
+    copying, release = threading.Event(), threading.Event()
+    real_copy = engine._copy
+
+    def held_copy(job):
+        copying.set()
+        release.wait(10)
+        return real_copy(job)
+
+    monkeypatch.setattr(engine, "_copy", held_copy)
+    shut_down = []
+
+    def shut_down_meanwhile():
+        copying.wait(10)
+        threading.Timer(0.2, release.set).start()
+        engine.shutdown(timeout_s=10)
+        shut_down.append(engine._worker.is_alive())
+
+    other = threading.Thread(target=shut_down_meanwhile)
+    other.start()
+    job_id = engine.submit_store([1], [0])
+    assert engine.wait(job_id)  # copied here; the worker is told to stop meanwhile
+    other.join(15)
+    assert shut_down == [False], "the worker exits once the waiter's copy ends"
+    assert [r.ok for r in engine.poll()] == [True]
