@@ -10,14 +10,14 @@ _COPY = (
     "us after a copy has evicted the caches) and two thread hand-offs (~200 us). Now a job "
     "waited for without a timeout is copied by the waiting thread when it is next in line, a "
     "job's range copies go in one torch call, and one-host-range jobs are planned by whole-list "
-    "checks: 0.96-0.99 contiguous in five runs (docs/bench/profiles.md); the copy thread's path "
-    "0.92-0.97."
+    "checks: 0.96-0.99 contiguous in seven runs (docs/bench/profiles.md); the copy thread's "
+    "path 0.92-0.97."
 )
 _SCATTERED = (
     " Scattered blocks: a store gathers 64 rows of 128 KiB a layer (index_select over 16-byte "
     "elements), 1-3% slower than the raw baseline's one contiguous range at 64 MiB, whatever "
     "copies them (a copy a row, one torch call for all, was slower still); with the ~2% of "
-    "planning and hand-back around it, scattered stores came out 0.93-0.99 in five runs."
+    "planning and hand-back around it, scattered stores came out 0.93-0.99 in seven runs."
 )
 _TRACING = (
     "Profiled (tracing_overhead --profile, 30 rounds, docs/bench/profiles.md): tracing's own "
