@@ -25,7 +25,9 @@ class CpuCopyEngine(CopyEngine):
     """Copies on a worker thread; torch releases the GIL inside copies, so they overlap.
 
     Jobs run one at a time, in submission order: on the worker, or on a thread that waits for
-    the next job without a timeout (it would only sleep until the worker woke it). num_threads is the worker's own torch thread count (None: inherit). One thread by
+    the next job without a timeout (it would only sleep until the worker woke it).
+
+    num_threads is the worker's own torch thread count (None: inherit). One thread by
     default: the forward pass owns the cores, and a second OpenMP team competing with it
     for them slows both down far more than a single-threaded memcpy costs.
     """
