@@ -81,9 +81,10 @@ def set_plan(path, plan: dict) -> None:
 
 
 def vllm_busy(llm) -> dict:
-    """vLLM's own hold: a request whose store ended in the step it finished is freed a step
-    later, when the workers, told to flush it, report it in finished_sending."""
-    return {"vllm_requests": sorted(engine_scheduler(llm).requests)}
+    """vLLM's own hold (its has_requests, as verify.engine.settle reads it): a request whose
+    store ended in the step it finished is freed a step later, when the workers, told to
+    flush it, report it in finished_sending."""
+    return {"vllm_requests": engine_scheduler(llm).has_requests()}
 
 
 def settle(llm, timeout_s: float = 30) -> None:
