@@ -38,6 +38,8 @@ class EngineSpec:
     arms: tuple[str, ...] = ()
     # Where to write a sampling profile of each arm's batches (bench/profiles.py), if anywhere.
     profile_dir: str | None = None
+    # Where to write each arm's hook call times (bench/hook_times.py), if anywhere.
+    hook_times_path: str | None = None
 
     def labels(self) -> list[str]:
         """The names timings are kept under: the arms, or the engine's name."""
@@ -87,11 +89,18 @@ def _serve(
         conn.send("ready")
         served = 0
         profiles = ArmProfiles() if spec.profile_dir else None
+        hook_times = None
+        if spec.hook_times_path and spec.arms:
+            from kvscope.bench.hook_times import HookTimes
+
+            hook_times = HookTimes(connectors)
         while True:
             command, *args = conn.recv()
             if command == "stop":
                 if profiles is not None:
                     profiles.write(Path(spec.profile_dir), spec.name)
+                if hook_times is not None:
+                    hook_times.write(Path(spec.hook_times_path))
                 break
             if command == "stats":
                 flush(timeout_s=5)
@@ -107,8 +116,9 @@ def _serve(
             if arm is not None:
                 set_traced(connectors, arm == TRACED)
             profiled = profiles.around(arm or spec.name) if profiles else contextlib.nullcontext()
+            timed = hook_times.around(arm) if hook_times else contextlib.nullcontext()
             wall, cpu = time.perf_counter(), time.process_time()
-            with profiled:
+            with profiled, timed:
                 outputs = llm.generate(batch, params, use_tqdm=False)
                 if arm is not None:
                     flush(timeout_s=30)

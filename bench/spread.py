@@ -1,4 +1,5 @@
-"""Median and spread of timed samples, and a bootstrap interval for a ratio of two medians."""
+"""Median and spread of timed samples, and bootstrap intervals for a median and for a ratio of
+two medians."""
 
 import random
 import statistics
@@ -52,3 +53,19 @@ def median_ratio_interval(
     )
     tail = (1 - share) / 2
     return ratios[int(tail * resamples)], ratios[min(int((1 - tail) * resamples), resamples - 1)]
+
+
+def median_interval(
+    samples: list[float], share: float = 0.9, resamples: int = 2000
+) -> tuple[float, float]:
+    """A bootstrap interval holding `share` of resampled medians of samples (paired per-round
+    ratios, say). Seeded, so the same samples always give the same interval."""
+    values = [v for v in samples if v == v]
+    if not values:
+        return float("nan"), float("nan")
+    draw = random.Random(0)
+    medians = sorted(
+        statistics.median(draw.choices(values, k=len(values))) for _ in range(resamples)
+    )
+    tail = (1 - share) / 2
+    return medians[int(tail * resamples)], medians[min(int((1 - tail) * resamples), resamples - 1)]

@@ -2,6 +2,7 @@
 connector untraced, measured side by side in one run, plus the median cost of one span.
 
     python -m kvscope.bench.tracing_overhead [--rounds 60] [--max-tokens 256] [--profile DIR]
+        [--hook-times DIR]
 
 One engine per layer mode runs TracedConnector around ExampleConnector and switches it off and
 on between batches (bench/tracing_switch.py): untraced, vLLM calls ExampleConnector itself.
@@ -22,6 +23,7 @@ from pathlib import Path
 from kvscope.bench.otlp_sink import HttpSink
 from kvscope.bench.paired_engines import TRACED, EngineSpec, PairedEngines
 from kvscope.bench.results import record
+from kvscope.bench.spread import median_interval
 from kvscope.demo.quickstart import traced_example_config
 
 MODES = ("aggregated", "per_layer")
@@ -94,24 +96,29 @@ def print_round(index: int, timings: dict) -> None:
 
 
 def summarize(mode: str, engines: PairedEngines) -> None:
-    """The mode's row: traced over untraced, per round, and the control arm's row."""
+    """The mode's row: traced over untraced, per round, with the median's 90% interval and the
+    extra wall time a batch; then the control arm's row."""
     for arm in ARMS[::2]:
         wall = engines.ratios(arm, "untraced")
         cpu = engines.ratios(arm, "untraced", cpu=True)
         both = over_both_untraced(engines, arm)
+        low, high = median_interval(wall)
+        extra_ms = extra_ms_per_batch(engines, arm)
         name = mode if arm == TRACED else f"{mode} engine, {arm}"
         print(
             f"| {name} | {engines.median_rate(arm):.1f} | {statistics.median(wall):.3f} "
-            f"({min(wall):.3f}-{max(wall):.3f}) | {statistics.median(cpu):.3f} "
+            f"({low:.3f}-{high:.3f}; {min(wall):.3f}-{max(wall):.3f}) "
+            f"| {statistics.median(extra_ms):+.2f} | {statistics.median(cpu):.3f} "
             f"| {statistics.median(both):.3f} |"
         )
+        interval = f"median of {len(wall)} rounds, 90% bootstrap interval {low:.3f}-{high:.3f}"
         if arm != TRACED:
             suffix = "" if mode == "aggregated" else f"_{mode}_engine"
             record(
                 "tracing_overhead",
                 f"tokens_per_s_control_over_untraced{suffix}",
                 statistics.median(wall),
-                note="untraced against itself: the noise",
+                note=f"untraced against itself: the noise; {interval}",
             )
             continue
         target = TARGET if mode == "aggregated" else ""
@@ -120,6 +127,7 @@ def summarize(mode: str, engines: PairedEngines) -> None:
             f"tokens_per_s_{mode}_over_untraced",
             statistics.median(wall),
             target=target,
+            note=interval,
         )
         record("tracing_overhead", f"tokens_per_cpu_s_{mode}_over_untraced", statistics.median(cpu))
         record(
@@ -129,6 +137,22 @@ def summarize(mode: str, engines: PairedEngines) -> None:
             target=target,
             note="per round, over the mean of the untraced and control arms",
         )
+        low_ms, high_ms = median_interval(extra_ms)
+        record(
+            "tracing_overhead",
+            f"traced_extra_ms_per_batch_{mode}",
+            statistics.median(extra_ms),
+            unit="ms",
+            note=f"traced batch's wall time minus the untraced one's in the same round; "
+            f"{len(extra_ms)} rounds, 90% interval {low_ms:.2f}-{high_ms:.2f}",
+        )
+
+
+def extra_ms_per_batch(engines: PairedEngines, arm: str) -> list[float]:
+    """Per round, the arm's batch wall time minus the untraced arm's, in ms: what tracing adds
+    in absolute terms, which a model with slower steps divides by more."""
+    pairs = zip(engines.timings[arm], engines.timings["untraced"], strict=True)
+    return [(ours.wall_s - theirs.wall_s) * 1000 for ours, theirs in pairs]
 
 
 def over_both_untraced(engines: PairedEngines, arm: str) -> list[float]:
@@ -151,6 +175,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="profile each arm's batches (pyinstrument) into this folder and compare them",
     )
+    parser.add_argument(
+        "--hook-times",
+        type=Path,
+        default=None,
+        help="time every hook call of each arm (bench/hook_times.py) into this folder",
+    )
     args = parser.parse_args(argv)
 
     from kvscope.model.build import build_model, default_model_dir
@@ -170,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
             config = traced_example_config(Path(storage) / mode, trace_layer_mode=mode)
             print(f"{mode}: starting the engine", flush=True)
             profile_dir = str(args.profile) if args.profile else None
-            spec = EngineSpec(mode, config, env, arms=ARMS, profile_dir=profile_dir)
+            hook_times = str(args.hook_times / f"{mode}.json") if args.hook_times else None
+            spec = EngineSpec(mode, config, env, ARMS, profile_dir, hook_times)
             prompts = prompts_for(args.prompts)
             with PairedEngines([spec], model, prompts, args.max_tokens) as engines:
                 engines.run_rounds(args.rounds, print_round)
@@ -178,9 +209,9 @@ def main(argv: list[str] | None = None) -> int:
             table.append((mode, engines))
     sink.close()
     print(
-        "\n| config | tokens/s (median) | ratio to untraced, median of rounds (min-max) "
-        "| per CPU-second | over both untraced arms |\n"
-        "| --- | --- | --- | --- | --- |"
+        "\n| config | tokens/s (median) | ratio to untraced, median of rounds (90% interval; "
+        "min-max) | extra ms a batch | per CPU-second | over both untraced arms |\n"
+        "| --- | --- | --- | --- | --- | --- |"
     )
     for mode, engines in table:
         summarize(mode, engines)
@@ -201,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"OTLP receiver: {sink.requests} requests, {sink.bytes / 1e6:.1f} MB")
     if args.profile:
         print_profiles(args.profile)
+    if args.hook_times:
+        print_hook_times(args.hook_times)
     return 0
 
 
@@ -214,6 +247,19 @@ def print_profiles(directory: Path) -> None:
             if first.exists() and second.exists():
                 print(f"\n{mode}: {arm} against untraced, own time per function\n")
                 print(compare(first, second))
+
+
+def print_hook_times(directory: Path) -> None:
+    """Per mode: each hook's calls and time a batch, the traced wrapper against what it wraps."""
+    import json
+
+    from kvscope.bench.hook_times import compare
+
+    for mode in MODES:
+        path = directory / f"{mode}.json"
+        if path.exists():
+            print(f"\n{mode}: hook calls, traced arm against untraced\n")
+            print(compare(json.loads(path.read_text())))
 
 
 if __name__ == "__main__":

@@ -42,7 +42,8 @@ class WorkerTracing:
         self.quiet_events: list | None = None  # what a quiet step's connector reports
 
     def begin_step(self, metadata: TracedMetadata) -> None:
-        self.end_step()
+        if self.step_span is not None or self.quiet_events is not None:
+            self.end_step()  # a call less in a decode step, where nothing is open
         self.step_index = metadata.step
         self.loading = metadata.reqs_to_load
         if metadata.quiet:

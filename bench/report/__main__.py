@@ -48,10 +48,16 @@ def run_report(
     return write_report(out_dir, machine, runs, command)
 
 
-STANDING = ("scale_10m*.jsonl", "scale_out*.jsonl", "ingest_*.jsonl", "copy_bandwidth_*.jsonl")
+STANDING = (
+    "scale_10m*.jsonl",
+    "scale_out*.jsonl",
+    "ingest_*.jsonl",
+    "copy_bandwidth_*.jsonl",
+    "tracing_overhead_*.jsonl",
+)
 """Figures of runs made outside a report run (the 10M-span fills, the scale-out bench's own
-runs, the ingest bench's at 1M spans, the copy bench's after a change to the copy engine), kept
-beside the report: they fill expected rows; of two
+runs, the ingest bench's at 1M spans, the copy bench's after a change to the copy engine, the
+tracing bench's with more rounds), kept beside the report: they fill expected rows; of two
 records of one figure the newer wins (a run on its own after the report's run, on newer code,
 replaces that run's figure)."""
 

@@ -12,7 +12,7 @@ from kvscope.bench.pd_phases import (
     request_gaps,
     server_points,
 )
-from kvscope.bench.spread import Spread, median_ratio_interval
+from kvscope.bench.spread import Spread, median_interval, median_ratio_interval
 
 
 def test_spread_reports_median_quartiles_and_range_without_nan():
@@ -30,6 +30,17 @@ def test_ratio_interval_holds_the_ratio_and_widens_with_noise():
     low, high = median_ratio_interval(noisy, [0.2] * 11)
     assert low <= 0.5 and high >= 7.5  # a bimodal sample gives no tight ratio
     assert median_ratio_interval(noisy, [0.2] * 11) == (low, high)  # seeded: repeatable
+
+
+def test_median_interval_narrows_with_more_rounds():
+    assert median_interval([0.97] * 9) == (0.97, 0.97)
+    few = [0.90, 1.05, 0.97, 0.99, 0.93]
+    low, high = median_interval(few)
+    assert low <= 0.97 <= high
+    many_low, many_high = median_interval(few * 20)
+    assert many_high - many_low < high - low
+    assert median_interval(few) == (low, high)  # seeded: repeatable
+    assert all(math.isnan(v) for v in median_interval([float("nan")]))
 
 
 def _span(

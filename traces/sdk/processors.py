@@ -35,9 +35,7 @@ class SequenceProcessor(SpanProcessor):
         self.ended = 0
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
-        if self._at_end:
-            span.set_attribute(names.SEQ_ORIGIN, self._origin)
-        else:
+        if not self._at_end:  # an SDK without OnEnding: numbered here, as before
             span.set_attributes({names.SEQ: next(self._next), names.SEQ_ORIGIN: self._origin})
 
     def _on_ending(self, span: Span) -> None:
@@ -50,9 +48,10 @@ class SequenceProcessor(SpanProcessor):
         # The SDK freezes attributes just before OnEnding; the spec lets OnEnding change them.
         attributes._immutable = False
         try:
+            # Both here, none at start: one validated write less a span, and a span started
+            # before this processor joined the provider (vLLM's own start-up spans) is
+            # numbered and placed like the rest.
             attributes[names.SEQ] = next(self._next)
-            # A span started before this processor joined the provider (vLLM's own start-up
-            # spans) missed on_start: without the origin its number would leave a hole here.
             attributes[names.SEQ_ORIGIN] = self._origin
         finally:
             attributes._immutable = frozen

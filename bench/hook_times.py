@@ -1,0 +1,135 @@
+"""Wall time of every connector hook an engine calls, per arm: the traced wrapper's calls and the
+wrapped connector's own, side by side (what a sampling profile cannot give: exact counts, and
+the cost of calls far shorter than its interval).
+
+    times = HookTimes(connectors)            # an in-process engine's traced connectors
+    with times.around("traced"):
+        run_batch()
+    times.write(path)                        # per arm and hook: calls and us per batch
+
+Timing wraps the methods of the connectors' classes in this process (the bench's engine worker
+is the only user of them there). The timer itself costs about half a microsecond a call, and
+the wrapper's figure holds one timed inner call: a wrapper's own cost is its time minus the
+inner's minus that.
+"""
+
+import contextlib
+import functools
+import json
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from kvscope.bench.tracing_switch import HOOKS
+
+INNER = "inner."
+"""Prefix of the wrapped connector's own hooks in the figures."""
+
+
+class HookTimes:
+    """Times each hook of the traced connectors and of the connectors they wrap, per arm."""
+
+    def __init__(self, connectors: list[Any]) -> None:
+        self.arm = ""
+        self.seconds: Counter[tuple[str, str]] = Counter()
+        self.calls: Counter[tuple[str, str]] = Counter()
+        self.batches: Counter[str] = Counter()
+        # What each patched class held itself before (None: it inherited the method).
+        self._saved: dict[tuple[type, str], Any] = {}
+        for connector in connectors:
+            for cls, prefix in ((type(connector), ""), (type(connector.inner), INNER)):
+                if not any(key[0] is cls for key in self._saved):
+                    self._patch(cls, prefix)
+
+    def _patch(self, cls: type, prefix: str) -> None:
+        for name in HOOKS:
+            method = _plain_method(cls, name)
+            if method is not None:
+                self._saved[cls, name] = vars(cls).get(name)
+                setattr(cls, name, self._timed(method, prefix + name))
+
+    def restore(self) -> None:
+        """Puts the classes' own methods back (timing stops)."""
+        for (cls, name), method in self._saved.items():
+            if method is None:
+                delattr(cls, name)
+            else:
+                setattr(cls, name, method)
+        self._saved.clear()
+
+    def _timed(self, method, label: str):
+        seconds, calls, clock = self.seconds, self.calls, time.perf_counter
+
+        @functools.wraps(method)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = clock()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                key = (self.arm, label)
+                seconds[key] += clock() - start
+                calls[key] += 1
+
+        return timed
+
+    @contextlib.contextmanager
+    def around(self, arm: str) -> Iterator[None]:
+        self.arm = arm
+        try:
+            yield
+        finally:
+            self.batches[arm] += 1
+            self.arm = ""
+
+    def per_batch(self) -> dict[str, dict[str, dict[str, float]]]:
+        """{arm: {hook: {"calls": per batch, "us": per batch}}}, calls outside batches left out."""
+        table: dict[str, dict[str, dict[str, float]]] = {}
+        for (arm, label), total in self.seconds.items():
+            if not arm:
+                continue
+            batches = self.batches[arm]
+            table.setdefault(arm, {})[label] = {
+                "calls": self.calls[arm, label] / batches,
+                "us": total * 1e6 / batches,
+            }
+        return table
+
+    def write(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.per_batch(), indent=1, sort_keys=True))
+
+
+def _plain_method(cls: type, name: str):
+    """The function cls's instances call for name, or None for a class or static method."""
+    for klass in cls.__mro__:
+        if name in vars(klass):
+            value = vars(klass)[name]
+            bound_to_class = isinstance(value, classmethod | staticmethod | type)
+            return None if bound_to_class or not callable(value) else value
+    return None
+
+
+def compare(table: dict, arm: str = "traced", base: str = "untraced") -> str:
+    """A Markdown table: per hook, calls a batch and us a call, traced wrapper against the
+    wrapped connector's own in both arms, and what the wrapper adds in a batch."""
+    traced, untraced = table.get(arm, {}), table.get(base, {})
+    rows = [
+        "| hook | calls a batch | traced, us a call | inner (traced arm) | inner (untraced arm) "
+        "| wrapper's own, us a batch |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for hook, outer in sorted(traced.items(), key=lambda item: -item[1]["us"]):
+        if hook.startswith(INNER):
+            continue
+        inner = traced.get(INNER + hook, {"calls": 0, "us": 0.0})
+        bare = untraced.get(INNER + hook)
+        calls = outer["calls"] or 1
+        rows.append(
+            f"| {hook} | {outer['calls']:.1f} | {outer['us'] / calls:.2f} "
+            f"| {inner['us'] / (inner['calls'] or 1):.2f} "
+            f"| {bare['us'] / (bare['calls'] or 1) if bare else float('nan'):.2f} "
+            f"| {outer['us'] - inner['us']:.0f} |"
+        )
+    return "\n".join(rows)
