@@ -86,7 +86,8 @@ class TracedConnector(InstrumentedConnector, SupportsHMA):
     # --- stats: the logger process knows only this class, not the one it wraps ---------------
 
     def get_kv_connector_stats(self) -> TracedStats | None:
-        return traced_stats(super().get_kv_connector_stats(), type(self._inner))
+        stats = super().get_kv_connector_stats()
+        return None if stats is None else traced_stats(stats, type(self._inner))
 
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None):

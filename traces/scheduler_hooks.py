@@ -55,7 +55,8 @@ class SchedulerHooks:
             return self._inner.update_state_after_alloc(request, blocks, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: Any) -> TracedMetadata:
-        new_ids = [r.req_id for r in scheduler_output.scheduled_new_reqs]
+        new_reqs = scheduler_output.scheduled_new_reqs
+        new_ids = [r.req_id for r in new_reqs] if new_reqs else []  # a decode step: no frame
         contexts, loads, links = self._sched.begin_step(
             scheduler_output.num_scheduled_tokens, new_ids
         )
