@@ -33,6 +33,20 @@ ENGINE_FIGURES: list[Figure] = [
     ),
     Figure(
         "tracing_overhead",
+        "tokens_per_s_per_layer_over_both_untraced",
+        "ratio",
+        "",
+        "tokens/s with TracedConnector (a span per layer) over the mean of both untraced arms",
+    ),
+    Figure(
+        "tracing_overhead",
+        "tokens_per_s_control_over_untraced_per_layer_engine",
+        "ratio",
+        "",
+        "tokens/s of the per-layer engine's untraced arm over itself: that engine's noise",
+    ),
+    Figure(
+        "tracing_overhead",
         "tokens_per_cpu_s_aggregated_over_untraced",
         "ratio",
         "",
