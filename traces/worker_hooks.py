@@ -192,8 +192,8 @@ class WorkerHooks:
         return self._query("build_connector_worker_meta", names.HOOK_RESULT)
 
     def _query(self, hook: str, result_key: str):
-        """A per-step query in a step with work: a span only when it returns something (or
-        quiet hooks are traced)."""
+        """A per-step query the hook did not answer bare: a span only when it returns something
+        or reports facts (or quiet hooks are traced)."""
         start = time.time_ns()
         try:
             result, events = self._work.call_in_step(getattr(self._inner, hook))

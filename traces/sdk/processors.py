@@ -49,8 +49,8 @@ class SequenceProcessor(SpanProcessor):
         attributes._immutable = False
         try:
             # Both here, none at start: one validated write less a span, and a span started
-            # before this processor joined the provider (vLLM's own start-up spans) is
-            # numbered and placed like the rest.
+            # before this processor joined the provider (vLLM's own start-up spans) gets its
+            # number and origin like the rest.
             attributes[names.SEQ] = next(self._next)
             attributes[names.SEQ_ORIGIN] = self._origin
         finally:
