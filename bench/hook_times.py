@@ -8,9 +8,9 @@ the cost of calls far shorter than its interval).
     times.write(path)                        # per arm and hook: calls and us per batch
 
 Timing wraps the methods of the connectors' classes in this process (the bench's engine worker
-is the only user of them there). The timer itself costs about half a microsecond a call, and
-the wrapper's figure holds one timed inner call: a wrapper's own cost is its time minus the
-inner's minus that.
+is the only user of them there; `restore` puts them back). What tracing adds to a hook is the
+traced arm's time minus the untraced arm's; the traced figure also holds its inner call's
+timer, about half a microsecond.
 """
 
 import contextlib
