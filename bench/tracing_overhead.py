@@ -1,7 +1,7 @@
 """Tracing overhead: tokens/s with TracedConnector (aggregated and per-layer) over the same
 connector untraced, measured side by side in one run, plus the median cost of one span.
 
-    python -m kvscope.bench.tracing_overhead [--rounds 60] [--max-tokens 256] [--profile DIR]
+    python -m kvscope.bench.tracing_overhead [--rounds 120] [--max-tokens 256] [--profile DIR]
         [--hook-times DIR]
 
 One engine per layer mode runs TracedConnector around ExampleConnector and switches it off and
@@ -165,7 +165,12 @@ def over_both_untraced(engines: PairedEngines, arm: str) -> list[float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--rounds", type=int, default=60, help="timed batches per arm")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=120,
+        help="timed batches per arm (120: a 90%% interval of the median about 0.01 wide here)",
+    )
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--model", type=Path, default=None)
