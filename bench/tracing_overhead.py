@@ -255,7 +255,7 @@ def print_profiles(directory: Path) -> None:
 
 
 def print_hook_times(directory: Path) -> None:
-    """Per mode: each hook's calls and time a batch, the traced wrapper against what it wraps."""
+    """Per mode: each hook's calls and time a batch, the traced arm against the untraced."""
     import json
 
     from kvscope.bench.hook_times import compare
