@@ -38,9 +38,11 @@ class HookTimes:
         self.batches: Counter[str] = Counter()
         # What each patched class held itself before (None: it inherited the method).
         self._saved: dict[tuple[type, str], Any] = {}
+        patched: set[type] = set()
         for connector in connectors:
             for cls, prefix in ((type(connector), ""), (type(connector.inner), INNER)):
-                if not any(key[0] is cls for key in self._saved):
+                if cls not in patched:
+                    patched.add(cls)
                     self._patch(cls, prefix)
 
     def _patch(self, cls: type, prefix: str) -> None:
@@ -106,8 +108,7 @@ def _plain_method(cls: type, name: str):
     for klass in cls.__mro__:
         if name in vars(klass):
             value = vars(klass)[name]
-            bound_to_class = isinstance(value, classmethod | staticmethod | type)
-            return None if bound_to_class or not callable(value) else value
+            return None if isinstance(value, classmethod | staticmethod) else value
     return None
 
 

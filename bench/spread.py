@@ -46,13 +46,12 @@ def median_ratio_interval(
     if not mine or not theirs:
         return float("nan"), float("nan")
     draw = random.Random(0)
-    ratios = sorted(
+    ratios = (
         statistics.median(draw.choices(mine, k=len(mine)))
         / statistics.median(draw.choices(theirs, k=len(theirs)))
         for _ in range(resamples)
     )
-    tail = (1 - share) / 2
-    return ratios[int(tail * resamples)], ratios[min(int((1 - tail) * resamples), resamples - 1)]
+    return _central(ratios, share)
 
 
 def median_interval(
@@ -64,8 +63,13 @@ def median_interval(
     if not values:
         return float("nan"), float("nan")
     draw = random.Random(0)
-    medians = sorted(
-        statistics.median(draw.choices(values, k=len(values))) for _ in range(resamples)
-    )
+    medians = (statistics.median(draw.choices(values, k=len(values))) for _ in range(resamples))
+    return _central(medians, share)
+
+
+def _central(resampled, share: float) -> tuple[float, float]:
+    """The bounds that hold the central `share` of the resampled statistics."""
+    ordered = sorted(resampled)
     tail = (1 - share) / 2
-    return medians[int(tail * resamples)], medians[min(int((1 - tail) * resamples), resamples - 1)]
+    low = ordered[int(tail * len(ordered))]
+    return low, ordered[min(int((1 - tail) * len(ordered)), len(ordered) - 1)]
