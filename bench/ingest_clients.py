@@ -49,12 +49,20 @@ def make_tracer(origin: str):
     return provider.get_tracer(names.INSTRUMENTATION_NAME), collector
 
 
+def vllm_request_id(rng: random.Random) -> str:
+    """A request id as a served vLLM hands its connectors: the OpenAI server's 'cmpl-' and a
+    random UUID's hex, the prompt's index, and the 8 random characters the engine appends
+    (vllm/v1/engine/input_processor.py). Random, so every index led by request ids takes
+    random inserts, as in production; ids that grow with the index would not."""
+    return f"cmpl-{rng.getrandbits(128):032x}-0-{rng.getrandbits(32):08x}"
+
+
 def request_spans(tracer, index: int, t0: int) -> None:
     """About ten spans in the shapes the connectors emit for one request with a load."""
     base = {
         names.ENGINE_ID: "bench",
         names.CONNECTOR_NAME: "CPUOffloadConnector",
-        names.REQUEST_ID: f"bench-{index}",
+        names.REQUEST_ID: vllm_request_id(random.Random(index)),
     }
     request = tracer.start_span(names.SPAN_REQUEST, start_time=t0, attributes=base)
     parent = trace.set_span_in_context(request)

@@ -7,7 +7,7 @@ import time
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as pb
 
-from kvscope.bench.ingest_clients import BATCH, MS, make_tracer, request_spans
+from kvscope.bench.ingest_clients import BATCH, MS, make_tracer, request_spans, vllm_request_id
 from kvscope.traces import names
 
 REQUEST_EVERY_NS = 25 * MS
@@ -35,20 +35,22 @@ class Batches:
         request = pb.ExportTraceServiceRequest()
         request.CopyFrom(self.template)
         shift = self.t0 + batch * self.requests * REQUEST_EVERY_NS
-        # Random trace ids, as OTel makes them (their unique index takes random inserts; ids
-        # that grow with the batch would make it append-only and the fill look cheaper).
+        # Random trace ids, as OTel makes them, and random request ids, as vLLM makes them
+        # (indexes led by them take random inserts; ids that grew with the batch would make
+        # those indexes append-only and the fill look cheaper than in production).
         rng = random.Random(batch)
         trace_ids: dict[bytes, bytes] = {}
+        request_ids: dict[str, str] = {}
         for resource_spans in request.resource_spans:
             for scope_spans in resource_spans.scope_spans:
                 for span in scope_spans.spans:
                     new_id = trace_ids.get(span.trace_id)
                     if new_id is None:
                         new_id = trace_ids[span.trace_id] = rng.randbytes(16)
-                    self._move(span, batch, new_id, shift)
+                    self._move(span, batch, new_id, shift, request_ids, rng)
         return request.SerializeToString()
 
-    def _move(self, span, batch: int, trace_id: bytes, shift: int) -> None:
+    def _move(self, span, batch, trace_id, shift, request_ids, rng) -> None:
         span.trace_id = trace_id  # span and parent ids stay: per trace
         span.start_time_unix_nano += shift
         span.end_time_unix_nano += shift
@@ -56,6 +58,10 @@ class Batches:
             event.time_unix_nano += shift
         for attribute in span.attributes:
             if attribute.key == names.REQUEST_ID:
-                attribute.value.string_value = f"b{batch}-{attribute.value.string_value}"
+                old = attribute.value.string_value
+                new = request_ids.get(old)
+                if new is None:
+                    new = request_ids[old] = vllm_request_id(rng)
+                attribute.value.string_value = new
             elif attribute.key == names.SEQ:
                 attribute.value.int_value += batch * self.spans

@@ -9,7 +9,9 @@ from kvscope.backend.db.models.columns import int64_column
 class RequestBase(SQLModel):
     trace_id: str = Field(max_length=32)
     span_id: str = Field(max_length=16)
-    request_id: str | None = Field(default=None, index=True)
+    # Found by ix_request_request_engine, whose first column it is: an index of its own took
+    # a random insert a request too, as vLLM's request ids are random (migration 12).
+    request_id: str | None = None
     engine_id: str | None = Field(default=None, index=True)
     connector: str | None = Field(default=None, index=True)
     kv_role: str | None = None
