@@ -28,26 +28,24 @@ LOADED = ("transfer_complete", "resumed")
 KINDS = (ALLOCATED, *LOADED)
 """The timeline points a KV wait is made of."""
 
-Key = tuple[str | None, str]
-"""(engine_id, request_id)"""
 Firsts = tuple[int | None, int | None]
 """A request's first allocation and first load, ns (None: none yet)."""
 
 _KINDS_SQL = ", ".join(f"'{kind}'" for kind in KINDS)
 _FIRSTS = (
-    "SELECT engine_id, request_id, "
+    "SELECT request_no, "
     f"MIN(CASE WHEN point = '{ALLOCATED}' THEN time_ns END), "
     f"MIN(CASE WHEN point != '{ALLOCATED}' THEN time_ns END) "
-    "FROM timelinepoint {by} WHERE request_id IN ({requests}) "
-    f"AND point IN ({_KINDS_SQL}) GROUP BY engine_id, request_id"
+    "FROM timelinepoint {by} WHERE request_no IN ({requests}) "
+    f"AND point IN ({_KINDS_SQL}) GROUP BY request_no"
 )
 _BY_REQUEST = {
     # Named for SQLite, which without statistics may pick a worse index (it took one of all
     # points by kind and time, and read every allocation stored).
     False: _FIRSTS.format(
-        by="INDEXED BY ix_point_request", requests="SELECT value FROM json_each(?)"
+        by="INDEXED BY ix_point_request_no", requests="SELECT value FROM json_each(?)"
     ),
-    True: _FIRSTS.format(by="", requests="SELECT unnest(CAST(? AS text[]))"),
+    True: _FIRSTS.format(by="", requests="SELECT unnest(CAST(? AS bigint[]))"),
 }
 
 
@@ -75,44 +73,46 @@ _COUNT = {postgres: _count_sql(postgres) for postgres in (False, True)}
 def insert_points(
     writer: BulkCursor, table: Table, columns: Sequence[str], rows: list[tuple]
 ) -> int:
-    """Inserts timeline points (tuples in `columns` order) and counts the KV waits they
-    change; returns the points stored (a retry's, already stored, not counted)."""
-    engine_at, request_at, point_at = (
-        columns.index(c) for c in ("engine_id", "request_id", "point")
+    """Inserts timeline points (tuples in `columns` order, their request's number among them:
+    request_numbers) and counts the KV waits they change; returns the points stored (a
+    retry's, already stored, not counted)."""
+    engine_at, number_at, point_at = (
+        columns.index(c) for c in ("engine_id", "request_no", "point")
     )
-    keys = {
-        (row[engine_at], row[request_at])
+    engines = {
+        row[number_at]: row[engine_at] or ""
         for row in rows
-        if row[request_at] is not None and row[point_at] in KINDS
+        if row[number_at] is not None and row[point_at] in KINDS
     }
-    before = firsts(writer, keys) if keys else {}
+    before = firsts(writer, engines) if engines else {}
     stored = writer.insert(table, columns, rows)
-    if stored and keys:
-        _count(writer, before, firsts(writer, keys))
+    if stored and engines:
+        _count(writer, engines, before, firsts(writer, engines))
     return stored
 
 
-def firsts(writer: BulkCursor, keys: Iterable[Key]) -> dict[Key, Firsts]:
-    """Each request's first allocation and first load stored (requests with neither left out)."""
-    wanted = set(keys)
-    requests = sorted({request_id for _, request_id in wanted})
+def firsts(writer: BulkCursor, numbers: Iterable[int]) -> dict[int, Firsts]:
+    """The first allocation and first load stored of each request, by its number (requests
+    with neither left out)."""
+    wanted = sorted(set(numbers))
     found = writer.execute(
-        _BY_REQUEST[writer.postgres], (requests if writer.postgres else json.dumps(requests),)
+        _BY_REQUEST[writer.postgres], (wanted if writer.postgres else json.dumps(wanted),)
     )
-    return {
-        (engine_id, request_id): (allocated, loaded)
-        for engine_id, request_id, allocated, loaded in found
-        if (engine_id, request_id) in wanted
-    }
+    return {number: (allocated, loaded) for number, allocated, loaded in found}
 
 
-def _count(writer: BulkCursor, before: dict[Key, Firsts], after: dict[Key, Firsts]) -> None:
+def _count(
+    writer: BulkCursor,
+    engines: dict[int, str],
+    before: dict[int, Firsts],
+    after: dict[int, Firsts],
+) -> None:
     changes: Counter[tuple[int, int, str]] = Counter()
-    for key, now in after.items():
-        was = before.get(key, (None, None))
+    for number, now in after.items():
+        was = before.get(number, (None, None))
         if now == was:
             continue
-        engine = key[0] or ""
+        engine = engines[number]
         for (allocated, loaded), sign in ((was, -1), (now, 1)):
             if allocated is not None and loaded is not None:
                 changes[(allocated, loaded, engine)] += sign

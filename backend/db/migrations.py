@@ -10,6 +10,7 @@ from kvscope.backend.db import (
     kv_waits,
     models,  # noqa: F401  (registers the tables on SQLModel.metadata)
     read_schema,
+    request_numbers,
     rollups,
     span_counts,
     time_keys,
@@ -57,6 +58,11 @@ MIGRATIONS: list[Migration] = [
         12,
         "requests' index of request ids alone dropped: the (request id, engine) one serves it",
         lambda connection: read_schema.replace_indexes(connection, ["ix_kv_request_request_id"]),
+    ),
+    (
+        13,
+        "spans, timeline points, transfers and failures found by request number, not request id",
+        request_numbers.migrate,
     ),
 ]
 

@@ -8,7 +8,7 @@ so the writer lock is never held for long.
 
 from sqlalchemy import Connection, text
 
-from kvscope.backend.db import span_counts
+from kvscope.backend.db import request_numbers, span_counts
 from kvscope.backend.db.rollups import RESOLUTION_NS
 
 MAX_AGE_S = 1e11
@@ -74,6 +74,7 @@ def prune_step(
     derived_before = max(before, oldest if oldest is not None else now_ns)
     # Always: a few probes of time indexes, and derived rows left by an earlier step go too.
     more = _prune_derived(connection, derived_before, batch) or more
+    more = request_numbers.prune(connection, batch) or more
     return removed, more
 
 

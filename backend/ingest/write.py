@@ -5,7 +5,7 @@ from collections.abc import Iterator
 
 from sqlalchemy import Connection
 
-from kvscope.backend.db import kv_waits, request_locks, seqs, span_counts
+from kvscope.backend.db import kv_waits, request_locks, request_numbers, seqs, span_counts
 from kvscope.backend.db.bulk import DO_NOTHING, BulkCursor
 from kvscope.backend.db.models import (
     Block,
@@ -26,8 +26,11 @@ from kvscope.backend.ingest.span_row import SPAN_COLUMNS
 from kvscope.traces import names
 
 _START, _RECEIVED = SPAN_COLUMNS.index("start_ns"), SPAN_COLUMNS.index("received_ns")
+_SPAN_ENGINE, _SPAN_REQUEST = SPAN_COLUMNS.index("engine_id"), SPAN_COLUMNS.index("request_id")
 _POINT_ENGINE = POINT_COLUMNS.index("engine_id")
 _POINT_REQUEST = POINT_COLUMNS.index("request_id")
+_NUMBERED_SPAN_COLUMNS = (*SPAN_COLUMNS, request_numbers.COLUMN)
+_NUMBERED_POINT_COLUMNS = (*POINT_COLUMNS, request_numbers.COLUMN)
 
 STAGED_TABLES = tuple(
     model.__table__ for model in (Span, TimelinePoint, Request, Transfer, Failure, Lookup, Latency)
@@ -94,7 +97,9 @@ def write_rows(connection: Connection, facts: Facts, resources: dict, now_ns: in
     # These rows' rollups (triggers, and kv_waits for points) read their request's other rows:
     # see request_locks.
     request_locks.lock(writer, _requests(facts))
-    new_spans = writer.insert(Span.__table__, SPAN_COLUMNS, facts.spans)
+    numbers = request_numbers.assign(writer, _numbered_pairs(facts))
+    spans = request_numbers.numbered(facts.spans, _SPAN_ENGINE, _SPAN_REQUEST, numbers)
+    new_spans = writer.insert(Span.__table__, _NUMBERED_SPAN_COLUMNS, spans)
     times = [(row[_START], row[_RECEIVED]) for row in facts.spans]
     span_counts.add_stored(writer, times, new_spans)
     _insert_dicts(writer, Request.__table__, facts.request_stubs)
@@ -106,8 +111,11 @@ def write_rows(connection: Connection, facts: Facts, resources: dict, now_ns: in
         )
         upsert = _REQUEST_UPSERT.format(updates=updates)
         _insert_dicts(writer, Request.__table__, facts.requests, upsert)
-    kv_waits.insert_points(writer, TimelinePoint.__table__, POINT_COLUMNS, facts.points)
+    points = request_numbers.numbered(facts.points, _POINT_ENGINE, _POINT_REQUEST, numbers)
+    kv_waits.insert_points(writer, TimelinePoint.__table__, _NUMBERED_POINT_COLUMNS, points)
+    request_numbers.number_dicts(facts.transfers, numbers)
     _insert_dicts(writer, Transfer.__table__, facts.transfers)
+    request_numbers.number_dicts(facts.failures, numbers)
     _insert_dicts(writer, Failure.__table__, facts.failures)
     _insert_dicts(writer, Lookup.__table__, facts.lookups)
     _insert_dicts(writer, Latency.__table__, facts.latencies)
@@ -125,6 +133,20 @@ def _requests(facts: Facts) -> Iterator[tuple[str | None, str | None]]:
             yield row["engine_id"], row["request_id"]
     for point in facts.points:
         yield point[_POINT_ENGINE], point[_POINT_REQUEST]
+
+
+def _numbered_pairs(facts: Facts) -> Iterator[request_numbers.Pair]:
+    """(engine or '', request id) of each row that carries its request's number."""
+    for row in facts.spans:
+        if row[_SPAN_REQUEST] is not None:
+            yield row[_SPAN_ENGINE] or "", row[_SPAN_REQUEST]
+    for point in facts.points:
+        if point[_POINT_REQUEST] is not None:
+            yield point[_POINT_ENGINE] or "", point[_POINT_REQUEST]
+    for rows in (facts.transfers, facts.failures):
+        for row in rows:
+            if row["request_id"] is not None:
+                yield row["engine_id"] or "", row["request_id"]
 
 
 def _insert_dicts(

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel, Field
 from sqlalchemy import Connection, and_, or_, select
 
-from kvscope.backend.db.models import Request, TimelinePoint
+from kvscope.backend.db.models import Request, RequestNumber, TimelinePoint
 from kvscope.backend.queries.incidents import IncidentPublic
 from kvscope.traces.outcomes import RECOMPUTED
 
@@ -178,14 +178,15 @@ def _allocations(
 ) -> dict[tuple[str, str], list[tuple[int, int, int]]]:
     """Each request's loads as vLLM allocated them: (point id, time, tokens to load), in time."""
     found: dict[tuple[str, str], list[tuple[int, int, int]]] = {}
-    point = TimelinePoint
+    point, number = TimelinePoint, RequestNumber
     for chunk in _chunks(sorted(keys)):
         query = (
             select(point.id, point.engine_id, point.request_id, point.time_ns, point.value)
+            .join(number, number.id == point.request_no)
             .where(
+                or_(*(and_(number.engine_id == e, number.request_id == r) for e, r in chunk)),
                 point.point == "blocks_allocated",
                 point.value.is_not(None),
-                or_(*(and_(point.engine_id == e, point.request_id == r) for e, r in chunk)),
             )
             .order_by(point.time_ns, point.id)
         )

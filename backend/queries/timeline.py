@@ -2,7 +2,7 @@
 
 import json
 
-from sqlmodel import Session, or_, select
+from sqlmodel import Session, select
 
 from kvscope.backend.db.models import (
     Failure,
@@ -12,6 +12,7 @@ from kvscope.backend.db.models import (
     TimelinePoint,
     Transfer,
 )
+from kvscope.backend.db.request_numbers import numbers_of
 from kvscope.backend.queries.schemas import Certainty, Timeline, TtftBreakdown
 from kvscope.traces import names
 
@@ -52,7 +53,8 @@ def build(session: Session, request: Request, certainty: Certainty) -> Timeline:
 
 
 def of_request(model, request: Request) -> list:
-    """Conditions selecting one request's rows: its request id on its engine.
+    """Conditions selecting one request's rows (spans, timeline points, transfers, failures):
+    its request id on its engine, or on none, found by their request numbers.
 
     A trace is only a link: clients (agent frameworks) reuse one trace for many requests, so
     joining by trace would show other requests' failures. Rows from before a request id was
@@ -60,10 +62,8 @@ def of_request(model, request: Request) -> list:
     """
     if request.request_id is None:
         return [model.trace_id == request.trace_id]
-    conditions = [model.request_id == request.request_id]
-    if request.engine_id is not None:
-        conditions.append(or_(model.engine_id == request.engine_id, model.engine_id.is_(None)))
-    return conditions
+    engines = None if request.engine_id is None else (request.engine_id, "")
+    return [model.request_no.in_(numbers_of(request.request_id, engines))]
 
 
 def _points(session: Session, request: Request) -> list[TimelinePoint]:
@@ -79,8 +79,9 @@ def _llm_attributes(session: Session, request: Request) -> dict:
     head, dash, tail = request.request_id.rpartition("-")
     if dash and len(tail) == 8:
         candidates.append(head)
+    numbers = numbers_of(candidates)
     span = session.exec(
-        select(Span).where(Span.request_id.in_(candidates), Span.name == LLM_REQUEST).limit(1)
+        select(Span).where(Span.request_no.in_(numbers), Span.name == LLM_REQUEST).limit(1)
     ).first()
     return json.loads(span.attributes) if span else {}
 

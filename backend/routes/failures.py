@@ -8,7 +8,16 @@ from kvscope.backend.db.models import Failure, FailurePublic, Lease, Process
 from kvscope.backend.deps import SessionDep, TokenDep
 from kvscope.backend.queries.incidents import IncidentPublic, fold
 from kvscope.backend.queries.schemas import Page
-from kvscope.backend.routes.paging import Limit, Offset, SinceNs, UntilNs, equal, in_window, page
+from kvscope.backend.routes.paging import (
+    Limit,
+    Offset,
+    SinceNs,
+    UntilNs,
+    equal,
+    in_window,
+    of_request_id,
+    page,
+)
 
 router = APIRouter(prefix="/api/v1/failures", tags=["failures"], dependencies=[TokenDep])
 
@@ -35,16 +44,21 @@ def list_failures(
 ):
     query = select(Failure).order_by(Failure.time_ns.desc(), Failure.id.desc())
     query = in_window(query, Failure.time_ns, since_ns, until_ns)
-    query = equal(query, kind=kind, cause=cause, engine_id=engine_id, request_id=request_id)
+    query = of_request_id(equal(query, kind=kind, cause=cause, engine_id=engine_id), request_id)
     return page(session, query, offset, limit)
 
 
 def incidents_in(
-    session: Session, since_ns: int | None, until_ns: int | None, **filters
+    session: Session,
+    since_ns: int | None,
+    until_ns: int | None,
+    request_id: str | None = None,
+    **filters,
 ) -> tuple[list[IncidentPublic], int, bool]:
     """Incidents of the window's newest MAX_REPORTS reports: (incidents, reports, truncated)."""
     query = select(Failure).order_by(Failure.time_ns.desc(), Failure.id.desc())
-    query = equal(in_window(query, Failure.time_ns, since_ns, until_ns), **filters)
+    query = in_window(query, Failure.time_ns, since_ns, until_ns)
+    query = of_request_id(equal(query, **filters), request_id)
     reports = session.exec(query.limit(MAX_REPORTS + 1)).all()
     truncated = len(reports) > MAX_REPORTS
     reports = _with_engines(session, _with_holders(session, reports[:MAX_REPORTS]))

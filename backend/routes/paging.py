@@ -5,6 +5,8 @@ from typing import Annotated
 from fastapi import Path, Query
 from sqlmodel import Session, func, select
 
+from kvscope.backend.db.request_numbers import numbers_of
+
 MAX_INT64 = 2**63 - 1
 """Databases store 64-bit integers: a larger number in a query is a 422, not a crash."""
 
@@ -52,3 +54,11 @@ def equal(query, **filters):
         if value is not None:
             query = query.where(getattr(model, name) == value)
     return query
+
+
+def of_request_id(query, request_id: str | None):
+    """Rows of a request id on any engine, found by their request numbers (request_numbers)."""
+    if request_id is None:
+        return query
+    model = query.column_descriptions[0]["entity"]
+    return query.where(model.request_no.in_(numbers_of(request_id)))

@@ -6,7 +6,16 @@ from sqlmodel import select
 from kvscope.backend.db.models import Transfer, TransferPublic
 from kvscope.backend.deps import SessionDep, TokenDep
 from kvscope.backend.queries.schemas import Page
-from kvscope.backend.routes.paging import Limit, Offset, SinceNs, UntilNs, equal, in_window, page
+from kvscope.backend.routes.paging import (
+    Limit,
+    Offset,
+    SinceNs,
+    UntilNs,
+    equal,
+    in_window,
+    of_request_id,
+    page,
+)
 
 router = APIRouter(prefix="/api/v1/transfers", tags=["transfers"], dependencies=[TokenDep])
 
@@ -26,7 +35,6 @@ def list_transfers(
 ):
     query = select(Transfer).order_by(Transfer.start_ns.desc(), Transfer.id.desc())
     query = in_window(query, Transfer.start_ns, since_ns, until_ns)
-    query = equal(
-        query, direction=direction, peer=peer, engine_id=engine_id, request_id=request_id, ok=ok
-    )
+    query = equal(query, direction=direction, peer=peer, engine_id=engine_id, ok=ok)
+    query = of_request_id(query, request_id)
     return page(session, query, offset, limit)

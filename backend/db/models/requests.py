@@ -63,7 +63,7 @@ class TimelinePoint(TimelinePointBase, table=True):
         # timelines read by request. Only the kinds read by time have an index by time: an
         # index of every point by kind and time took a tenth of the WAL frames a batch wrote.
         Index("uq_point_time", "time_ns", "trace_id", "span_id", "point", "ordinal", unique=True),
-        Index("ix_point_request", "request_id", "engine_id"),
+        Index("ix_point_request_no", "request_no"),
         Index(
             "ix_point_cached_time",
             "time_ns",
@@ -72,10 +72,22 @@ class TimelinePoint(TimelinePointBase, table=True):
         ),
     )
     id: int | None = Field(default=None, primary_key=True)
+    request_no: int | None = int64_column()
 
 
 class TimelinePointPublic(TimelinePointBase):
     pass
+
+
+class RequestNumber(SQLModel, table=True):
+    """One number per (engine, request id), given by the writer in the order requests are first
+    seen (backend/db/request_numbers.py). Rows without an engine are numbered under ''."""
+
+    __tablename__ = "request_number"
+    __table_args__ = (UniqueConstraint("request_id", "engine_id", name="uq_request_number"),)
+    id: int | None = Field(default=None, primary_key=True)
+    request_id: str
+    engine_id: str = ""
 
 
 # --- Transfers ------------------------------------------------------------------------------------
@@ -84,7 +96,7 @@ class TimelinePointPublic(TimelinePointBase):
 class TransferBase(SQLModel):
     trace_id: str = Field(max_length=32)
     span_id: str = Field(max_length=16)
-    request_id: str | None = Field(default=None, index=True)
+    request_id: str | None = None
     engine_id: str | None = None
     direction: str | None = Field(default=None, index=True)
     peer: str | None = None
@@ -98,8 +110,12 @@ class TransferBase(SQLModel):
 
 
 class Transfer(TransferBase, table=True):
-    __table_args__ = (Index("uq_transfer_time", "start_ns", "trace_id", "span_id", unique=True),)
+    __table_args__ = (
+        Index("uq_transfer_time", "start_ns", "trace_id", "span_id", unique=True),
+        Index("ix_transfer_request_no", "request_no"),
+    )
     id: int | None = Field(default=None, primary_key=True)
+    request_no: int | None = int64_column()
 
 
 class TransferPublic(TransferBase):
@@ -130,9 +146,10 @@ class FailureBase(SQLModel):
 class Failure(FailureBase, table=True):
     __table_args__ = (
         Index("uq_failure_time", "time_ns", "trace_id", "span_id", "ordinal", unique=True),
-        Index("ix_failure_request", "request_id", "engine_id"),
+        Index("ix_failure_request_no", "request_no"),
     )
     id: int | None = Field(default=None, primary_key=True)
+    request_no: int | None = int64_column()
 
 
 class FailurePublic(FailureBase):

@@ -20,7 +20,7 @@ class SpanBase(SQLModel):
     instance_id: str | None = None
     seq: int | None = int64_column()
     engine_id: str | None = None
-    request_id: str | None = Field(default=None, index=True)
+    request_id: str | None = None
 
 
 _TIER_HEALTH_SPANS = text("name = 'kvscope.tier.health'")
@@ -40,8 +40,10 @@ class Span(SpanBase, table=True):
             sqlite_where=_TIER_HEALTH_SPANS,
             postgresql_where=_TIER_HEALTH_SPANS,
         ),
+        Index("ix_span_request_no", "request_no"),
     )
     id: int | None = Field(default=None, primary_key=True)
+    request_no: int | None = int64_column()
     attributes: str = json_text_column()
     events: str = Field(default="[]", sa_column=Column(Text, nullable=False))
     links: str = Field(default="[]", sa_column=Column(Text, nullable=False))

@@ -5,7 +5,7 @@ an earlier point arrives, untouched by a retry; migration 10 drops the trigger t
 import pytest
 from sqlalchemy import text
 
-from kvscope.backend.db import kv_waits, rollups
+from kvscope.backend.db import kv_waits, request_numbers, rollups
 from kvscope.backend.db.bulk import BulkCursor
 from kvscope.backend.db.engine import make_engine
 from kvscope.backend.db.migrations import VERSION_TABLE, latest_version, migrate
@@ -35,8 +35,9 @@ def _point(span: int, point: str, at: int, request_id: str = "r1", engine_id="e1
 
 def _write(engine, rows: list[tuple]) -> int:
     with engine.begin() as connection:
-        writer = BulkCursor(connection)
-        return kv_waits.insert_points(writer, TimelinePoint.__table__, POINT_COLUMNS, rows)
+        writer = BulkCursor(connection)  # numbered by request, as the ingest writer does
+        columns, numbered = request_numbers.with_numbers(writer, POINT_COLUMNS, rows)
+        return kv_waits.insert_points(writer, TimelinePoint.__table__, columns, numbered)
 
 
 def _waits(engine) -> dict[tuple, int]:

@@ -6,14 +6,14 @@ import re
 import pytest
 from sqlalchemy import text
 
-from kvscope.backend.db import liveness, retention, span_counts
+from kvscope.backend.db import liveness, request_numbers, retention, span_counts
 from kvscope.backend.db.engine import make_engine
 from kvscope.backend.db.migrations import migrate
 from kvscope.backend.queries import accounting, aggregates
 
 GROWING = {
     *("span", "timelinepoint", "transfer", "failure", "lookup", "latency", "kv_request"),
-    "series_rollup",
+    *("series_rollup", "request_number"),
 }
 """Tables with a row per span or request; block and lease are bounded by pool sizes."""
 
@@ -41,6 +41,8 @@ RETENTION = {
     "highest_span_id": retention._HIGHEST_SPAN_ID,
     "oldest_span": retention._OLDEST_SPAN,
     **{f"derived_{i}": s for i, s in enumerate(retention._DERIVED_DELETES)},
+    **{f"lowest_number_{i}": s for i, s in enumerate(request_numbers._LOWEST_NUMBERS)},
+    "numbers_below": request_numbers._NUMBERS_BELOW,
     "close_leases": liveness._CLOSE_LEASES,
     "close_requests": liveness._CLOSE_REQUESTS,
 }
@@ -57,6 +59,7 @@ PARAMETERS = {
     "instance_id": "p",
     "cutoff": 1,
     "metric": "hit",
+    "below": 1,
 }
 
 

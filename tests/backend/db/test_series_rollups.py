@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import text
 from sqlmodel import Session
 
-from kvscope.backend.db import kv_waits, rollups
+from kvscope.backend.db import kv_waits, request_numbers, rollups
 from kvscope.backend.db.bulk import DO_NOTHING, BulkCursor
 from kvscope.backend.db.engine import make_engine
 from kvscope.backend.db.migrations import VERSION_TABLE, latest_version, migrate
@@ -142,7 +142,8 @@ def _insert(writer: BulkCursor, kind: str, rows: list[dict]) -> None:
     else:
         table, on_conflict = TABLES[kind]
     columns, values = list(rows[0]), [tuple(row.values()) for row in rows]
-    if kind == "point":  # as the ingest's writer: the KV waits counted around the insert
+    if kind == "point":  # as the ingest's writer: numbered, the KV waits counted around
+        columns, values = request_numbers.with_numbers(writer, columns, values)
         kv_waits.insert_points(writer, table, columns, values)
     else:
         writer.insert(table, columns, values, on_conflict)

@@ -56,6 +56,10 @@ def _version_7(url: str) -> None:
         for name in VERSION_7_KEYS:
             connection.exec_driver_sql(f"DROP TABLE {name}")
         old.create_all(connection)
+        # Version 7 read points by request id (request numbers came with 13).
+        connection.exec_driver_sql(
+            "CREATE INDEX ix_point_request ON timelinepoint (request_id, engine_id)"
+        )
         rollups.install(connection)
         if engine.dialect.name == "sqlite":
             # Version 7 also counted KV waits by a trigger reading the points by this index.
