@@ -54,16 +54,7 @@ MIGRATIONS: list[Migration] = [
         "timeline points indexed by time only for vLLM's cached-token counts",
         lambda connection: read_schema.replace_indexes(connection, ["ix_point_kind_time"]),
     ),
-    (
-        12,
-        "requests' index of request ids alone dropped: the (request id, engine) one serves it",
-        lambda connection: read_schema.replace_indexes(connection, ["ix_kv_request_request_id"]),
-    ),
-    (
-        13,
-        "spans, timeline points, transfers and failures found by request number, not request id",
-        request_numbers.migrate,
-    ),
+    (12, "a request's rows found by its number, not by its random id", request_numbers.migrate),
 ]
 
 MIGRATION_LOCK = 0x6B7673636F7065  # 'kvscope'

@@ -4,11 +4,12 @@ vLLM's request ids are random ('cmpl-', a UUID, the engine's 8 random characters
 by them takes each request's rows at a random place, a page written per request per batch, and
 once it outgrows the page cache a page read too. A 512-span batch of 51 requests wrote 954 WAL
 frames with such ids against 368 with ids that grow. So the writer numbers each (engine,
-request id) it has not seen before, batch by batch, and the spans, timeline points, transfers
-and failures of a request carry that number, indexed in place of the request id: a batch's
-rows land beside each other. One random index is left, this table's, probed once per request
-per batch. Rows without an engine are numbered under '' (a unique key holds NULLs distinct).
-Readers go from a request id to its numbers (numbers_of) and read by number.
+request id) it has not seen before, batch by batch, and every row derived from a request (its
+spans, timeline points, transfers, failures, lookups and request rows) carries that number,
+indexed in place of the request id: a batch's rows land beside each other. One random index
+is left, this table's, probed once per request per batch. Rows without an engine are numbered
+under '' (a unique key holds NULLs distinct). Readers go from a request id to its numbers
+(numbers_of) and read by number; the rollup triggers match a request's rows by number.
 """
 
 import json
@@ -16,18 +17,23 @@ from collections.abc import Iterable, Sequence
 
 from sqlalchemy import Connection, Select, select, text
 
-from kvscope.backend.db import read_schema
+from kvscope.backend.db import read_schema, rollups
 from kvscope.backend.db.bulk import BulkCursor
 from kvscope.backend.db.models import RequestNumber
 
 NUMBERED = {
-    # table: the index by request id that its index by number replaced (migration 13)
-    "span": "ix_span_request_id",
-    "timelinepoint": "ix_point_request",
-    "transfer": "ix_transfer_request_id",
-    "failure": "ix_failure_request",
+    # table: the indexes by request id that its index by number replaced (migration 12)
+    "span": ("ix_span_request_id",),
+    "timelinepoint": ("ix_point_request",),
+    "transfer": ("ix_transfer_request_id",),
+    "failure": ("ix_failure_request",),
+    "lookup": ("ix_lookup_request",),
+    "kv_request": ("ix_kv_request_request_id", "ix_request_request_engine"),
 }
 """The tables whose rows carry their request's number."""
+
+UNREAD = ("ix_latency_request",)
+"""Indexes by request id no query reads (vLLM's latencies are read by time), dropped by 12."""
 
 COLUMN = "request_no"
 
@@ -114,10 +120,11 @@ def prune(connection: Connection, batch: int) -> bool:
 
 
 def migrate(connection: Connection) -> None:
-    """Migration 13: the number table and columns, every stored row numbered, the indexes by
-    request id replaced by indexes by number. One pass over each table, once."""
+    """Migration 12: the number table and columns, every stored row numbered, the indexes by
+    request id replaced by indexes by number, the rollup triggers installed again (they match
+    a request's rows by number). One pass over each table, once."""
     read_schema.add_missing(connection)
-    for table, old_index in NUMBERED.items():
+    for table, old_indexes in NUMBERED.items():
         connection.execute(
             text(
                 "INSERT INTO request_number (engine_id, request_id) "
@@ -133,4 +140,8 @@ def migrate(connection: Connection) -> None:
                 "WHERE request_id IS NOT NULL"
             )
         )
-        connection.execute(text(f"DROP INDEX IF EXISTS {old_index}"))
+        for index in old_indexes:
+            connection.execute(text(f"DROP INDEX IF EXISTS {index}"))
+    for index in UNREAD:
+        connection.execute(text(f"DROP INDEX IF EXISTS {index}"))
+    rollups.install(connection)

@@ -72,15 +72,15 @@ def _is(postgres: bool) -> str:
 def _prompt(alias: str) -> str:
     return (
         "COALESCE((SELECT MAX(r.prompt_tokens) FROM kv_request r "
-        f"WHERE r.request_id = {alias}.request_id AND r.engine_id = {alias}.engine_id), 0)"
+        f"WHERE r.request_no = {alias}.request_no), 0)"
     )
 
 
 def _same_key(other: str, of: str, postgres: bool) -> str:
+    """The same request (its number: backend/db/request_numbers.py) and connector."""
     return (
-        f"{other}.request_id = {of}.request_id AND {other}.engine_id {_is(postgres)} "
-        f"{of}.engine_id AND {other}.connector {_is(postgres)} {of}.connector "
-        f"AND {other}.child IS NULL AND {other}.id != {of}.id"
+        f"{other}.request_no = {of}.request_no AND {other}.connector {_is(postgres)} "
+        f"{of}.connector AND {other}.child IS NULL AND {other}.id != {of}.id"
     )
 
 
@@ -103,7 +103,7 @@ def _hit_row(alias: str, sign: str) -> str:
 def lookup_statements(postgres: bool) -> list[str]:
     """A new lookup replaces its request's earlier last one, unless a later one is counted."""
     previous = (
-        f"SELECT o.id FROM lookup o {_by('ix_lookup_request', postgres)} "
+        f"SELECT o.id FROM lookup o {_by('ix_lookup_request_no', postgres)} "
         f"WHERE {_same_key('o', 'NEW', postgres)} "
         "ORDER BY o.time_ns DESC, o.id DESC LIMIT 1"
     )
@@ -113,7 +113,7 @@ def lookup_statements(postgres: bool) -> list[str]:
     )
     count = add_sql(
         f"{_hit_row('NEW', '')} WHERE NEW.request_id IS NULL OR NOT EXISTS "
-        f"(SELECT 1 FROM lookup o {_by('ix_lookup_request', postgres)} "
+        f"(SELECT 1 FROM lookup o {_by('ix_lookup_request_no', postgres)} "
         f"WHERE {_same_key('o', 'NEW', postgres)} "
         f"AND {_later('o', 'NEW')})"
     )
@@ -125,12 +125,12 @@ def prompt_statements(postgres: bool) -> list[str]:
     counted = add_sql(
         f"SELECT 'hit', l.time_ns - l.time_ns % {_R}, COALESCE(l.engine_id, ''), '', "
         "0, 0, 0, NEW.prompt_tokens FROM lookup l "
-        f"{_by('ix_lookup_request', postgres)} WHERE l.request_id = NEW.request_id "
-        "AND l.engine_id = NEW.engine_id AND l.child IS NULL AND NOT EXISTS "
-        f"(SELECT 1 FROM lookup o {_by('ix_lookup_request', postgres)} "
+        f"{_by('ix_lookup_request_no', postgres)} WHERE l.request_no = NEW.request_no "
+        "AND l.child IS NULL AND NOT EXISTS "
+        f"(SELECT 1 FROM lookup o {_by('ix_lookup_request_no', postgres)} "
         f"WHERE {_same_key('o', 'l', postgres)} AND {_later('o', 'l')}) "
-        "AND NOT EXISTS (SELECT 1 FROM kv_request q WHERE q.request_id = NEW.request_id "
-        "AND q.engine_id = NEW.engine_id AND q.id != NEW.id AND q.prompt_tokens IS NOT NULL)"
+        "AND NOT EXISTS (SELECT 1 FROM kv_request q WHERE q.request_no = NEW.request_no "
+        "AND q.id != NEW.id AND q.prompt_tokens IS NOT NULL)"
     )
     return [counted]
 

@@ -102,6 +102,8 @@ def write_rows(connection: Connection, facts: Facts, resources: dict, now_ns: in
     new_spans = writer.insert(Span.__table__, _NUMBERED_SPAN_COLUMNS, spans)
     times = [(row[_START], row[_RECEIVED]) for row in facts.spans]
     span_counts.add_stored(writer, times, new_spans)
+    for rows in _numbered_dicts(facts):
+        request_numbers.number_dicts(rows, numbers)
     _insert_dicts(writer, Request.__table__, facts.request_stubs)
     if facts.requests:
         updates = ", ".join(
@@ -113,9 +115,7 @@ def write_rows(connection: Connection, facts: Facts, resources: dict, now_ns: in
         _insert_dicts(writer, Request.__table__, facts.requests, upsert)
     points = request_numbers.numbered(facts.points, _POINT_ENGINE, _POINT_REQUEST, numbers)
     kv_waits.insert_points(writer, TimelinePoint.__table__, _NUMBERED_POINT_COLUMNS, points)
-    request_numbers.number_dicts(facts.transfers, numbers)
     _insert_dicts(writer, Transfer.__table__, facts.transfers)
-    request_numbers.number_dicts(facts.failures, numbers)
     _insert_dicts(writer, Failure.__table__, facts.failures)
     _insert_dicts(writer, Lookup.__table__, facts.lookups)
     _insert_dicts(writer, Latency.__table__, facts.latencies)
@@ -135,6 +135,11 @@ def _requests(facts: Facts) -> Iterator[tuple[str | None, str | None]]:
         yield point[_POINT_ENGINE], point[_POINT_REQUEST]
 
 
+def _numbered_dicts(facts: Facts) -> tuple[list[dict], ...]:
+    """The dict rows that carry their request's number (the tuple rows are spans and points)."""
+    return facts.request_stubs, facts.requests, facts.transfers, facts.failures, facts.lookups
+
+
 def _numbered_pairs(facts: Facts) -> Iterator[request_numbers.Pair]:
     """(engine or '', request id) of each row that carries its request's number."""
     for row in facts.spans:
@@ -143,7 +148,7 @@ def _numbered_pairs(facts: Facts) -> Iterator[request_numbers.Pair]:
     for point in facts.points:
         if point[_POINT_REQUEST] is not None:
             yield point[_POINT_ENGINE] or "", point[_POINT_REQUEST]
-    for rows in (facts.transfers, facts.failures):
+    for rows in _numbered_dicts(facts):
         for row in rows:
             if row["request_id"] is not None:
                 yield row["engine_id"] or "", row["request_id"]

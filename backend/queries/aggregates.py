@@ -10,12 +10,13 @@ import statistics
 from sqlalchemy import Connection, text
 
 # Each request's last decided lookup per connector and child (a lookup may be repeated
-# until it decides), with its prompt length from the request row of the same engine.
+# until it decides), with its prompt length from the request rows of the same number (the
+# same request id on the same engine: backend/db/request_numbers.py).
 LAST_LOOKUPS = text(
     "SELECT connector, child, time_ns, hit_tokens, "
-    "(SELECT MAX(r.prompt_tokens) FROM kv_request r "
-    " WHERE r.request_id = ranked.request_id AND r.engine_id = ranked.engine_id) AS prompt "
-    "FROM (SELECT engine_id, request_id, connector, child, time_ns, hit_tokens, "
+    "(SELECT MAX(r.prompt_tokens) FROM kv_request r WHERE r.request_no = ranked.request_no) "
+    "AS prompt "
+    "FROM (SELECT engine_id, request_id, request_no, connector, child, time_ns, hit_tokens, "
     "  ROW_NUMBER() OVER (PARTITION BY engine_id, request_id, connector, child "
     "                     ORDER BY time_ns DESC, id DESC) AS n "
     "  FROM lookup WHERE time_ns >= :since AND time_ns < :until) ranked "

@@ -155,13 +155,18 @@ def _ended_normally(
     """The request rows of these (engine, request id) pairs that ended in the window with a
     normal status."""
     found: dict[tuple[str, str], list[_Ended]] = {}
+    number = RequestNumber
     for chunk in _chunks(sorted(keys)):
-        query = select(
-            Request.id, Request.request_id, Request.engine_id, Request.start_ns, Request.end_ns
-        ).where(
-            Request.status.in_(NORMAL_ENDS),
-            Request.end_ns.is_not(None),
-            or_(*(and_(Request.engine_id == e, Request.request_id == r) for e, r in chunk)),
+        query = (
+            select(
+                Request.id, Request.request_id, Request.engine_id, Request.start_ns, Request.end_ns
+            )
+            .join(number, number.id == Request.request_no)
+            .where(
+                or_(*(and_(number.engine_id == e, number.request_id == r) for e, r in chunk)),
+                Request.status.in_(NORMAL_ENDS),
+                Request.end_ns.is_not(None),
+            )
         )
         if since_ns is not None:
             query = query.where(Request.end_ns >= since_ns)

@@ -18,6 +18,7 @@ from kvscope.backend.routes.paging import (
     UntilNs,
     equal,
     in_window,
+    of_request_id,
     page,
 )
 
@@ -38,9 +39,8 @@ def list_requests(
 ):
     query = select(Request).order_by(Request.start_ns.desc(), Request.id.desc())
     query = in_window(query, Request.start_ns, since_ns, until_ns)
-    query = equal(
-        query, status=status, connector=connector, engine_id=engine_id, request_id=request_id
-    )
+    query = equal(query, status=status, connector=connector, engine_id=engine_id)
+    query = of_request_id(query, request_id)
     found = page(session, query, offset, limit)
     found["items"] = [request_public(r) for r in found["items"]]
     return found

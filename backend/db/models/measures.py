@@ -11,7 +11,7 @@ class Lookup(SQLModel, table=True):
 
     __table_args__ = (
         Index("uq_lookup_time", "time_ns", "trace_id", "span_id", unique=True),
-        Index("ix_lookup_request", "request_id", "engine_id"),
+        Index("ix_lookup_request_no", "request_no"),
     )
     id: int | None = Field(default=None, primary_key=True)
     trace_id: str = Field(max_length=32)
@@ -24,15 +24,14 @@ class Lookup(SQLModel, table=True):
     hit_tokens: int = int64_column(nullable=False)
     # Tokens vLLM's prefix cache held when the connector was asked (num_computed_tokens).
     local_hit_tokens: int | None = int64_column()
+    request_no: int | None = int64_column()  # backend/db/request_numbers.py
 
 
 class Latency(SQLModel, table=True):
     """vLLM's llm_request timings of one request (its API server's request id)."""
 
-    __table_args__ = (
-        Index("uq_latency_time", "time_ns", "trace_id", "span_id", unique=True),
-        Index("ix_latency_request", "request_id"),
-    )
+    # Read by time only (the TTFT series): no index by request id.
+    __table_args__ = (Index("uq_latency_time", "time_ns", "trace_id", "span_id", unique=True),)
     id: int | None = Field(default=None, primary_key=True)
     trace_id: str = Field(max_length=32)
     span_id: str = Field(max_length=16)

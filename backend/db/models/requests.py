@@ -9,9 +9,7 @@ from kvscope.backend.db.models.columns import int64_column
 class RequestBase(SQLModel):
     trace_id: str = Field(max_length=32)
     span_id: str = Field(max_length=16)
-    # Found by ix_request_request_engine, whose first column it is: an index of its own took
-    # a random insert a request too, as vLLM's request ids are random (migration 12).
-    request_id: str | None = None
+    request_id: str | None = None  # found by its number (backend/db/request_numbers.py)
     engine_id: str | None = Field(default=None, index=True)
     connector: str | None = Field(default=None, index=True)
     kv_role: str | None = None
@@ -29,10 +27,11 @@ class Request(RequestBase, table=True):
         UniqueConstraint("trace_id", "span_id", name="uq_request_span"),
         Index("ix_request_end", "end_ns"),
         # The prompt length of a lookup's request: one probe per lookup in the hit rates.
-        Index("ix_request_request_engine", "request_id", "engine_id"),
+        Index("ix_request_request_no", "request_no"),
         Index("ix_request_instance_status", "instance_id", "status"),
     )
     id: int | None = Field(default=None, primary_key=True)
+    request_no: int | None = int64_column()
 
 
 class RequestPublic(RequestBase):

@@ -1,5 +1,5 @@
 """Request numbers: one per (engine, request id), the same from every batch and writer; migration
-13 numbers the rows an older database holds; a request's rows are read by their index of
+12 numbers the rows an older database holds; a request's rows are read by their index of
 numbers (SQLite, and PostgreSQL with KVSCOPE_TEST_POSTGRES_URL)."""
 
 import pytest
@@ -10,7 +10,7 @@ from kvscope.backend.db import request_numbers
 from kvscope.backend.db.bulk import BulkCursor
 from kvscope.backend.db.engine import is_sqlite, make_engine
 from kvscope.backend.db.migrations import VERSION_TABLE, latest_version, migrate
-from kvscope.backend.db.models import Failure, Request, Span, TimelinePoint, Transfer
+from kvscope.backend.db.models import Failure, Lookup, Request, Span, TimelinePoint, Transfer
 from kvscope.backend.queries.timeline import of_request
 
 pytestmark = pytest.mark.timeout(60)
@@ -25,7 +25,7 @@ def engine(database_url):
     engine = make_engine(database_url)
     migrate(engine)
     with engine.begin() as connection:  # the module's tests share one database
-        for table in (*request_numbers.NUMBERED, "kv_request", "request_number"):
+        for table in (*request_numbers.NUMBERED, "request_number", "series_rollup"):
             connection.execute(text(f"DELETE FROM {table}"))
     yield engine
     engine.dispose()
@@ -45,7 +45,7 @@ def test_a_request_keeps_its_number_and_new_ones_follow_in_the_order_first_seen(
 
 
 def _old_rows(connection) -> None:
-    """Rows as version 12 stored them: request ids, no numbers."""
+    """Rows as version 11 stored them: request ids, no numbers."""
     writer = BulkCursor(connection)
     span_columns = (
         *("trace_id", "span_id", "name", "kind", "start_ns", "end_ns", "status_code"),
@@ -72,26 +72,41 @@ def _old_rows(connection) -> None:
         (*keys, "time_ns", "kind"),
         [("ab" * 16, "03", 0, "e1", VLLM_ID, T0, "load_failed")],
     )
+    writer.insert(
+        Lookup.__table__,
+        (*keys[:2], *keys[3:], "time_ns", "hit_tokens"),
+        [("ab" * 16, "04", "e1", VLLM_ID, T0, 16)],
+    )
+    writer.insert(
+        Request.__table__,
+        (*keys[:2], *keys[3:], "start_ns", "status"),
+        [("ab" * 16, "ff", "e1", VLLM_ID, T0, "running")],
+    )
 
 
-def test_migration_13_numbers_stored_rows_and_reads_find_them_by_number(engine):
-    with engine.begin() as connection:  # as version 12 left it
-        for table, index in request_numbers.NUMBERED.items():
-            connection.execute(text(f"CREATE INDEX {index} ON {table} (request_id)"))
+def test_migration_12_numbers_stored_rows_and_reads_find_them_by_number(engine):
+    with engine.begin() as connection:  # as version 11 left it
+        for table, indexes in request_numbers.NUMBERED.items():
+            for index in indexes:
+                connection.execute(text(f"CREATE INDEX {index} ON {table} (request_id)"))
         _old_rows(connection)
-        connection.execute(text(f"UPDATE {VERSION_TABLE} SET version = 12"))
-    assert migrate(engine) == latest_version()  # 13 and every later migration ran
+        connection.execute(text(f"UPDATE {VERSION_TABLE} SET version = 11"))
+    assert migrate(engine) == latest_version()  # 12 and every later migration ran
 
-    for table, index in request_numbers.NUMBERED.items():
-        assert index not in {i["name"] for i in inspect(engine).get_indexes(table)}
+    for table, indexes in request_numbers.NUMBERED.items():
+        assert not set(indexes) & {i["name"] for i in inspect(engine).get_indexes(table)}
     request = Request(trace_id="ab" * 16, span_id="ff", request_id=VLLM_ID, engine_id="e1")
     with Session(engine) as session:
         spans = session.exec(select(Span).where(*of_request(Span, request))).all()
         # Its request id on its engine, or on none; not another engine's request.
         assert sorted(span.engine_id or "" for span in spans) == ["", "e1"]
+        number = next(span.request_no for span in spans if span.engine_id == "e1")
         for model in (TimelinePoint, Transfer, Failure):
             (row,) = session.exec(select(model).where(*of_request(model, request))).all()
-            assert row.request_no == next(s.request_no for s in spans if s.engine_id == "e1")
+            assert row.request_no == number
+        for model in (Lookup, Request):
+            (row,) = session.exec(select(model).where(model.request_id == VLLM_ID)).all()
+            assert row.request_no == number
     assert _assign(engine, [("e2", "x")]) == {("e2", "x"): _number(engine, "e2", "x")}
 
 
