@@ -71,17 +71,6 @@ def numbered(
     return out
 
 
-def with_numbers(
-    writer: BulkCursor, columns: Sequence[str], rows: Sequence[tuple]
-) -> tuple[tuple[str, ...], list[tuple]]:
-    """One table's tuple rows numbered as the ingest writer numbers a batch's: the columns
-    with the number's, and the rows with their numbers."""
-    engine_at, request_at = columns.index("engine_id"), columns.index("request_id")
-    pairs = [(row[engine_at] or "", row[request_at]) for row in rows if row[request_at] is not None]
-    numbers = assign(writer, pairs)
-    return (*columns, COLUMN), numbered(rows, engine_at, request_at, numbers)
-
-
 def number_dicts(rows: list[dict], numbers: dict[Pair, int]) -> None:
     """Dict rows get their request's number, in place."""
     for row in rows:

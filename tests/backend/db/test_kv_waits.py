@@ -16,6 +16,7 @@ pytestmark = pytest.mark.timeout(60)
 
 S = 1_000_000_000
 T0 = 1_800_000_000 * S
+ENGINE_AT, REQUEST_AT = POINT_COLUMNS.index("engine_id"), POINT_COLUMNS.index("request_id")
 
 
 def _point(span: int, point: str, at: int, request_id: str = "r1", engine_id="e1") -> tuple:
@@ -36,7 +37,10 @@ def _point(span: int, point: str, at: int, request_id: str = "r1", engine_id="e1
 def _write(engine, rows: list[tuple]) -> int:
     with engine.begin() as connection:
         writer = BulkCursor(connection)  # numbered by request, as the ingest writer does
-        columns, numbered = request_numbers.with_numbers(writer, POINT_COLUMNS, rows)
+        pairs = [(row[ENGINE_AT] or "", row[REQUEST_AT]) for row in rows if row[REQUEST_AT]]
+        numbers = request_numbers.assign(writer, pairs)
+        numbered = request_numbers.numbered(rows, ENGINE_AT, REQUEST_AT, numbers)
+        columns = (*POINT_COLUMNS, request_numbers.COLUMN)
         return kv_waits.insert_points(writer, TimelinePoint.__table__, columns, numbered)
 
 

@@ -132,3 +132,29 @@ def test_a_requests_rows_are_read_by_the_index_of_numbers(engine):
         table = model.__table__.name
         assert f"SCAN {table}" not in plan, plan
         assert "request_no" in plan, plan
+
+
+def test_retention_drops_the_numbers_below_the_lowest_a_stored_row_carries(engine):
+    # A batch's new numbers go in the pairs' sorted order.
+    numbers = _assign(engine, [("e1", "a-old"), ("e1", "b-kept"), ("e1", "c-newer")])
+    with engine.begin() as connection:
+        request_numbers.number_dicts(rows := [_point_row("b-kept")], numbers)
+        BulkCursor(connection).insert(
+            TimelinePoint.__table__, list(rows[0]), [(*rows[0].values(),)]
+        )
+        assert request_numbers.prune(connection, batch=10) is False
+    with engine.connect() as connection:
+        left = connection.execute(text("SELECT request_id FROM request_number")).scalars().all()
+    assert sorted(left) == ["b-kept", "c-newer"]  # a number above the lowest carried stays
+
+
+def _point_row(request_id: str) -> dict:
+    return {
+        "trace_id": "cd" * 16,
+        "span_id": "05",
+        "ordinal": 0,
+        "engine_id": "e1",
+        "request_id": request_id,
+        "point": "lookup_start",
+        "time_ns": T0,
+    }
