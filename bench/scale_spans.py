@@ -50,7 +50,15 @@ class Batches:
                     self._move(span, batch, new_id, shift, request_ids, rng)
         return request.SerializeToString()
 
-    def _move(self, span, batch, trace_id, shift, request_ids, rng) -> None:
+    def _move(
+        self,
+        span,
+        batch: int,
+        trace_id: bytes,
+        shift: int,
+        request_ids: dict[str, str],
+        rng: random.Random,
+    ) -> None:
         span.trace_id = trace_id  # span and parent ids stay: per trace
         span.start_time_unix_nano += shift
         span.end_time_unix_nano += shift

@@ -15,7 +15,7 @@ under '' (a unique key holds NULLs distinct). Readers go from a request id to it
 import json
 from collections.abc import Iterable, Sequence
 
-from sqlalchemy import Connection, Select, select, text
+from sqlalchemy import Connection, Select, and_, or_, select, text
 
 from kvscope.backend.db import read_schema, rollups
 from kvscope.backend.db.bulk import BulkCursor
@@ -87,6 +87,18 @@ def numbers_of(request_id: str | Sequence[str], engines: Sequence[str] | None = 
     else:
         query = query.where(RequestNumber.request_id.in_(request_id))
     return query if engines is None else query.where(RequestNumber.engine_id.in_(engines))
+
+
+def numbers_of_pairs(pairs: Iterable[Pair]) -> Select:
+    """The numbers of these (engine, request id) pairs."""
+    return select(RequestNumber.id).where(
+        or_(
+            *(
+                and_(RequestNumber.engine_id == engine, RequestNumber.request_id == request_id)
+                for engine, request_id in pairs
+            )
+        )
+    )
 
 
 _LOWEST_NUMBERS = tuple(text(f"SELECT MIN({COLUMN}) FROM {table}") for table in NUMBERED)

@@ -5,9 +5,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel, Field
-from sqlalchemy import Connection, and_, or_, select
+from sqlalchemy import Connection, select
 
-from kvscope.backend.db.models import Request, RequestNumber, TimelinePoint
+from kvscope.backend.db.models import Request, TimelinePoint
+from kvscope.backend.db.request_numbers import numbers_of_pairs
 from kvscope.backend.queries.incidents import IncidentPublic
 from kvscope.traces.outcomes import RECOMPUTED
 
@@ -155,18 +156,13 @@ def _ended_normally(
     """The request rows of these (engine, request id) pairs that ended in the window with a
     normal status."""
     found: dict[tuple[str, str], list[_Ended]] = {}
-    number = RequestNumber
     for chunk in _chunks(sorted(keys)):
-        query = (
-            select(
-                Request.id, Request.request_id, Request.engine_id, Request.start_ns, Request.end_ns
-            )
-            .join(number, number.id == Request.request_no)
-            .where(
-                or_(*(and_(number.engine_id == e, number.request_id == r) for e, r in chunk)),
-                Request.status.in_(NORMAL_ENDS),
-                Request.end_ns.is_not(None),
-            )
+        query = select(
+            Request.id, Request.request_id, Request.engine_id, Request.start_ns, Request.end_ns
+        ).where(
+            Request.request_no.in_(numbers_of_pairs(chunk)),
+            Request.status.in_(NORMAL_ENDS),
+            Request.end_ns.is_not(None),
         )
         if since_ns is not None:
             query = query.where(Request.end_ns >= since_ns)
@@ -183,13 +179,12 @@ def _allocations(
 ) -> dict[tuple[str, str], list[tuple[int, int, int]]]:
     """Each request's loads as vLLM allocated them: (point id, time, tokens to load), in time."""
     found: dict[tuple[str, str], list[tuple[int, int, int]]] = {}
-    point, number = TimelinePoint, RequestNumber
+    point = TimelinePoint
     for chunk in _chunks(sorted(keys)):
         query = (
             select(point.id, point.engine_id, point.request_id, point.time_ns, point.value)
-            .join(number, number.id == point.request_no)
             .where(
-                or_(*(and_(number.engine_id == e, number.request_id == r) for e, r in chunk)),
+                point.request_no.in_(numbers_of_pairs(chunk)),
                 point.point == "blocks_allocated",
                 point.value.is_not(None),
             )
