@@ -9,8 +9,8 @@ from sqlmodel import SQLModel
 from kvscope.backend.db import (
     kv_waits,
     models,  # noqa: F401  (registers the tables on SQLModel.metadata)
+    number_keys,
     read_schema,
-    request_numbers,
     rollups,
     span_counts,
     time_keys,
@@ -54,7 +54,12 @@ MIGRATIONS: list[Migration] = [
         "timeline points indexed by time only for vLLM's cached-token counts",
         lambda connection: read_schema.replace_indexes(connection, ["ix_point_kind_time"]),
     ),
-    (12, "a request's rows found by its number, not by its random id", request_numbers.migrate),
+    (12, "a request's rows found by its number, not by its random id", number_keys.number_rows),
+    (
+        13,
+        "request numbers found by a hash of the id; the request table keyed by number",
+        number_keys.key_by_number,
+    ),
 ]
 
 MIGRATION_LOCK = 0x6B7673636F7065  # 'kvscope'

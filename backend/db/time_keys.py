@@ -9,7 +9,7 @@ that key's first column, and go; the span table kept its narrow one for the summ
 until migration 9 moved that count to the rollups (backend/db/span_counts.py).
 """
 
-from sqlalchemy import Connection, Table, inspect, text
+from sqlalchemy import Connection, inspect, text
 from sqlmodel import SQLModel
 
 from kvscope.backend.db import (
@@ -18,6 +18,7 @@ from kvscope.backend.db import (
     read_schema,
     rollups,
 )
+from kvscope.backend.db.rebuild import rebuild_sqlite
 
 REKEYED = {
     # table: (its old unique key's constraint name, its old time index if that goes)
@@ -29,8 +30,6 @@ REKEYED = {
     "latency": ("uq_latency_span", "ix_latency_time"),
 }
 """The tables whose unique key migration 8 leads by time."""
-
-_OLD = "kvscope_rekey_old_"
 
 
 def migrate(connection: Connection) -> None:
@@ -56,20 +55,5 @@ def migrate(connection: Connection) -> None:
     for table in tables:
         (key,) = [index.name for index in table.indexes if index.unique]
         if not inspect(connection).has_index(table.name, key):
-            _rebuild_sqlite(connection, table)
+            rebuild_sqlite(connection, table)
     rollups.install(connection)
-
-
-def _rebuild_sqlite(connection: Connection, table: Table) -> None:
-    old = _OLD + table.name
-    # Named indexes only (the UNIQUE constraint's autoindex goes with the table); their names
-    # go to the new table's indexes.
-    for index in inspect(connection).get_indexes(table.name):
-        connection.exec_driver_sql(f'DROP INDEX "{index["name"]}"')
-    connection.exec_driver_sql(f"ALTER TABLE {table.name} RENAME TO {old}")
-    table.create(connection)
-    columns = ", ".join(column.name for column in table.columns)
-    connection.exec_driver_sql(
-        f"INSERT INTO {table.name} ({columns}) SELECT {columns} FROM {old} ORDER BY id"
-    )
-    connection.exec_driver_sql(f"DROP TABLE {old}")

@@ -23,7 +23,8 @@ class LiveUpdate:
     """What the WebSocket needs of one stored batch: its message and the requests it ended."""
 
     message: dict
-    finished: list[tuple[str, str, str | None]]  # (trace_id, span_id, instance_id)
+    # (request_no, trace_id, span_id, instance_id): the request table's key, then the process
+    finished: list[tuple[int, str, str, str | None]]
 
 
 @dataclass(slots=True)
@@ -156,8 +157,9 @@ class Committer:
 
 
 def live_update(facts: Facts, max_timelines: int) -> LiveUpdate:
+    """After the write, which numbered the request rows (backend/db/request_numbers.py)."""
     finished = [
-        (row["trace_id"], row["span_id"], row["instance_id"])
+        (row["request_no"], row["trace_id"], row["span_id"], row["instance_id"])
         for row in facts.requests[:max_timelines]
     ]
     return LiveUpdate(batch_message(facts), finished)

@@ -38,7 +38,8 @@ STAGED_TABLES = tuple(
 """Insert-only tables: on PostgreSQL their rows go in by COPY through a staging table."""
 
 # The request span itself is the final word; it replaces a 'running' stub.
-_REQUEST_UPSERT = "ON CONFLICT (trace_id, span_id) DO UPDATE SET {updates}"
+_REQUEST_KEY = (request_numbers.COLUMN, "trace_id", "span_id")
+_REQUEST_UPSERT = f"ON CONFLICT ({', '.join(_REQUEST_KEY)}) DO UPDATE SET {{updates}}"
 
 # Acquire and end events may arrive in either order: each fills in its own columns, and
 # the earliest end wins.
@@ -94,22 +95,25 @@ def write_rows(connection: Connection, facts: Facts, resources: dict, now_ns: in
     """Writes one batch's rows in the caller's transaction; returns the spans new to the
     database (an exporter's retry of a stored batch adds none)."""
     writer = BulkCursor(connection, STAGED_TABLES)
-    # These rows' rollups (triggers, and kv_waits for points) read their request's other rows:
-    # see request_locks.
-    request_locks.lock(writer, _requests(facts))
-    numbers = request_numbers.assign(writer, _numbered_pairs(facts))
+    # Two backends' writes of one request take turns (request_locks): its numbering, and the
+    # rollups (triggers, and kv_waits for points) that read its other rows.
+    pairs = set(_numbered_pairs(facts))
+    request_locks.lock(writer, pairs)
+    numbers = request_numbers.assign(writer, pairs)
     spans = request_numbers.numbered(facts.spans, _SPAN_ENGINE, _SPAN_REQUEST, numbers)
     new_spans = writer.insert(Span.__table__, _NUMBERED_SPAN_COLUMNS, spans)
     times = [(row[_START], row[_RECEIVED]) for row in facts.spans]
     span_counts.add_stored(writer, times, new_spans)
-    for rows in _numbered_dicts(facts):
+    for rows in (facts.transfers, facts.failures, facts.lookups):
         request_numbers.number_dicts(rows, numbers)
+    for rows in (facts.request_stubs, facts.requests):  # their unique key is led by it
+        request_numbers.number_dicts(rows, numbers, absent=request_numbers.NO_REQUEST)
     _insert_dicts(writer, Request.__table__, facts.request_stubs)
     if facts.requests:
         updates = ", ".join(
             f"{column} = excluded.{column}"
             for column in facts.requests[0]
-            if column not in ("trace_id", "span_id")
+            if column not in _REQUEST_KEY
         )
         upsert = _REQUEST_UPSERT.format(updates=updates)
         _insert_dicts(writer, Request.__table__, facts.requests, upsert)
@@ -126,20 +130,6 @@ def write_rows(connection: Connection, facts: Facts, resources: dict, now_ns: in
     return new_spans
 
 
-def _requests(facts: Facts) -> Iterator[tuple[str | None, str | None]]:
-    """(engine_id, request_id) of each row whose rollup reads its request's rows."""
-    for rows in (facts.request_stubs, facts.requests, facts.lookups):
-        for row in rows:
-            yield row["engine_id"], row["request_id"]
-    for point in facts.points:
-        yield point[_POINT_ENGINE], point[_POINT_REQUEST]
-
-
-def _numbered_dicts(facts: Facts) -> tuple[list[dict], ...]:
-    """The dict rows that carry their request's number (the tuple rows are spans and points)."""
-    return facts.request_stubs, facts.requests, facts.transfers, facts.failures, facts.lookups
-
-
 def _numbered_pairs(facts: Facts) -> Iterator[request_numbers.Pair]:
     """(engine or '', request id) of each row that carries its request's number."""
     for row in facts.spans:
@@ -148,7 +138,13 @@ def _numbered_pairs(facts: Facts) -> Iterator[request_numbers.Pair]:
     for point in facts.points:
         if point[_POINT_REQUEST] is not None:
             yield point[_POINT_ENGINE] or "", point[_POINT_REQUEST]
-    for rows in _numbered_dicts(facts):
+    for rows in (
+        facts.request_stubs,
+        facts.requests,
+        facts.transfers,
+        facts.failures,
+        facts.lookups,
+    ):
         for row in rows:
             if row["request_id"] is not None:
                 yield row["engine_id"] or "", row["request_id"]

@@ -100,12 +100,14 @@ def make_publisher(app):
                 sure = certainty.certainty(
                     session,
                     app.state.settings.gap_grace_s,
-                    {instance_id for _, _, instance_id in update.finished},
+                    {instance_id for *_, instance_id in update.finished},
                 )
-                for trace_id, span_id, _ in update.finished:
+                for request_no, trace_id, span_id, _ in update.finished:
                     request = session.exec(
                         select(Request).where(
-                            Request.trace_id == trace_id, Request.span_id == span_id
+                            Request.request_no == request_no,
+                            Request.trace_id == trace_id,
+                            Request.span_id == span_id,
                         )
                     ).first()
                     if request is not None:

@@ -1,6 +1,6 @@
 """What a request did: its row, its timeline points, its transfers and its failures."""
 
-from sqlalchemy import Index, UniqueConstraint, text
+from sqlalchemy import Index, text
 from sqlmodel import Field, SQLModel
 
 from kvscope.backend.db.models.columns import int64_column
@@ -24,14 +24,16 @@ class RequestBase(SQLModel):
 class Request(RequestBase, table=True):
     __tablename__ = "kv_request"
     __table_args__ = (
-        UniqueConstraint("trace_id", "span_id", name="uq_request_span"),
+        # A 'running' stub and its request's final row share this key, which an exporter's
+        # retry repeats. Led by the request's number (0 for a row of no request id), a batch's
+        # rows land beside each other, and the prompt length of a lookup's request is one
+        # probe of it in the hit rates (backend/db/request_numbers.py).
+        Index("uq_request_no_span", "request_no", "trace_id", "span_id", unique=True),
         Index("ix_request_end", "end_ns"),
-        # The prompt length of a lookup's request: one probe per lookup in the hit rates.
-        Index("ix_request_request_no", "request_no"),
         Index("ix_request_instance_status", "instance_id", "status"),
     )
     id: int | None = Field(default=None, primary_key=True)
-    request_no: int | None = int64_column()
+    request_no: int | None = int64_column()  # NULL only in rows migration 13 had yet to key
 
 
 class RequestPublic(RequestBase):
@@ -80,11 +82,13 @@ class TimelinePointPublic(TimelinePointBase):
 
 class RequestNumber(SQLModel, table=True):
     """One number per (engine, request id), given by the writer in the order requests are first
-    seen (backend/db/request_numbers.py). Rows without an engine are numbered under ''."""
+    seen (backend/db/request_numbers.py). Rows without an engine are numbered under ''. Found
+    by a 64-bit hash of the request id, the id compared after: an index of 8-byte keys."""
 
     __tablename__ = "request_number"
-    __table_args__ = (UniqueConstraint("request_id", "engine_id", name="uq_request_number"),)
+    __table_args__ = (Index("ix_request_number_hash", "request_hash"),)
     id: int | None = Field(default=None, primary_key=True)
+    request_hash: int | None = int64_column()  # NULL only in rows migration 13 had yet to hash
     request_id: str
     engine_id: str = ""
 
