@@ -18,10 +18,12 @@ locks them all at once."""
 # Two backends on one PostgreSQL: the rollup triggers (db/rollups.py) and the writer's KV wait
 # reads (db/kv_waits.py) read the other rows of a row's request, and rows of a transaction not
 # yet committed are unseen, so two batches of one request could each count a lookup as the
-# request's last, or a KV wait twice. A transaction locks its requests before its first
-# insert, until commit, all in one statement in one order (unnest reads the array in order: the
-# shared lock first, then keys ascending), so no two can wait for each other; under READ
-# COMMITTED each later statement sees the rows of the one it waited for.
+# request's last, or a KV wait twice; and two could each number the same new request
+# (db/request_numbers.py: its table has no unique key on the id). A transaction locks its
+# requests before its first insert, until commit, all in one statement in one order (unnest
+# reads the array in order: the shared lock first, then keys ascending), so no two can wait
+# for each other; under READ COMMITTED each later statement sees the rows of the one it
+# waited for.
 # SQLite needs none: its one writer at a time takes the write lock at the batch's first insert.
 _LOCK_EACH = (
     "SELECT CASE WHEN n = 1 THEN pg_advisory_xact_lock_shared(key) "
@@ -33,7 +35,7 @@ _LOCK_ALL = "SELECT pg_advisory_xact_lock(?)"
 
 def lock(writer: BulkCursor, requests: Iterable[tuple[str | None, str | None]]) -> None:
     """Locks each (engine_id, request_id) until commit; PostgreSQL only (`requests` is not
-    read on SQLite: a generator costs nothing there). A None request_id locks nothing."""
+    read on SQLite). A None request_id locks nothing."""
     if not writer.postgres:
         return
     keys = sorted(

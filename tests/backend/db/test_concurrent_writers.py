@@ -239,6 +239,19 @@ def _race_against_serial(engine: Engine, case: str) -> None:
     assert waited  # SQLite: its single writer waits; PostgreSQL: the request's lock
 
 
+def test_racing_writers_of_a_new_request_give_it_one_number(engine):
+    """Neither batch finds the request numbered, and the number table has no unique key on
+    the request id: the second waits for the first and takes its number (request_locks)."""
+    story = Story("racing: a new request")
+    assert _race(engine, story.batch(_lookup(1, 192)), story.batch(_lookup(2, 0)))
+    with engine.connect() as connection:
+        numbers = connection.execute(
+            text("SELECT COUNT(*) FROM request_number WHERE engine_id = :e AND request_id = :r"),
+            {"e": story.engine_id, "r": "req-0"},
+        )
+        assert numbers.scalar_one() == 1
+
+
 def test_writers_of_different_requests_do_not_wait_for_each_other(engine):
     """The locks are per request: two backends' batches of other requests go in together."""
     if engine.dialect.name != "postgresql":
