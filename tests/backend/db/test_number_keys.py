@@ -60,8 +60,8 @@ def _version_12(engine) -> None:
         UniqueConstraint("request_id", "engine_id", name="uq_request_number"),
     )
     with engine.begin() as connection:
-        for name, *_ in rollups.TRIGGERS:
-            if connection.dialect.name == "sqlite":
+        if connection.dialect.name == "sqlite":  # triggers of other tables read these
+            for name, *_ in rollups.TRIGGERS:
                 connection.exec_driver_sql(f"DROP TRIGGER IF EXISTS {name}")
         connection.exec_driver_sql("DROP TABLE kv_request")
         connection.exec_driver_sql("DROP TABLE request_number")
