@@ -8,27 +8,13 @@ from sqlmodel import Session, select
 
 from kvscope.backend.db import request_numbers
 from kvscope.backend.db.bulk import BulkCursor
-from kvscope.backend.db.engine import is_sqlite, make_engine
+from kvscope.backend.db.engine import is_sqlite
 from kvscope.backend.db.migrations import VERSION_TABLE, latest_version, migrate
 from kvscope.backend.db.models import Failure, Lookup, Request, Span, TimelinePoint, Transfer
 from kvscope.backend.queries.timeline import of_request
+from tests.backend.db.conftest import T0, VLLM_ID
 
 pytestmark = pytest.mark.timeout(60)
-
-T0 = 1_800_000_000 * 10**9
-VLLM_ID = "cmpl-9f0c2a61d4b84e27a1c3b5d7e9f01234-0-a1b2c3d4"
-"""A request id as a served vLLM hands it to a connector."""
-
-
-@pytest.fixture
-def engine(database_url):
-    engine = make_engine(database_url)
-    migrate(engine)
-    with engine.begin() as connection:  # the module's tests share one database
-        for table in (*request_numbers.NUMBERED, "request_number", "series_rollup"):
-            connection.execute(text(f"DELETE FROM {table}"))
-    yield engine
-    engine.dispose()
 
 
 def _assign(engine, pairs) -> dict:
