@@ -7,6 +7,7 @@ and PostgreSQL.
 """
 
 from collections.abc import Sequence
+from functools import cache
 from itertools import chain
 
 from sqlalchemy import Connection, Engine, Table, event
@@ -18,15 +19,17 @@ DO_NOTHING = "ON CONFLICT DO NOTHING"
 """Rows already stored (an exporter's retry) are skipped."""
 
 SQLITE_ROWS_PER_STATEMENT = 32
-"""SQLite: rows per multi-row INSERT; the rest of a batch goes row by row (executemany).
+"""SQLite: rows per multi-row INSERT; the rest of a batch goes in statements of 16, 8, 4, 2
+and 1 rows (its size in binary).
 
 SQLite pays a cost per statement run (executemany runs one per row), more on a table with a
 trigger, and more the more indexes that table has (timeline points, with a trigger that never
 fired: 2.5 us more a row by executemany, 1 in 32-row statements). The ingest write took 16.4
-instead of 19.3 us per span in-process (16 rows did as well, 128 worse). There is one statement
-per table, kept in the driver's statement cache; one per remainder size would be compiled again
-and again. Not PostgreSQL: its upsert refuses to touch one row twice in one statement, and its
-plain inserts go by COPY."""
+instead of 19.3 us per span in-process (16 rows did as well, 128 worse). A table has at most
+six statements, kept in the driver's statement cache; one per remainder size would be compiled
+again and again, and the remainders by executemany were a third of the request, lookup and
+transfer rows of a 512-span batch (51 of each: 32 + 19). Not PostgreSQL: its upsert refuses
+to touch one row twice in one statement, and its plain inserts go by COPY."""
 
 COPY_MIN_ROWS = 16
 """Below this many rows a COPY round trip costs more than executemany saves."""
@@ -56,20 +59,20 @@ class BulkCursor:
         copy = on_conflict == DO_NOTHING and table.name in self.staged
         if copy and len(rows) >= COPY_MIN_ROWS:
             return self._copy_insert(table, names, rows, on_conflict)
-        row = f"({', '.join([self.marker] * len(columns))})"
         insert = f"INSERT INTO {table.name} ({names}) VALUES "
-        stored = 0
-        whole = 0 if self.postgres else len(rows) - len(rows) % SQLITE_ROWS_PER_STATEMENT
-        if whole:
-            rows_sql = ", ".join([row] * SQLITE_ROWS_PER_STATEMENT)
-            statement = f"{insert}{rows_sql} {on_conflict}"
-            for at in range(0, whole, SQLITE_ROWS_PER_STATEMENT):
-                chunk = rows[at : at + SQLITE_ROWS_PER_STATEMENT]
-                self.cursor.execute(statement, list(chain.from_iterable(chunk)))
-                stored += self.cursor.rowcount
-        if whole < len(rows):
-            self.cursor.executemany(f"{insert}{row} {on_conflict}", rows[whole:])
+        if self.postgres:
+            self.cursor.executemany(
+                f"{insert}{_values(len(columns), 1, self.marker)} {on_conflict}", rows
+            )
+            return self.cursor.rowcount
+        stored, at, size = 0, 0, SQLITE_ROWS_PER_STATEMENT
+        while at < len(rows):
+            while at + size > len(rows):
+                size //= 2
+            statement = f"{insert}{_values(len(columns), size)} {on_conflict}"
+            self.cursor.execute(statement, list(chain.from_iterable(rows[at : at + size])))
             stored += self.cursor.rowcount
+            at += size
         return stored
 
     def _copy_insert(self, table: Table, names: str, rows: list[tuple], on_conflict: str) -> int:
@@ -96,6 +99,13 @@ class BulkCursor:
         if self.postgres:
             sql = sql.replace("?", "%s")
         self.cursor.executemany(sql, rows)
+
+
+@cache
+def _values(columns: int, rows: int, marker: str = "?") -> str:
+    """The VALUES list of `rows` rows of `columns` markers each."""
+    row = f"({', '.join([marker] * columns)})"
+    return ", ".join([row] * rows)
 
 
 def add_postgres_stages(engine: Engine, tables: Sequence[Table]) -> None:
