@@ -12,6 +12,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from kvscope.connector.common.cpu_amx import allow_amx
 from kvscope.connector.common.kv_layout import distinct_kv_memories
 from kvscope.connector.cpu_offload import prom
 from kvscope.connector.cpu_offload.config import OffloadConfig
@@ -137,6 +138,7 @@ class CpuOffloadCore(KVConnectorBase_V1, SupportsHMA):
     # --- worker side --------------------------------------------------------------------------
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        allow_amx()  # a whole prompt loaded: the first forward may be the first attention
         self.worker.register(distinct_kv_memories(kv_caches, self._kv_cache_config))
 
     def unregister_kv_caches(self) -> None:

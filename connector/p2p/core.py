@@ -11,6 +11,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from kvscope.connector.common.cpu_amx import allow_amx
 from kvscope.connector.common.kv_layout import distinct_kv_memories
 from kvscope.connector.common.stats_schema import IntervalReporter
 from kvscope.connector.p2p import prom
@@ -140,6 +141,7 @@ class P2PCore(KVConnectorBase_V1, SupportsHMA):
     # --- worker side --------------------------------------------------------------------------
 
     def register_kv_caches(self, kv_caches: dict[str, "torch.Tensor"]) -> None:
+        allow_amx()  # a decode side's first forward may be its first attention
         kv_cache_config = self._kv_cache_config
         kv_caches = distinct_kv_memories(kv_caches, kv_cache_config)
         self.worker.register(
