@@ -46,16 +46,21 @@ class Hole:
         return self.last - self.first + 1
 
 
-def runs_of(items: list[tuple[int, int]], now_ns: int) -> list[Run]:
-    """Consecutive runs of one batch's (seq, start_ns) pairs."""
-    runs: list[Run] = []
-    for seq, start_ns in sorted(set(items)):
-        last = runs[-1] if runs else None
-        if last is not None and seq <= last.hi + 1:
-            if seq > last.hi:
-                last.hi, last.hi_start_ns = seq, start_ns
-        else:
-            runs.append(Run(seq, seq, start_ns, start_ns, now_ns))
+def runs_of(items: list[tuple[int, int]]) -> list[tuple[int, int, int, int]]:
+    """Consecutive runs (lo, hi, lo_start_ns, hi_start_ns) of one batch's (seq, start_ns) pairs:
+    made where the batch is derived, so the writer gets a handful, not a pair a span."""
+    pairs = sorted(set(items))
+    if not pairs:
+        return []
+    runs: list[tuple[int, int, int, int]] = []
+    lo, lo_start_ns = hi, hi_start_ns = pairs[0]
+    for seq, start_ns in pairs:
+        if seq > hi + 1:
+            runs.append((lo, hi, lo_start_ns, hi_start_ns))
+            lo, lo_start_ns = seq, start_ns
+        if seq > hi:  # not a seq already seen (sent twice, with another start)
+            hi, hi_start_ns = seq, start_ns
+    runs.append((lo, hi, lo_start_ns, hi_start_ns))
     return runs
 
 
@@ -73,8 +78,11 @@ def merged(runs: list[Run]) -> list[Run]:
     return out
 
 
-def merge(writer: BulkCursor, seqs: dict[str, list[tuple[int, int]]], now_ns: int) -> None:
-    """Folds one batch's seq numbers into the stored ranges of each process."""
+def merge(
+    writer: BulkCursor, seqs: dict[str, list[tuple[int, int, int, int]]], now_ns: int
+) -> None:
+    """Folds one batch's runs of seq numbers (runs_of) into the stored ranges of each process;
+    now_ns: when they were seen."""
     if not seqs:
         return
     origins = sorted(seqs)
@@ -91,9 +99,9 @@ def merge(writer: BulkCursor, seqs: dict[str, list[tuple[int, int]]], now_ns: in
         )
         for instance_id, *run in found:
             stored[instance_id].append(Run(*run))
-    for origin, items in seqs.items():
+    for origin, runs in seqs.items():
         old = stored[origin]
-        new = merged(old + runs_of(items, now_ns))
+        new = merged(old + [Run(*run, now_ns) for run in runs])
         if [(r.lo, r.hi) for r in new] == sorted((r.lo, r.hi) for r in old):
             continue
         if old:

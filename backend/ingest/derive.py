@@ -1,5 +1,6 @@
 """The derive stage: decoded spans into rows (Facts), each span sent to the rows of its kind."""
 
+from kvscope.backend.db.seqs import runs_of
 from kvscope.backend.ingest import measures, request_rows, state_events
 from kvscope.backend.ingest.facts import Facts
 from kvscope.backend.ingest.record import Decoded, SpanRecord
@@ -14,16 +15,18 @@ def derive(decoded: Decoded, received_ns: int) -> Facts:
     """The rows of every span in a decoded batch; received_ns stamps each span row."""
     facts = Facts()
     dumps = json_text
+    seqs: dict[str, list[tuple[int, int]]] = {}
     for span in decoded.spans:
         attributes = span.attributes
         # Gaps are counted per seq origin, so every row says which origin it came from.
         span.instance_id = seq_origin(span, attributes)
         facts.points_before, facts.failures_before = len(facts.points), len(facts.failures)
         facts.spans.append(span_row(span, attributes, dumps, received_ns))
-        _note_seq(facts, span, attributes)
+        _note_seq(facts, seqs, span, attributes)
         _by_name(facts, span, attributes)
         if span.events:
             _events(facts, span, attributes)
+    facts.seqs = {origin: runs_of(pairs) for origin, pairs in seqs.items()}
     if facts.requests and facts.request_stubs:
         # A request whose own span is in this batch needs no 'running' stub first.
         finished = {(row["trace_id"], row["span_id"]) for row in facts.requests}
@@ -40,7 +43,10 @@ def seq_origin(span: SpanRecord, attributes: dict) -> str | None:
     return column_text(attributes.get(names.SEQ_ORIGIN)) or span.instance_id
 
 
-def _note_seq(facts: Facts, span: SpanRecord, attributes: dict) -> None:
+def _note_seq(
+    facts: Facts, seqs: dict[str, list[tuple[int, int]]], span: SpanRecord, attributes: dict
+) -> None:
+    """The span's origin, and its (seq, start) among that origin's (seqs)."""
     seq = attributes.get(names.SEQ)
     origin = span.instance_id
     if origin:
@@ -49,7 +55,7 @@ def _note_seq(facts: Facts, span: SpanRecord, attributes: dict) -> None:
             role = column_text(attributes.get(names.KV_ROLE))
             facts.origins[origin] = (span.service_name, span.engine_id, role)
         if type(seq) is int:  # not a bool, which Python counts as an int
-            facts.seqs.setdefault(origin, []).append((seq, span.start_ns))
+            seqs.setdefault(origin, []).append((seq, span.start_ns))
 
 
 def _by_name(facts: Facts, span: SpanRecord, attributes: dict) -> None:

@@ -17,7 +17,8 @@ class Facts:
     latencies: list[dict] = field(default_factory=list)
     leases: list[dict] = field(default_factory=list)
     blocks: list[dict] = field(default_factory=list)
-    seqs: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
+    # origin -> runs of the batch's seq numbers (lo, hi, lo_start_ns, hi_start_ns): db.seqs
+    seqs: dict[str, list[tuple[int, int, int, int]]] = field(default_factory=dict)
     telemetry: dict[str, tuple[int, int | None, int | None]] = field(default_factory=dict)
     # origin -> (service name, engine id, kv role) of the process that numbered the spans
     origins: dict[str, tuple[str | None, str | None, str | None]] = field(default_factory=dict)
