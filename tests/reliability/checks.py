@@ -59,11 +59,12 @@ def check_outcome(run: CellRun, expected: dict[str, list[int]]) -> None:
 
 
 AMX_P2P_PREEMPTED = (
-    "known, not understood: on a Xeon with AMX (2026-12-05), the preempted cells whose prompts "
-    "come from the P2P prefill peer (p2p, multi) gave other greedy tokens than the oracle, one "
-    "cell of two each, with the code before that session's too; no failure recorded, leases "
-    "released in time, and vLLM alone with the same 24 blocks (preempted) keeps the oracle's "
-    "tokens; on AMD EPYC machines every run passed. "
+    "known, not understood: on a Xeon with AMX (2026-12-05), two of the four preempted cells "
+    "whose prompts come from the P2P prefill peer (p2p, multi; 160 tokens, the matrix's "
+    "longest) gave other greedy tokens than the oracle from token 12-35 on, the same tokens "
+    "run after run, with the code before that session's too. Not the preemption: with 256 "
+    "blocks (none) the same two diverged, and vLLM alone with 24 blocks keeps the oracle's "
+    "tokens; no failure recorded, leases released in time. On AMD EPYC every run passed. "
 )
 
 
