@@ -5,6 +5,7 @@ import time
 from dataclasses import dataclass, field
 
 import pytest
+import torch
 
 from kvscope.harness.oracle import token_mismatches
 from tests.reliability.backend_proc import BackendProcess
@@ -70,8 +71,6 @@ AMX_P2P_PREEMPTED = (
 
 def _known_amx_divergence(case: Case) -> bool:
     """The P2P-fed preempted cells on a CPU with AMX tiles (AMX_P2P_PREEMPTED)."""
-    import torch
-
     return (
         case.fault == "preempted"
         and case.connector in ("p2p", "multi")

@@ -7,23 +7,11 @@ from sqlalchemy import text
 
 from kvscope.backend.db.bulk import SQLITE_ROWS_PER_STATEMENT, BulkCursor
 from kvscope.backend.db.engine import make_engine
-from kvscope.backend.db.migrations import migrate
 from kvscope.backend.db.models import TimelinePoint
 from kvscope.backend.ingest.request_rows import POINT_COLUMNS
+from tests.backend.db.conftest import T0
 
 pytestmark = pytest.mark.timeout(60)
-
-T0 = 1_800_000_000 * 10**9
-
-
-@pytest.fixture
-def engine(database_url):
-    engine = make_engine(database_url)
-    migrate(engine)
-    with engine.begin() as connection:
-        connection.execute(text("DELETE FROM timelinepoint"))
-    yield engine
-    engine.dispose()
 
 
 def _points(first: int, count: int) -> list[tuple]:
