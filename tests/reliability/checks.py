@@ -4,9 +4,6 @@ import re
 import time
 from dataclasses import dataclass, field
 
-import pytest
-import torch
-
 from kvscope.harness.oracle import token_mismatches
 from tests.reliability.backend_proc import BackendProcess
 from tests.reliability.cases import Case
@@ -43,8 +40,6 @@ def check_outcome(run: CellRun, expected: dict[str, list[int]]) -> None:
         wanted = [expected[req_id] for req_id in results]
         got = [result.tokens for result in results.values()]
         mismatches = token_mismatches(wanted, got)
-        if mismatches and _known_amx_divergence(case):
-            pytest.xfail(AMX_P2P_PREEMPTED + "\n".join(mismatches))
         assert mismatches == [], "\n".join(mismatches)
         reasons = {req_id: r.finish_reason for req_id, r in results.items()}
         assert set(reasons.values()) == {"length"}, reasons
@@ -57,25 +52,6 @@ def check_outcome(run: CellRun, expected: dict[str, list[int]]) -> None:
         assert run.batch.preemptions > 0, "vLLM preempted nothing: the cell tested nothing"
     if case.fault == "aborted":
         assert run.batch.aborted, "nothing was aborted mid-transfer"
-
-
-AMX_P2P_PREEMPTED = (
-    "known, not understood: on a Xeon with AMX (2026-12-05), two of the four preempted cells "
-    "whose prompts come from the P2P prefill peer (p2p, multi; 160 tokens, the matrix's "
-    "longest) gave other greedy tokens than the oracle from token 12-35 on, the same tokens "
-    "run after run, with the code before that session's too. Not the preemption: with 256 "
-    "blocks (none) the same two diverged, and vLLM alone with 24 blocks keeps the oracle's "
-    "tokens; no failure recorded, leases released in time. On AMD EPYC every run passed. "
-)
-
-
-def _known_amx_divergence(case: Case) -> bool:
-    """The P2P-fed preempted cells on a CPU with AMX tiles (AMX_P2P_PREEMPTED)."""
-    return (
-        case.fault == "preempted"
-        and case.connector in ("p2p", "multi")
-        and torch.cpu._is_amx_tile_supported()
-    )
 
 
 def check_leaks(run: CellRun) -> None:
