@@ -54,12 +54,13 @@ STANDING = (
     "ingest_*.jsonl",
     "copy_bandwidth_*.jsonl",
     "tracing_overhead_*.jsonl",
+    "nixl_bandwidth_*.jsonl",
 )
 """Figures of runs made outside a report run (the 10M-span fills, the scale-out bench's own
 runs, the ingest bench's at 1M spans, the copy bench's after a change to the copy engine, the
-tracing bench's with more rounds), kept beside the report: they fill expected rows; of two
-records of one figure the newer wins (a run on its own after the report's run, on newer code,
-replaces that run's figure)."""
+tracing bench's with more rounds, the P2P READ bench's after a change to its design), kept
+beside the report: they fill expected rows; of two records of one figure the newer wins (a run
+on its own after the report's run, on newer code, replaces that run's figure)."""
 
 
 def standing_records(out_dir: Path) -> list[dict]:

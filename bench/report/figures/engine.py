@@ -181,6 +181,20 @@ ENGINE_FIGURES: list[Figure] = [
     ),
     Figure(
         "nixl_bandwidth",
+        "read_kvscope_reader_over_raw_reader",
+        "ratio",
+        "",
+        "the same, its reader's share: kvscope's reader over the raw reader, one raw owner",
+    ),
+    Figure(
+        "nixl_bandwidth",
+        "read_kvscope_owner_over_raw_owner",
+        "ratio",
+        "",
+        "the same, its owner's share: kvscope's owner over the raw owner, kvscope's reader",
+    ),
+    Figure(
+        "nixl_bandwidth",
         "idle_cpu_owner_pct",
         "% of a core",
         "",
