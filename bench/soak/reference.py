@@ -2,6 +2,11 @@
 connector, written as a JSON table; the soak runs it as a subprocess.
 
     python -m kvscope.bench.soak.reference MODEL PROMPTS_JSON OUT_JSON [--max-tokens N]
+        [--max-num-seqs N]
+
+The engine decodes at most as many requests at a time as the soak's clients send at once:
+vLLM's CPU kernels are not batch-invariant (on a Xeon with AMX, one of the 48-request soak's
+prompts gave other tokens from token 23 on when decoded 16 at a time than 4, 2 or 1 at a time).
 """
 
 import argparse
@@ -13,7 +18,9 @@ from pathlib import Path
 from kvscope.harness.engine import engine_env
 
 
-def reference_command(model: Path, prompts_path: Path, out_path: Path, max_tokens: int) -> list:
+def reference_command(
+    model: Path, prompts_path: Path, out_path: Path, max_tokens: int, max_num_seqs: int
+) -> list:
     return [
         sys.executable,
         "-m",
@@ -23,16 +30,21 @@ def reference_command(model: Path, prompts_path: Path, out_path: Path, max_token
         str(out_path),
         "--max-tokens",
         str(max_tokens),
+        "--max-num-seqs",
+        str(max_num_seqs),
     ]
 
 
-def start_reference(model: Path, prompts: list[str], workdir: Path, max_tokens: int):
-    """Starts the reference run in the background; returns (process, path of its table)."""
+def start_reference(
+    model: Path, prompts: list[str], workdir: Path, max_tokens: int, max_num_seqs: int
+):
+    """Starts the reference run in the background, decoding at most max_num_seqs requests at
+    a time; returns (process, path of its table)."""
     prompts_path, out_path = workdir / "reference_prompts.json", workdir / "reference.json"
     prompts_path.write_text(json.dumps(prompts))
     log = open(workdir / "reference.log", "wb")  # noqa: SIM115 (the child owns it)
     process = subprocess.Popen(
-        reference_command(model, prompts_path, out_path, max_tokens),
+        reference_command(model, prompts_path, out_path, max_tokens, max_num_seqs),
         env=engine_env(VLLM_ENABLE_V1_MULTIPROCESSING="0", KVSCOPE_TRACING="off"),
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -62,13 +74,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("prompts", type=Path)
     parser.add_argument("out", type=Path)
     parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--max-num-seqs", type=int, default=4, help="requests decoded at once")
     args = parser.parse_args(argv)
 
     from kvscope.harness.engine import in_process_llm
     from kvscope.harness.oracle import greedy_tokens
 
     prompts = json.loads(args.prompts.read_text())
-    with in_process_llm(args.model) as llm:
+    with in_process_llm(args.model, max_num_seqs=args.max_num_seqs) as llm:
         tokens = greedy_tokens(llm, prompts, args.max_tokens)
     tmp = args.out.with_suffix(".tmp")
     tmp.write_text(json.dumps(dict(zip(prompts, tokens, strict=True))))

@@ -62,7 +62,9 @@ def run_soak(options: SoakOptions) -> list[CheckResult]:
     print(f"kvscope soak: {options.requests} requests, logs and database in {workdir}", flush=True)
     soak_started = time.monotonic()
     plan = make_plan(options.requests, options.seed, options.abort_fraction)
-    reference = start_reference(options.model, unique_prompts(plan), workdir, REFERENCE_MAX_TOKENS)
+    reference = start_reference(
+        options.model, unique_prompts(plan), workdir, REFERENCE_MAX_TOKENS, options.concurrency
+    )
     stack = Stack()
     try:
         system = start_system(
