@@ -1,4 +1,4 @@
-"""READ bandwidth of kvscope's P2P transport over raw NIXL, and the transport's idle CPU."""
+"""P2P READ bandwidth over raw NIXL, the reader's and the owner's share of a gap, and idle CPU."""
 
 from __future__ import annotations
 
