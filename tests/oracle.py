@@ -32,7 +32,11 @@ _declared: dict[PromptSet, None] = {}  # insertion-ordered: one baseline pass in
 
 def prompt_set(prompts: Sequence[Prompt], max_tokens: int = 16, tp_size: int = 1) -> PromptSet:
     """A prompt set the oracle will compute; declared at import, so that the first module to
-    ask computes every collected module's sets in the same baseline engine."""
+    ask computes every collected module's sets in the same baseline engine.
+
+    Declare together only prompts the test runs together: vLLM's CPU kernels are not
+    batch-invariant, and on a Xeon with AMX the same prompt's greedy tokens changed with the
+    number of requests decoded beside it (tests/reliability/README.md)."""
     declared = PromptSet(json.dumps(list(prompts)), max_tokens, tp_size)
     _declared.setdefault(declared)
     return declared
