@@ -100,12 +100,13 @@ _P2P = (
     "bench ran 10 READs an arm, kvscope's arm always first: 0.82-0.95 against the raw owner's "
     "progress thread in three runs, 0.89-0.99 against the raw owner polled every 1 ms. Since "
     "then it runs 30 an arm in six trials whose order is balanced, and a cross arm (kvscope's "
-    "reader from the raw owner as shipped) that splits the gap: two runs gave 1.025 "
-    "(90% interval 0.980-1.068) and 0.984 (0.947-1.046), the reader's share 1.000 and 0.940, "
-    "the owner's 1.026 and 1.047 (logs nixl_bandwidth_standing_run1, _2). Nothing in the "
-    "transport changed: the shortfall was the bench's order and size. The raw owner's "
-    "progress thread spins a core because NIXL's Python API sets its delay to 0; NIXL's own "
-    "thread is event-driven with a delay (docs/bench/profiles.md). "
+    "reader from the raw owner as shipped) that splits the gap: three runs gave 1.025 "
+    "(90% interval 0.980-1.068), 0.984 (0.947-1.046) and 0.961 (0.936-0.981), the reader's "
+    "share 1.000, 0.940 and 1.012, the owner's 1.026, 1.047 and 0.950 (0.928-0.972: kvscope's "
+    "owner polls every 1 ms while a read is due; logs nixl_bandwidth_standing_run1 to _3). "
+    "Nothing in the transport changed: the shortfall was the bench's order and size. The raw "
+    "owner's progress thread spins a core because NIXL's Python API sets its delay to 0; "
+    "NIXL's own thread is event-driven with a delay (docs/bench/profiles.md)."
 )
 NOTES: dict[tuple[str, str], str] = {
     ("nixl_bandwidth", "read_over_raw_progress_thread"): _P2P,
