@@ -15,6 +15,7 @@ them, none of it left to the next batch.
 """
 
 import argparse
+import re
 import statistics
 import tempfile
 import time
@@ -95,9 +96,17 @@ def print_round(index: int, timings: dict) -> None:
     print(f"round {index + 1}: tokens/s {rates}", flush=True)
 
 
-def summarize(mode: str, engines: PairedEngines) -> None:
+def summarize(mode: str, engines: PairedEngines, label: str = "") -> None:
     """The mode's row: traced over untraced, per round, with the median's 90% interval and the
-    extra wall time a batch; then the control arm's row."""
+    extra wall time a batch; then the control arm's row. A label names another model's run:
+    its figures are recorded as `<figure>_<label>`, with no target (the targets are the tiny
+    model's)."""
+
+    def figure(metric: str, value: float, **details) -> None:
+        if label:
+            metric, details = f"{metric}_{label}", {**details, "target": ""}
+        record("tracing_overhead", metric, value, **details)
+
     for arm in ARMS[::2]:
         wall = engines.ratios(arm, "untraced")
         cpu = engines.ratios(arm, "untraced", cpu=True)
@@ -114,32 +123,28 @@ def summarize(mode: str, engines: PairedEngines) -> None:
         interval = f"median of {len(wall)} rounds, 90% bootstrap interval {low:.3f}-{high:.3f}"
         if arm != TRACED:
             suffix = "" if mode == "aggregated" else f"_{mode}_engine"
-            record(
-                "tracing_overhead",
+            figure(
                 f"tokens_per_s_control_over_untraced{suffix}",
                 statistics.median(wall),
                 note=f"untraced against itself: the noise; {interval}",
             )
             continue
         target = TARGET if mode == "aggregated" else ""
-        record(
-            "tracing_overhead",
+        figure(
             f"tokens_per_s_{mode}_over_untraced",
             statistics.median(wall),
             target=target,
             note=interval,
         )
-        record("tracing_overhead", f"tokens_per_cpu_s_{mode}_over_untraced", statistics.median(cpu))
-        record(
-            "tracing_overhead",
+        figure(f"tokens_per_cpu_s_{mode}_over_untraced", statistics.median(cpu))
+        figure(
             f"tokens_per_s_{mode}_over_both_untraced",
             statistics.median(both),
             target=target,
             note="per round, over the mean of the untraced and control arms",
         )
         low_ms, high_ms = median_interval(extra_ms)
-        record(
-            "tracing_overhead",
+        figure(
             f"traced_extra_ms_per_batch_{mode}",
             statistics.median(extra_ms),
             unit="ms",
@@ -163,6 +168,13 @@ def over_both_untraced(engines: PairedEngines, arm: str) -> list[float]:
     return [o / ((b + c) / 2) for o, b, c in zip(ours, base, control, strict=True)]
 
 
+def label(text: str) -> str:
+    """A figure-name suffix: lower-case letters, digits and underscores."""
+    if not re.fullmatch(r"[a-z0-9_]+", text):
+        raise argparse.ArgumentTypeError(f"{text!r}: use lower-case letters, digits and _")
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument(
@@ -174,6 +186,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--model", type=Path, default=None)
+    parser.add_argument(
+        "--label",
+        type=label,
+        default="",
+        help="a run on another model: its ratios are recorded as <figure>_LABEL (mid_model for "
+        "the mid model), beside the tiny model's, and the span costs are not recorded again",
+    )
     parser.add_argument(
         "--profile",
         type=Path,
@@ -219,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         "| --- | --- | --- | --- | --- | --- |"
     )
     for mode, engines in table:
-        summarize(mode, engines)
+        summarize(mode, engines, args.label)
     costs = span_costs_us()
     print(
         f"\nmedian cost of one span: {costs['span_cost_us']:.1f} us (generic); SDK bare "
@@ -227,8 +246,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{costs['span_cost_sdk_attributes_us']:.1f}, kvscope hook span "
         f"{costs['span_cost_hook_us']:.1f} us"
     )
-    for name, value in costs.items():
-        record("tracing_overhead", name, value, unit="us")
+    if not args.label:  # the same SDK and code whatever the model: recorded by the tiny run
+        for name, value in costs.items():
+            record("tracing_overhead", name, value, unit="us")
     for mode, counts in counters.items():
         print(
             f"{mode}: spans exported {counts['exported']}, dropped "

@@ -73,6 +73,42 @@ ENGINE_FIGURES: list[Figure] = [
         "",
         "wall time tracing adds to a batch (16 requests, 256 tokens each), a span per layer",
     ),
+    Figure(
+        "tracing_overhead",
+        "tokens_per_s_aggregated_over_untraced_mid_model",
+        "ratio",
+        "",
+        "the same on the mid model (steps of ~50 ms against ~2 ms): aggregated over untraced",
+    ),
+    Figure(
+        "tracing_overhead",
+        "tokens_per_s_control_over_untraced_mid_model",
+        "ratio",
+        "",
+        "the same on the mid model: the aggregated engine's control arm (its noise)",
+    ),
+    Figure(
+        "tracing_overhead",
+        "tokens_per_s_per_layer_over_untraced_mid_model",
+        "ratio",
+        "",
+        "the same on the mid model: a span per layer over untraced",
+    ),
+    Figure(
+        "tracing_overhead",
+        "tokens_per_s_control_over_untraced_per_layer_engine_mid_model",
+        "ratio",
+        "",
+        "the same on the mid model: the per-layer engine's control arm (its noise)",
+    ),
+    Figure(
+        "tracing_overhead",
+        "traced_extra_ms_per_batch_aggregated_mid_model",
+        "ms",
+        "",
+        "wall time tracing adds to a batch on the mid model (16 requests, 64 tokens each), "
+        "aggregated spans",
+    ),
     Figure("tracing_overhead", "span_cost_us", "us", "", "median cost of one hook-like span"),
     Figure(
         "tracing_overhead",
