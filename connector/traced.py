@@ -23,6 +23,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from kvscope.connector.child_config import child_transfer_config
+from kvscope.connector.common.kv_cache_access import configured_access
 from kvscope.connector.plugin import names_of
 from kvscope.connector.traced_stats import (
     TracedPromMetrics,
@@ -77,6 +78,12 @@ class TracedConnector(InstrumentedConnector, SupportsHMA):
     def inner_transfer_config(cls, kv_transfer_config: KVTransferConfig) -> KVTransferConfig:
         extra = kv_transfer_config.kv_connector_extra_config or {}
         return cls._inner_transfer_config(extra, kv_transfer_config)
+
+    @classmethod
+    def kv_cache_access(cls, kv_transfer_config: KVTransferConfig) -> Any:
+        """The wrapped connector's answer as vLLM's factory gives it for that connector's own
+        config (the factory also knows a stock LMCacheMPConnector's legacy CUDA IPC)."""
+        return configured_access(cls.inner_transfer_config(kv_transfer_config))
 
     def build_inner(self, vllm_config: "VllmConfig", role: KVConnectorRole, kv_cache_config):
         inner_config = self.inner_vllm_config(vllm_config)

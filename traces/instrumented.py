@@ -10,6 +10,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     supports_hma,
 )
 
+from kvscope.connector.common.kv_cache_access import lookahead_hashing
 from kvscope.traces.forwarding import install_forwarders
 from kvscope.traces.scheduler_hooks import SchedulerHooks
 from kvscope.traces.scheduler_spans import SchedulerTracing
@@ -184,6 +185,20 @@ class InstrumentedConnector(SchedulerHooks, WorkerHooks, KVConnectorBase_V1):
         inner = cls.inner_class(kv_transfer_config.kv_connector_extra_config or {})
         ask = getattr(inner, "supports_sleep_mode", None)
         return True if ask is None else ask(cls.inner_transfer_config(kv_transfer_config))
+
+    @classmethod
+    def kv_cache_access(cls, kv_transfer_config: "KVTransferConfig") -> Any:
+        """vLLM 0.34's question (how the extensible KV cache allocates): the wrapped class's
+        KVCacheAccess, so a connector that registers the cache keeps one allocation a segment."""
+        inner = cls.inner_class(kv_transfer_config.kv_connector_extra_config or {})
+        return inner.kv_cache_access(cls.inner_transfer_config(kv_transfer_config))
+
+    @classmethod
+    def supports_lookahead_block_hashes(cls, kv_transfer_config: "KVTransferConfig") -> bool:
+        """vLLM 0.34's question (EAGLE's block drop): the wrapped class's answer, so that a
+        traced engine hashes its blocks as the bare one does."""
+        inner = cls.inner_class(kv_transfer_config.kv_connector_extra_config or {})
+        return lookahead_hashing(inner, cls.inner_transfer_config(kv_transfer_config))
 
     # --- lifecycle shared by both roles -------------------------------------------------------
 

@@ -29,6 +29,12 @@ class SchedulerHooks:
         notify = self._inner.on_new_request
         return self._spans.quiet_call("on_new_request", parent, notify, request)
 
+    def may_load_async(self, request: Any) -> bool:
+        """vLLM 0.34's question on each arrival (--max-num-inflight-kv-loads), untraced: the
+        wrapped connector's answer. Written out, since the generated forwarders follow the
+        installed vLLM: the wrapper's API is then one on every supported release."""
+        return self._inner.may_load_async(request)
+
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int):
         with self._request_hook("get_num_new_matched_tokens", request) as span:
             result = self._inner.get_num_new_matched_tokens(request, num_computed_tokens)

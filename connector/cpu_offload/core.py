@@ -13,11 +13,13 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvscope.connector.common.cpu_amx import allow_amx
+from kvscope.connector.common.kv_cache_access import KVCacheAccess
 from kvscope.connector.common.kv_layout import distinct_kv_memories
 from kvscope.connector.cpu_offload import prom
 from kvscope.connector.cpu_offload.config import OffloadConfig
 from kvscope.connector.cpu_offload.faults import FaultInjector
 from kvscope.connector.cpu_offload.groups import KVGroups, layers_per_block
+from kvscope.connector.cpu_offload.hits import holds_last_loadable_block
 from kvscope.connector.cpu_offload.host_pool import KVNamespace, num_host_blocks
 from kvscope.connector.cpu_offload.layout import preferred_layout
 from kvscope.connector.cpu_offload.metadata import OffloadMetadata
@@ -110,6 +112,19 @@ class CpuOffloadCore(KVConnectorBase_V1, SupportsHMA):
     def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
         return self.scheduler.build_metadata(scheduler_output, self._kv_cache_manager)
 
+    def may_load_async(self, request: "Request") -> bool:
+        """vLLM 0.34 (--max-num-inflight-kv-loads): every hit loads asynchronously, so True
+        when the pool holds the last block a hit could load."""
+        scheduler = self.scheduler
+        return holds_last_loadable_block(
+            scheduler.pool,
+            self.groups,
+            scheduler.namespace,
+            request.block_hashes,
+            request.num_prompt_tokens,
+            scheduler.block_size,
+        )
+
     @classmethod
     def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
         """False: wait_for_layer_load and save_kv_layer do nothing. Every copy is queued in
@@ -152,6 +167,18 @@ class CpuOffloadCore(KVConnectorBase_V1, SupportsHMA):
     @classmethod
     def supports_sleep_mode(cls, kv_transfer_config: "KVTransferConfig") -> bool:
         """True: unregister_kv_caches drains the copies and restore_kv_caches re-arms them."""
+        return True
+
+    @classmethod
+    def kv_cache_access(cls, kv_transfer_config: "KVTransferConfig") -> "KVCacheAccess":
+        """vLLM 0.34's question: IN_PROCESS, since the copies are torch copies in the worker's
+        own process (only the host pool is registered, with CUDA), so any allocation serves."""
+        return KVCacheAccess.IN_PROCESS
+
+    @classmethod
+    def supports_lookahead_block_hashes(cls, kv_transfer_config: "KVTransferConfig") -> bool:
+        """True: the pool keys and KV events are vLLM's block hashes, lookahead tokens and
+        all, and lookups and stores take only the blocks that have one."""
         return True
 
     @classmethod

@@ -64,3 +64,24 @@ def plan_hit(
                 }
             )
     return []
+
+
+def holds_last_loadable_block(
+    pool: HostBlockPool,
+    groups: KVGroups,
+    namespace: KVNamespace,
+    block_hashes: list[bytes],
+    num_prompt_tokens: int,
+    block_size: int,
+) -> bool:
+    """Whether the pool holds, in every kept group, the last prompt block a hit could load (a
+    lookup never loads the last prompt token's block): a cheap sign that a lookup will lease a
+    hit and load it asynchronously. Block keys chain, so that block stands for its prefix."""
+    last = min((num_prompt_tokens - 1) // block_size, len(block_hashes)) - 1
+    if last < 0:
+        return False
+    return all(
+        pool.state_of(key) is BlockState.COMMITTED
+        for group in groups.groups
+        for key in groups.block_keys(namespace, block_hashes[last : last + 1], group.group_id)
+    )

@@ -1,8 +1,14 @@
 """What vLLM asks the Multi's class before any connector exists, answered from its children's
-classes: KV cache layout, CUDA graph mode, sleep mode, hybrid KV cache manager support."""
+classes: KV cache layout, CUDA graph mode, sleep mode, hybrid KV cache manager support, KV
+cache access and lookahead block hashes."""
 
 from typing import TYPE_CHECKING, Any
 
+from kvscope.connector.common.kv_cache_access import (
+    KVCacheAccess,
+    configured_access,
+    lookahead_hashing,
+)
 from kvscope.connector.multi.children import (
     child_class,
     child_configs,
@@ -70,6 +76,33 @@ def supports_sleep_mode(kv_transfer_config: "KVTransferConfig") -> bool:
 def _class_supports_sleep_mode(cls: type, kv_transfer_config: "KVTransferConfig") -> bool:
     ask = getattr(cls, "supports_sleep_mode", None)  # vLLM 0.33; 0.32's classes have none
     return True if ask is None else ask(kv_transfer_config)
+
+
+def kv_cache_access(kv_transfer_config: "KVTransferConfig") -> "KVCacheAccess":
+    """vLLM 0.34's question: the OR of the children's flags (as vLLM's MultiConnector), each
+    child asked through vLLM's factory with its own config."""
+    access = KVCacheAccess.IN_PROCESS
+    for config in _children(kv_transfer_config):
+        access |= configured_access(transfer_config(config, kv_transfer_config))
+    return access
+
+
+def supports_lookahead_block_hashes(kv_transfer_config: "KVTransferConfig") -> bool:
+    """vLLM 0.34's question: only when every child hashes with lookahead tokens (as vLLM's
+    MultiConnector): the children share one scheduler's block hashes."""
+    configs = _children(kv_transfer_config)
+    return bool(configs) and all(
+        lookahead_hashing(
+            configured_class(config, kv_transfer_config),
+            transfer_config(config, kv_transfer_config),
+        )
+        for config in configs
+    )
+
+
+def _children(kv_transfer_config: "KVTransferConfig") -> list[dict]:
+    extra = kv_transfer_config.kv_connector_extra_config or {}
+    return child_configs(extra, kv_transfer_config.kv_role)
 
 
 def refuse_children_without_hma(outer: "KVTransferConfig", groups: int) -> None:

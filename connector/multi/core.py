@@ -96,6 +96,11 @@ class MultiCore(KVConnectorBase_V1, SupportsHMA):
     def on_new_request(self, request: "Request") -> None:
         self._each("on_new_request", request)
 
+    def may_load_async(self, request: "Request") -> bool:
+        """vLLM 0.34: when any child may load the request asynchronously (as vLLM's
+        MultiConnector): the lookup may pick that child."""
+        return any(child.connector.may_load_async(request) for child in self.children)
+
     def _serving(self, request: "Request") -> KVConnectorBase_V1 | None:
         """The child chosen to load the request's external hit, if any."""
         serving = self.scheduler.serving.get(str(request.request_id))
@@ -275,6 +280,14 @@ class MultiCore(KVConnectorBase_V1, SupportsHMA):
     @classmethod
     def supports_sleep_mode(cls, kv_transfer_config: "KVTransferConfig") -> bool:
         return class_level.supports_sleep_mode(kv_transfer_config)
+
+    @classmethod
+    def kv_cache_access(cls, kv_transfer_config: "KVTransferConfig") -> Any:
+        return class_level.kv_cache_access(kv_transfer_config)
+
+    @classmethod
+    def supports_lookahead_block_hashes(cls, kv_transfer_config: "KVTransferConfig") -> bool:
+        return class_level.supports_lookahead_block_hashes(kv_transfer_config)
 
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> stats.MultiStats:

@@ -12,6 +12,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvscope.connector.common.cpu_amx import allow_amx
+from kvscope.connector.common.kv_cache_access import KVCacheAccess
 from kvscope.connector.common.kv_layout import distinct_kv_memories
 from kvscope.connector.common.stats_schema import IntervalReporter
 from kvscope.connector.p2p import prom
@@ -93,6 +94,18 @@ class P2PCore(KVConnectorBase_V1, SupportsHMA):
         maps new pages, and P2P cannot yet deregister, register the new pages and tell its peers
         a new registration generation; peers would READ the old pages."""
         return False
+
+    @classmethod
+    def kv_cache_access(cls, kv_transfer_config: "KVTransferConfig") -> "KVCacheAccess":
+        """vLLM 0.34's question, answered as its NixlConnector does: the KV cache itself is
+        registered with NIXL (one physical allocation per segment), and peers on the host map
+        it through UCX cuda_ipc (FABRIC handles under the extensible KV cache)."""
+        return KVCacheAccess.REGISTERS | KVCacheAccess.EXPORTS_FABRIC
+
+    @classmethod
+    def supports_lookahead_block_hashes(cls, kv_transfer_config: "KVTransferConfig") -> bool:
+        """True: a pull reads the blocks the prefill side names, whatever their hashes."""
+        return True
 
     @classmethod
     def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:

@@ -73,6 +73,7 @@ def example_answers() -> dict[str, Any]:
         "has_pending_block_frees": True,
         "has_pending_push_work": True,
         "register_finished_partial_tail": True,
+        "may_load_async": True,
         "get_loaded_kv_cache_group_ids": (0,),
         "get_finished": ({"req-2"}, {"req-3"}),
         "get_transfer_results": KVConnectorTransferResults({"req-2"}, {"req-3"}),

@@ -13,19 +13,19 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorLogg
 from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
 
 from tests.conformance.recording import RECORDING, STOCK, api_members, overridden
-from tests.conformance.wrappers import WRAPPERS, build, inner_config, vllm_config, wrapper_config
+from tests.conformance.test_transfer_config_questions import QUESTIONS
+from tests.conformance.wrappers import (
+    WRAPPERS,
+    build,
+    inner_config,
+    outcome,
+    vllm_config,
+    wrapper_config,
+)
 
 CLASS_LEVEL = sorted(
     n for n, kind in api_members().items() if kind in ("classmethod", "staticmethod")
 )
-
-
-def outcome(call, *args):
-    """A call's answer, or the error it raised (the same error is the same answer)."""
-    try:
-        return "answer", call(*args)
-    except Exception as error:
-        return "error", (type(error), str(error))
 
 
 def wrapper_class(wrapper: str, stock: str) -> type:
@@ -41,8 +41,9 @@ def fresh_metric_types() -> dict:
 
 
 def test_every_class_level_member_has_a_check_here():
-    """A classmethod vLLM adds needs its own round trip below: the test names it."""
-    checked = {
+    """A classmethod vLLM adds needs its own round trip below (or, for those that take a
+    KVTransferConfig alone, in test_transfer_config_questions): the test names it."""
+    checked = set(QUESTIONS) | {
         "build_kv_connector_stats",
         "build_prom_metrics",
         "get_required_kvcache_layout",

@@ -1,6 +1,6 @@
-"""kvscope's wrappers against a vLLM release's connector API read from its source (a checked-in
-file made by scripts/connector_api.py): what a user upgrading to vLLM 0.33 on CUDA would find
-unforwarded fails here, on this machine's vLLM 0.32, before any engine starts."""
+"""kvscope's wrappers against each vLLM release's connector API read from its source (checked-in
+files made by scripts/connector_api.py): what a user upgrading to vLLM 0.33 or 0.34 on CUDA
+would find unforwarded fails here, on this machine's vLLM 0.32, before any engine starts."""
 
 import json
 from dataclasses import asdict
@@ -21,14 +21,25 @@ from kvscope.traces.forwarding import (
 )
 from scripts.connector_api import connector_api
 
-API_033 = Path(__file__).with_name("vllm_0.33.0_connector_api.json")
+RELEASES = ("0.33.0", "0.34.0")
+"""The releases whose API files are checked in beside this module."""
+
+ADDED = {
+    "0.33.0": {"supports_sleep_mode", "unregister_kv_caches", "restore_kv_caches"},
+    "0.34.0": {"kv_cache_access", "supports_lookahead_block_hashes", "may_load_async"},
+}
+"""What each release adds to the one before (0.32 before 0.33): the README's version table."""
 
 MULTI_OWN = ANSWERED_BY_WRAPPER | {"role"}
 """What the Multi answers from its own state: its role is the one its children are built with."""
 
 
-def api_033() -> dict[str, dict]:
-    classes = json.loads(API_033.read_text())["classes"]
+def api_file(release: str) -> Path:
+    return Path(__file__).with_name(f"vllm_{release}_connector_api.json")
+
+
+def api_of(release: str) -> dict[str, dict]:
+    classes = json.loads(api_file(release).read_text())["classes"]
     return {name: kind for members in classes.values() for name, kind in members.items()}
 
 
@@ -63,22 +74,42 @@ def _accepts(value, params: list[str]) -> bool:
     return list(mine) == params or any(p.startswith("*") for p in mine)
 
 
+@pytest.mark.parametrize("release", RELEASES)
 @pytest.mark.parametrize("wrapper", [TracedConnector, KvscopeMultiConnector])
-def test_the_wrappers_forward_every_member_of_vllm_033(wrapper):
-    assert unforwarded(wrapper, api_033(), ANSWERED_BY_WRAPPER) == []
+def test_the_wrappers_forward_every_member_of_each_release(wrapper, release):
+    assert unforwarded(wrapper, api_of(release), ANSWERED_BY_WRAPPER) == []
 
 
-def test_the_multi_core_combines_every_member_of_vllm_033():
-    assert unforwarded(MultiCore, api_033(), MULTI_OWN) == []
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_multi_core_combines_every_member_of_each_release(release):
+    assert unforwarded(MultiCore, api_of(release), MULTI_OWN) == []
 
 
-def test_vllm_033_adds_the_sleep_mode_members_to_032():
-    """The three members the README's version policy names."""
-    installed = {name for members in vllm_connector_api().values() for name in members}
-    assert set(api_033()) - installed == {
-        "supports_sleep_mode",
-        "unregister_kv_caches",
-        "restore_kv_caches",
+def test_each_release_adds_the_members_the_version_table_names():
+    """0.32's members from the installed vLLM when it is 0.32, else from what 0.33 added."""
+    before = set(api_of("0.33.0")) - ADDED["0.33.0"]
+    if vllm.__version__.startswith("0.32."):
+        assert before == {name for members in vllm_connector_api().values() for name in members}
+    for release in RELEASES:
+        api = set(api_of(release))
+        assert api - before == ADDED[release], release
+        before = api
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_file_of_the_installed_release_is_what_it_declares(release):
+    """On the 0.34 lane (or any release with a file here) the file is the live API."""
+    if not vllm.__version__.startswith(release):
+        pytest.skip(f"vLLM {vllm.__version__} is installed, not {release}")
+    live = {name: {"kind": m.kind, "params": list(m.params)} for name, m in _live().items()}
+    assert live == api_of(release)
+
+
+def _live():
+    return {
+        name: member
+        for members in vllm_connector_api().values()
+        for name, member in members.items()
     }
 
 
@@ -97,9 +128,10 @@ def test_a_member_left_to_vllms_base_is_reported_by_name():
     class Bare(*API_CLASSES):
         pass
 
-    problems = unforwarded(Bare, api_033(), frozenset())
+    problems = unforwarded(Bare, api_of("0.34.0"), frozenset())
     assert "get_finished: not forwarded" in problems
     assert "unregister_kv_caches: not forwarded" in problems
+    assert "may_load_async: not forwarded" in problems
 
 
 def test_a_changed_kind_is_reported():
@@ -109,9 +141,10 @@ def test_a_changed_kind_is_reported():
     ]
 
 
-def test_the_file_says_which_release_it_is():
-    data = json.loads(API_033.read_text())
-    assert data["vllm_version"] == "0.33.0"
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_file_says_which_release_it_is(release):
+    data = json.loads(api_file(release).read_text())
+    assert data["vllm_version"] == release
     assert asdict(member_of(TracedConnector.__dict__["build_kv_connector_stats"])) == {
         "kind": "classmethod",
         "params": ("data",),

@@ -5,7 +5,7 @@ import copy
 import functools
 from typing import Any, Final
 
-from vllm.config import VllmConfig
+from vllm.config import DeviceConfig, VllmConfig
 from vllm.config.kv_transfer import KVTransferConfig
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
 
@@ -36,7 +36,8 @@ METADATA_PARAMS: Final = frozenset({"connector_metadata", "kv_connector_metadata
 
 @functools.cache
 def _engine_config() -> VllmConfig:
-    config = VllmConfig()
+    # An explicit device: vLLM 0.34's own code here runs on no platform, which 'auto' refuses.
+    config = VllmConfig(device_config=DeviceConfig(device="cpu"))
     config.cache_config.block_size = 32
     return config
 
@@ -73,6 +74,14 @@ def build(wrapper: str, stock_name: str, role=KVConnectorRole.WORKER):
         return connector, connector.inner
     connector = KvscopeMultiConnector(config, role, None)
     return connector, connector.inner.children[0].connector
+
+
+def outcome(call, *args):
+    """A call's answer, or the error it raised (the same error is the same answer)."""
+    try:
+        return "answer", call(*args)
+    except Exception as error:
+        return "error", (type(error), str(error))
 
 
 def api_params(name: str) -> tuple[str, ...]:
