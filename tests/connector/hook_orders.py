@@ -6,7 +6,8 @@ _get_kv_connector_output` (model runner V1: wait_for_save, then get_transfer_res
 speculator `defer_finalize=True`, and wait_for_save comes after the drafter, in
 `finalize_kv_connector`), and model runner V2's `ActiveKVConnector` (vllm/v1/worker/gpu/
 kv_connector.py), whose runner zeroes new blocks (`update_requests`) before `pre_forward` calls
-handle_preemptions.
+handle_preemptions. vLLM 0.34 has only V2, which defers as V1 did (`post_forward(
+defer_finalize=True)`, then `finalize_step`): there V1's order skips, naming the release.
 """
 
 import contextlib
@@ -16,7 +17,9 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
+import vllm
 from vllm import SamplingParams
 from vllm.config import (
     CacheConfig,
@@ -35,13 +38,18 @@ from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 from vllm.v1.worker.gpu.kv_connector import ActiveKVConnector
-from vllm.v1.worker.kv_connector_model_runner_mixin import KVConnectorModelRunnerMixin
 
 from kvscope.harness import configs
+from kvscope.harness.runner_output import runner_output
+
+try:
+    from vllm.v1.worker.kv_connector_model_runner_mixin import KVConnectorModelRunnerMixin
+except ImportError:  # vLLM 0.34: model runner V1 is gone
+    KVConnectorModelRunnerMixin = None
 
 BLOCK = 32
 NUM_LAYERS = 2
@@ -54,9 +62,9 @@ HASHER = get_request_block_hasher(BLOCK, sha256_cbor)
 class HookOrder(StrEnum):
     """The worker hook orders of vLLM's model runners."""
 
-    V1 = "v1"  # model runner V1 without a speculator
+    V1 = "v1"  # model runner V1 without a speculator (vLLM 0.32 and 0.33)
     # With a speculator: get_transfer_results before wait_for_save. Model runner V1 in 0.32;
-    # V2 in 0.33 calls the same hooks in the same order (post_forward(defer_finalize=True),
+    # V2 from 0.33 on calls the same hooks in the same order (post_forward(defer_finalize=True),
     # then finalize_step after the drafter), which 0.32's ActiveKVConnector cannot yet.
     DEFERRED = "deferred"
     V2 = "v2"  # model runner V2: new blocks zeroed before handle_preemptions
@@ -93,20 +101,28 @@ def traced_transfer(**extra: Any) -> KVTransferConfig:
 
 class ZeroingKVCacheConfig(KVCacheConfig):
     """A KV cache config whose new blocks vLLM zeroes, as it does for mixed-precision KV or
-    Mamba layers: vLLM's scheduler then lists them in new_block_ids_to_zero."""
+    Mamba layers: vLLM's scheduler then lists them in new_block_ids_to_zero. (vLLM 0.32 and
+    0.33 derive it in a property; 0.34 resolves it into a field, set in kv_cache_config.)"""
 
     @property
     def needs_kv_cache_zeroing(self) -> bool:
         return True
 
 
+ZEROING_IS_A_FIELD = not isinstance(vars(KVCacheConfig).get("needs_kv_cache_zeroing"), property)
+
+
 def kv_cache_config(num_blocks: int, zeroing: bool = False) -> KVCacheConfig:
     spec = FullAttentionSpec(BLOCK, num_kv_heads=HEADS, head_size=HEAD_DIM, dtype=torch.bfloat16)
-    cls = ZeroingKVCacheConfig if zeroing else KVCacheConfig
+    subclass = zeroing and not ZEROING_IS_A_FIELD
+    cls = ZeroingKVCacheConfig if subclass else KVCacheConfig
     layers = [f"layer.{i}" for i in range(NUM_LAYERS)]
-    return cls(
+    config = cls(
         num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(layers, spec)]
     )
+    if zeroing and ZEROING_IS_A_FIELD:
+        config.needs_kv_cache_zeroing = True
+    return config
 
 
 def vllm_config(model: Path, transfer: KVTransferConfig, num_blocks: int) -> VllmConfig:
@@ -193,14 +209,7 @@ class Rig:
             before_worker(output)
         with self.as_transfer_group(), set_forward_context(None, self.config):
             kv_output = self._run_worker(order, output)
-        req_ids = list(output.num_scheduled_tokens)
-        runner = ModelRunnerOutput(
-            req_ids,
-            {r: i for i, r in enumerate(req_ids)},
-            sampled_token_ids=[[7] for _ in req_ids],
-            kv_connector_output=kv_output,
-        )
-        self.scheduler.update_from_output(output, runner)
+        self.scheduler.update_from_output(output, runner_output(output, kv_output))
         return output
 
     def _run_worker(self, order: HookOrder, output: SchedulerOutput) -> KVConnectorOutput:
@@ -212,6 +221,15 @@ class Rig:
             self.v2.finish_forward()
             return self.v2.post_forward(output.finished_req_ids) or KVConnectorOutput()
         deferred = order is HookOrder.DEFERRED
+        if KVConnectorModelRunnerMixin is None:
+            if not deferred:
+                pytest.skip(f"vLLM {vllm.__version__} has no model runner V1")
+            self.v2.pre_forward(output)
+            self._forward(output)
+            self.v2.finish_forward()
+            kv_output = self.v2.post_forward(output.finished_req_ids, defer_finalize=True)
+            self.v2.finalize_step()  # after the drafter proposed
+            return kv_output or KVConnectorOutput()
         with KVConnectorModelRunnerMixin._get_kv_connector_output(
             output, defer_finalize=deferred
         ) as kv_output:

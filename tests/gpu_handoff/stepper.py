@@ -20,9 +20,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.utils.hashing import sha256_cbor
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
+
+from kvscope.harness.runner_output import runner_output
 
 if TYPE_CHECKING:
     from tests.gpu_handoff.builder import HandOff
@@ -114,13 +116,7 @@ class HandOffEngine:
         )
         self.worker.clear_connector_metadata()
         self.outputs.append(kv_output)
-        req_ids = list(output.num_scheduled_tokens)
-        runner = ModelRunnerOutput(
-            req_ids,
-            {r: i for i, r in enumerate(req_ids)},
-            sampled_token_ids=[[7] for _ in req_ids],
-            kv_connector_output=kv_output,
-        )
+        runner = runner_output(output, kv_output)
         self.scheduler.update_from_output(output, runner)
         return output
 

@@ -31,12 +31,13 @@ from vllm.v1.kv_cache_interface import (
     KVCacheGroupSpec,
     SlidingWindowSpec,
 )
-from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
 from kvscope.connector.cpu_offload.connector import CpuOffloadConnector
 from kvscope.harness import configs
+from kvscope.harness.runner_output import runner_output
 
 BLOCK = 32
 WINDOW = 64  # tokens: a hit needs cdiv(63, 32) = 2 window blocks of the sliding-window group
@@ -147,13 +148,7 @@ class Engine:
         )
         self.worker.clear_connector_metadata()
         self.outputs.append(kv_output)
-        req_ids = list(output.num_scheduled_tokens)
-        runner = ModelRunnerOutput(
-            req_ids,
-            {r: i for i, r in enumerate(req_ids)},
-            sampled_token_ids=[[7] for _ in req_ids],
-            kv_connector_output=kv_output,
-        )
+        runner = runner_output(output, kv_output)
         self.scheduler.update_from_output(output, runner)
         return output
 

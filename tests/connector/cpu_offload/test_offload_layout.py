@@ -13,6 +13,7 @@ from kvscope.connector.cpu_offload.core import CpuOffloadCore
 from kvscope.connector.p2p import vllm_layout
 from kvscope.harness import configs
 from tests.connector.hook_orders import offload_extra, offload_transfer
+from tests.vllm_release import on_cpu_platform
 
 CUDA_LAYOUTS = ["LBNHC", "LBHNC", "BLNHC", "BLHNC"]
 """Candidates as a CUDA backend lists them, most preferred first (LBNHC: vLLM's default)."""
@@ -42,6 +43,7 @@ def on_cuda(monkeypatch):
     monkeypatch.setattr(vllm_layout, "_platform_is_cpu", lambda: False)
 
 
+@on_cpu_platform
 def test_no_preference_on_the_cpu_platform():
     assert resolve(offload_transfer(), ["LBHNC"]) == "LBHNC"
     config = SimpleNamespace(

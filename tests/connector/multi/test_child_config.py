@@ -12,6 +12,7 @@ from kvscope.connector.child_config import TRANSFER_FIELDS
 from kvscope.connector.cpu_offload.core import CpuOffloadCore
 from kvscope.connector.multi.children import child_class, child_configs, transfer_config
 from kvscope.connector.multi.core import MultiCore
+from tests.vllm_release import on_cpu_platform
 
 OFFLOAD = "kvscope.connector.cpu_offload.connector"
 # A value for every KVTransferConfig field, none of them its default.
@@ -130,6 +131,7 @@ def test_children_of_one_class_get_distinct_names():
     assert names == ["NixlConnector", "NixlConnector#1", "mine"]
 
 
+@on_cpu_platform
 def test_the_kv_cache_layout_comes_from_each_childs_own_config():
     """vLLM asks the class before building anything; NixlConnector wants LBHNC."""
     offload = {"kv_connector": "CpuOffloadConnector", "kv_connector_module_path": OFFLOAD}

@@ -24,8 +24,10 @@ from vllm.config import (
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.structured_output import StructuredOutputManager
+
+from kvscope.harness.runner_output import runner_output
 
 os.environ.setdefault("UCX_NET_DEVICES", "lo")
 
@@ -117,13 +119,7 @@ class Side:
         )
         self.worker.clear_connector_metadata()
         self.outputs.append(kv_output)
-        req_ids = list(output.num_scheduled_tokens)
-        runner = ModelRunnerOutput(
-            req_ids,
-            {r: i for i, r in enumerate(req_ids)},
-            sampled_token_ids=[[7] for _ in req_ids],
-            kv_connector_output=kv_output,
-        )
+        runner = runner_output(output, kv_output)
         for engine_outputs in self.scheduler.update_from_output(output, runner).values():
             for out in engine_outputs.outputs:
                 if out.kv_transfer_params:
