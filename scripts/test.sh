@@ -41,3 +41,9 @@ fi
 WORKERS=${KVSCOPE_TEST_WORKERS:-2}
 echo "==> tests (pytest, $WORKERS workers)"
 "$VENV/bin/pytest" -n "$WORKERS" --dist loadfile "$@"
+
+# vLLM 0.34 (CUDA wheels only) cannot run an engine here: its own scheduler, KV cache and
+# connector code run the tests that need none (scripts/vllm_lane.sh).
+if [ $# -eq 0 ]; then
+  KVSCOPE_VENV=$VENV scripts/vllm_lane.sh -q
+fi

@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 
 def run_doctor(*args: str, pythonpath: str | None = None, **env: str):
     environment = {**os.environ, **env}
@@ -68,3 +70,22 @@ def test_exporter_destinations_are_listed(tiny_model):
     result = run_doctor("--model", str(tiny_model), KVSCOPE_OTLP_ENDPOINTS=endpoints)
     assert "exporting to http/protobuf http://127.0.0.1:4318/v1/traces" in result.stdout
     assert "grpc http://127.0.0.1:4317" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("version", "ok", "says"),
+    [
+        ("0.34.0", True, "verified by its scheduler"),
+        ("0.33.1", True, "verified by its connector API"),
+        ("0.35.0", False, "supports vLLM 0.32, 0.33, 0.34"),
+    ],
+)
+def test_each_supported_release_says_what_verifies_it(monkeypatch, version, ok, says):
+    import vllm
+
+    from kvscope.cli.doctor import check_vllm
+
+    monkeypatch.setattr(vllm, "__version__", version)
+    check = check_vllm()
+    assert check.ok is ok
+    assert says in (check.detail if ok else check.fix)
