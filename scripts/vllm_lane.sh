@@ -10,7 +10,7 @@ LANE=.venv-vllm$VERSION
 
 if ! "$LANE/bin/python" -c "import vllm, sys; sys.exit(vllm.__version__ != '$VERSION')" 2>/dev/null; then
   echo "==> the vLLM $VERSION lane: $LANE over $BASE"
-  python3 -m venv "$LANE"
+  "$BASE/bin/python" -m venv "$LANE"  # the base venv's Python, so its site-packages fit
   base_site=$("$BASE/bin/python" -c "import site; print(site.getsitepackages()[0])")
   lane_site=$("$LANE/bin/python" -c "import site; print(site.getsitepackages()[0])")
   # The lane's own site-packages (vLLM $VERSION) come first; the base venv's after them.

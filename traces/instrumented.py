@@ -138,7 +138,11 @@ class InstrumentedConnector(SchedulerHooks, WorkerHooks, KVConnectorBase_V1):
 
     @classmethod
     def _inner_class_of(cls, vllm_config: Any) -> type[KVConnectorBase_V1]:
-        return cls.inner_class(vllm_config.kv_transfer_config.kv_connector_extra_config or {})
+        return cls._inner_class_of_transfer(vllm_config.kv_transfer_config)
+
+    @classmethod
+    def _inner_class_of_transfer(cls, kv_transfer_config: "KVTransferConfig") -> type:
+        return cls.inner_class(kv_transfer_config.kv_connector_extra_config or {})
 
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config: Any) -> str | None:
@@ -182,7 +186,7 @@ class InstrumentedConnector(SchedulerHooks, WorkerHooks, KVConnectorBase_V1):
     def supports_sleep_mode(cls, kv_transfer_config: "KVTransferConfig") -> bool:
         """vLLM 0.33's question (sleep mode on): the wrapped class's answer; a class written for
         0.32 has none, and 0.33's default is True."""
-        inner = cls.inner_class(kv_transfer_config.kv_connector_extra_config or {})
+        inner = cls._inner_class_of_transfer(kv_transfer_config)
         ask = getattr(inner, "supports_sleep_mode", None)
         return True if ask is None else ask(cls.inner_transfer_config(kv_transfer_config))
 
@@ -190,14 +194,14 @@ class InstrumentedConnector(SchedulerHooks, WorkerHooks, KVConnectorBase_V1):
     def kv_cache_access(cls, kv_transfer_config: "KVTransferConfig") -> Any:
         """vLLM 0.34's question (how the extensible KV cache allocates): the wrapped class's
         KVCacheAccess, so a connector that registers the cache keeps one allocation a segment."""
-        inner = cls.inner_class(kv_transfer_config.kv_connector_extra_config or {})
+        inner = cls._inner_class_of_transfer(kv_transfer_config)
         return inner.kv_cache_access(cls.inner_transfer_config(kv_transfer_config))
 
     @classmethod
     def supports_lookahead_block_hashes(cls, kv_transfer_config: "KVTransferConfig") -> bool:
         """vLLM 0.34's question (EAGLE's block drop): the wrapped class's answer, so that a
         traced engine hashes its blocks as the bare one does."""
-        inner = cls.inner_class(kv_transfer_config.kv_connector_extra_config or {})
+        inner = cls._inner_class_of_transfer(kv_transfer_config)
         return lookahead_hashing(inner, cls.inner_transfer_config(kv_transfer_config))
 
     # --- lifecycle shared by both roles -------------------------------------------------------

@@ -62,8 +62,7 @@ def supports_sleep_mode(kv_transfer_config: "KVTransferConfig") -> bool:
     """vLLM 0.33's question: only when every child follows sleep mode (as vLLM's
     MultiConnector); each child's class is asked with its own config, kvscope's traced
     ones through their wrapper (which asks what it wraps)."""
-    extra = kv_transfer_config.kv_connector_extra_config or {}
-    configs = child_configs(extra, kv_transfer_config.kv_role)
+    configs = _children(kv_transfer_config)
     return bool(configs) and all(
         _class_supports_sleep_mode(
             configured_class(config, kv_transfer_config),
@@ -107,7 +106,7 @@ def _children(kv_transfer_config: "KVTransferConfig") -> list[dict]:
 
 def refuse_children_without_hma(outer: "KVTransferConfig", groups: int) -> None:
     """Refuses, naming them, children that cannot take several KV cache groups."""
-    configs = child_configs(outer.kv_connector_extra_config or {}, outer.kv_role)
+    configs = _children(outer)
     children = [
         (c["name"], child_class(c, outer).__name__, child_supports_hma(c, outer)) for c in configs
     ]
