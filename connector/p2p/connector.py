@@ -36,7 +36,7 @@ class P2PConnector(InstrumentedConnector, SupportsHMA):
 
     @classmethod
     def supports_sleep_mode(cls, kv_transfer_config: "KVTransferConfig") -> bool:
-        """False: P2P cannot yet re-register its KV cache with peers after wake-up (P2PCore)."""
+        """True: P2P re-registers its KV cache after wake-up and tells its readers (P2PCore)."""
         return P2PCore.supports_sleep_mode(kv_transfer_config)
 
     @classmethod

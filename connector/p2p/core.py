@@ -63,6 +63,7 @@ class P2PCore(KVConnectorBase_V1, SupportsHMA):
         self.scheduler: P2PScheduler | None = None
         self.worker: P2PWorker | None = None
         self._reporter = IntervalReporter(P2PStats)
+        self._handshake_metadata_seen = False
         if role == KVConnectorRole.SCHEDULER:
             self.scheduler = P2PScheduler(
                 config, engine_id, vllm_config.cache_config.block_size, self.groups
@@ -90,10 +91,10 @@ class P2PCore(KVConnectorBase_V1, SupportsHMA):
 
     @classmethod
     def supports_sleep_mode(cls, kv_transfer_config: "KVTransferConfig") -> bool:
-        """False, so vLLM (0.33+) refuses sleep mode with P2P: sleep frees the KV cache and wake
-        maps new pages, and P2P cannot yet deregister, register the new pages and tell its peers
-        a new registration generation; peers would READ the old pages."""
-        return False
+        """True: on sleep P2P revokes its loans, fails its reads and deregisters the KV cache;
+        on wake it registers it again, and later leases name a new registration, so that
+        readers handshake again rather than read the old pages."""
+        return True
 
     @classmethod
     def kv_cache_access(cls, kv_transfer_config: "KVTransferConfig") -> "KVCacheAccess":
@@ -165,20 +166,30 @@ class P2PCore(KVConnectorBase_V1, SupportsHMA):
         )
 
     def unregister_kv_caches(self) -> None:
-        """vLLM 0.33's sleep hook; refused (see supports_sleep_mode) rather than left to serve
-        pages that sleep frees."""
-        raise RuntimeError(
-            "the P2P connector cannot follow sleep mode (it cannot re-register the KV cache"
-            " with its peers yet): start the engine without --enable-sleep-mode"
-        )
+        """vLLM (0.33+) lends the KV cache away, for sleep or (0.34) a weight update: reads
+        into it fail and are recomputed, lent blocks are revoked, NIXL deregisters it."""
+        if self.worker is not None:
+            self.worker.unregister()
 
     def restore_kv_caches(self) -> None:
-        """vLLM 0.33's wake hook; refused like unregister_kv_caches."""
-        self.unregister_kv_caches()
+        """The KV cache is back: NIXL registers it again and the side channel serves it."""
+        if self.worker is not None:
+            self.worker.restore()
+
+    def reset_cache(self) -> bool | None:
+        """Nothing of P2P's to clear (None, as vLLM's default); a reset precedes sleep and a
+        weight update's loan, so later leases name a new registration."""
+        if self.scheduler is not None:
+            self.scheduler.registration_may_change()
+        return None
 
     def set_xfer_handshake_metadata(self, metadata: dict) -> None:
-        """Ignored, so vLLM may send it again (it does after wake-up): P2P's peers handshake
-        over its own side channel whenever a request names a peer it does not know."""
+        """vLLM sends it at start and again after wake-up: later leases name a new registration
+        (P2P's peers handshake over its own side channel, so the metadata itself is unused)."""
+        if self.scheduler is not None:
+            if self._handshake_metadata_seen:
+                self.scheduler.registration_may_change()
+            self._handshake_metadata_seen = True
         return None
 
     def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:

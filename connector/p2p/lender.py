@@ -31,8 +31,13 @@ class BlockLender:
         self.leases_expired: set[str] = set()  # since the last take
         self.stats = LoanCounters()
 
-    def hold(self, specs: list[HeldBlocks]) -> None:
+    def hold(self, specs: list[HeldBlocks], registration: int = 0) -> None:
+        """Keep these blocks for their readers; a lease naming an older registration than ours
+        was made before the KV cache was lent away and registered again: revoked at once."""
         for spec in specs:
+            if spec.registration < registration:
+                self._expire(spec, "lease_expired: revoked, made before the KV cache was lent away")
+                continue
             if self._early.pop(spec.req_id, None) is not None:
                 self._finished.add(spec.req_id)  # the reader was faster than our metadata
                 continue
@@ -59,7 +64,15 @@ class BlockLender:
         finished, self._finished = self._finished, set()
         return finished
 
-    def _expire(self, held: HeldBlocks) -> None:
+    def revoke_all(self, cause: str) -> None:
+        """The memory of every lent block goes away: each loan ends now, as expired by `cause`."""
+        for held in list(self.lent.values()):
+            self._expire(held, f"lease_expired: revoked, {cause}")
+        self.lent.clear()
+
+    def _expire(
+        self, held: HeldBlocks, cause: str = "lease_expired: no reader came before the deadline"
+    ) -> None:
         self.stats.leases_expired += 1
         self.leases_expired.add(held.req_id)
         self._finished.add(held.req_id)
@@ -69,7 +82,7 @@ class BlockLender:
                 names.LEASE_HOLDER: held.req_id,
                 names.REQUEST_ID: held.req_id,
                 names.BLOCK_COUNT: held.num_blocks,
-                names.FAILURE_CAUSE: "lease_expired: no reader came before the deadline",
+                names.FAILURE_CAUSE: cause,
             },
         )
 

@@ -65,6 +65,7 @@ class HeldBlocks:
     req_id: str
     block_ids: tuple[tuple[int, ...], ...]  # per KV cache group
     lease_deadline_unix_s: float
+    registration: int = 0  # what the lease's params name (P2PScheduler.registration)
 
     @property
     def num_blocks(self) -> int:
@@ -78,6 +79,7 @@ class P2PMetadata(KVConnectorMetadata):
     reqs_to_recv: list[BlockPull] = field(default_factory=list)
     reqs_to_release: list[BlockRelease] = field(default_factory=list)
     reqs_to_send: list[HeldBlocks] = field(default_factory=list)
+    registration: int = 0  # what the scheduler's leases name now (P2PScheduler.registration)
     version: int = P2P_METADATA_VERSION
 
 
@@ -87,9 +89,12 @@ class P2PWorkerMeta(KVConnectorWorkerMetadata):
 
     leases_expired: set[str] = field(default_factory=set)  # prefill request ids
     loads_failed: dict[str, str] = field(default_factory=dict)  # decode request id -> cause
+    registration: int = 0  # the rank's: leases naming an older one were revoked
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
         assert isinstance(other, P2PWorkerMeta)
         return P2PWorkerMeta(
-            self.leases_expired | other.leases_expired, {**self.loads_failed, **other.loads_failed}
+            self.leases_expired | other.leases_expired,
+            {**self.loads_failed, **other.loads_failed},
+            max(self.registration, other.registration),
         )

@@ -3,7 +3,8 @@
 Version 1 (one KV cache group): `remote_block_ids` is a flat list. Version 2 (vLLM's hybrid KV
 cache manager, several groups): one list per group, as vLLM's NixlConnector sends them, each
 the tail of its group's blocks that ends at block `remote_num_blocks - 1` (a sliding-window
-group keeps only its window there; vLLM freed the blocks before it).
+group keeps only its window there; vLLM freed the blocks before it). Both carry
+`remote_registration`: a decode side that sees it grow handshakes again before reading.
 """
 
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ class RemotePrefill:
     block_size: int
     lease_deadline_unix_s: float  # the prefill server frees the blocks at this wall time
     num_blocks: int  # block indices of the prefilled sequence: every group's list ends there
+    registration: int = 0  # grows when the prefill server registers its KV cache again
 
     def first_held(self, group: int) -> int:
         """The first block index whose block the prefill side holds in this group."""
@@ -64,6 +66,7 @@ class RemotePrefill:
             "remote_num_tokens": self.num_tokens,
             "remote_block_size": self.block_size,
             "remote_lease_deadline_unix_s": self.lease_deadline_unix_s,
+            "remote_registration": self.registration,
         }
         if not one_group:
             params["remote_num_blocks"] = self.num_blocks
@@ -96,6 +99,11 @@ class RemotePrefill:
             block_size=_int(params, "remote_block_size", 1, 2**16),
             lease_deadline_unix_s=_number(params, "remote_lease_deadline_unix_s"),
             num_blocks=num_blocks,
+            registration=(
+                _int(params, "remote_registration", 0, 2**31)
+                if "remote_registration" in params
+                else 0  # a kvscope prefill server that never re-registers
+            ),
         )
 
 

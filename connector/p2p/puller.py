@@ -26,6 +26,19 @@ logger = logging.getLogger(__name__)
 
 PeerKey = tuple[str, int, str]  # side-channel host, port, engine id
 
+_REVOKED = (
+    "the prefill server registered its KV cache again since this lease (vLLM's sleep or a"
+    " weight update): its blocks are gone"
+)
+
+
+@dataclass
+class _Registration:
+    """What this side knows of a peer's KV cache registration (RemotePrefill.registration)."""
+
+    floor: int = 0  # the peer's own, at the last handshake: older leases were revoked
+    covered: int = 0  # the newest any lease named: a handshake begun before it is stale
+
 
 @dataclass
 class _Handshake:
@@ -39,6 +52,7 @@ class _Handshake:
     future: Future
     started: float  # monotonic
     req_id: str  # the request that asked first: its trace holds the handshake's span
+    registration: int  # the newest registration leases had named when it began
     waiting: list[BlockPull] = field(default_factory=list)
     releases: list[BlockRelease] = field(default_factory=list)  # under `lock`
     agent: str | None = None  # the peer's name once added; under `lock`
@@ -62,6 +76,7 @@ class BlockPuller:
         self.failure_policy = failure_policy
         self.failure_outcome = failure_outcome  # None inside a Multi, which says it
         self._peers: dict[PeerKey, str] = {}  # -> NIXL agent name
+        self._registrations: dict[PeerKey, _Registration] = {}
         self._handshakes: dict[PeerKey, _Handshake] = {}
         self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvscope-p2p-hs")
         self._reads: dict[int, BlockPull] = {}  # transfer id -> pull
@@ -75,6 +90,7 @@ class BlockPuller:
     def start(self, pulls: list[BlockPull], releases: list[BlockRelease]) -> None:
         for item in [*pulls, *releases]:
             key = (item.remote.host, item.remote.port, item.remote.engine_id)
+            self._follow_registration(key, item.remote.registration)
             if key in self._peers:
                 self._issue(item, self._peers[key])
             else:
@@ -84,18 +100,35 @@ class BlockPuller:
                 else:
                     handshake.waiting.append(item)
 
+    def _follow_registration(self, key: PeerKey, registration: int) -> None:
+        """A lease names a newer registration: the peer registered its KV cache again (after
+        vLLM's sleep or a weight update), and what was loaded of its agent before describes
+        memory it let go of; handshake again."""
+        known = self._registrations.setdefault(key, _Registration())
+        if registration <= known.covered:
+            return
+        known.covered = registration
+        if (agent := self._peers.pop(key, None)) is not None:
+            self.transport.remove_peer(agent)
+
+    def forget_peers(self) -> None:
+        """Our own KV cache was lent away: the transport dropped every peer; so do we."""
+        self._peers.clear()
+
     def _begin_handshake(self, key: PeerKey, item: BlockPull | BlockRelease) -> _Handshake:
         """The whole handshake runs in the executor: with LB* layouts NIXL prepares layers x
         blocks descriptors for the peer (millions on a large GPU), which would stall a step."""
         timeout_s = min(self.config.handshake_timeout_s, max(self._time_left(item), 0.1))
         future = self._executor.submit(self._handshake, key, timeout_s)
-        handshake = _Handshake(future, time.monotonic(), item.req_id)
+        covered = self._registrations[key].covered
+        handshake = _Handshake(future, time.monotonic(), item.req_id, covered)
         self._handshakes[key] = handshake
         future.add_done_callback(lambda _: self._send_releases(handshake))
         return handshake
 
-    def _handshake(self, key: PeerKey, timeout_s: float) -> str:
-        """Fetch the peer's agent and layout over the side channel and add it: its agent name."""
+    def _handshake(self, key: PeerKey, timeout_s: float) -> tuple[str, int]:
+        """Fetch the peer's agent and layout over the side channel and add it: its agent name,
+        and its registration."""
         host, port, engine_id = key  # the peer's rank 0 port, from its kv_transfer_params
         info: PeerInfo = fetch_peer_info(host, port + self.tp_rank, self.tp_rank, timeout_s)
         if info.layout.engine_id != engine_id:
@@ -103,7 +136,7 @@ class BlockPuller:
                 f"side channel {host}:{port} serves engine {info.layout.engine_id!r},"
                 f" not {engine_id!r}: the prefill server restarted or the port is reused"
             )
-        return self.transport.add_peer(info.agent_metadata, info.layout)
+        return self.transport.add_peer(info.agent_metadata, info.layout), info.registration
 
     def _release_when_added(self, handshake: _Handshake, release: BlockRelease) -> None:
         with handshake.lock:
@@ -118,7 +151,7 @@ class BlockPuller:
         if handshake.future.cancelled() or handshake.future.exception() is not None:
             return
         with handshake.lock:
-            handshake.agent = handshake.future.result()
+            handshake.agent = handshake.future.result()[0]
             releases, handshake.releases = handshake.releases, []
         for release in releases:
             try:
@@ -157,7 +190,7 @@ class BlockPuller:
 
     def _end_handshake(self, key: PeerKey, handshake: _Handshake) -> None:
         try:
-            agent = handshake.future.result()
+            agent, registration = handshake.future.result()
         except Exception as exc:  # SideChannelError, PeerRejectedError (layout), TransportError
             cause = f"handshake failed: {exc}"
             record_handshake(handshake.req_id, key, handshake.started, time.monotonic(), cause)
@@ -166,6 +199,14 @@ class BlockPuller:
             return
         self.stats.handshakes += 1
         record_handshake(handshake.req_id, key, handshake.started, time.monotonic(), None)
+        known = self._registrations[key]
+        if handshake.registration < known.covered:
+            # The peer registered again while we loaded its agent: load it once more.
+            self.transport.remove_peer(agent)
+            self.start(handshake.waiting, [])
+            return
+        known.floor = max(known.floor, registration)
+        known.covered = max(known.covered, known.floor)
         self._peers[key] = agent
         for item in handshake.waiting:
             self._issue(item, agent)
@@ -178,6 +219,10 @@ class BlockPuller:
         time_left_s = self._time_left(item)
         if time_left_s <= 0:
             self._fail(item, "lease expired before the read could start", "lease_expired")
+            return
+        key = (item.remote.host, item.remote.port, item.remote.engine_id)
+        if item.remote.registration < self._registrations[key].floor:
+            self._fail(item, _REVOKED, "lease_expired")
             return
         timeout_s = min(self.config.read_timeout_s, time_left_s)
         xfer_id = self.transport.read_blocks(

@@ -67,6 +67,15 @@ class P2PScheduler:
         self.stats = SchedulerCounters()
         self.samples = Samples()  # histogram samples and failures for the next stats report
         self._pull_started: dict[str, float] = {}  # decode request id -> monotonic start
+        # Named in every lease's params; grows whenever the workers may have registered the KV
+        # cache again, so that readers handshake again (see registration_may_change).
+        self.registration = 0
+
+    def registration_may_change(self) -> None:
+        """vLLM reset the connector (a pause that cleared the cache, before sleep or a weight
+        update) or sent handshake metadata again (after wake-up): the workers may register
+        their KV cache again before the next lease, and readers must load it."""
+        self.registration += 1
 
     # --- decode side ----------------------------------------------------------------------
 
@@ -203,7 +212,7 @@ class P2PScheduler:
         req_id = str(request.request_id)
         deadline = time.time() + self.config.lease_timeout_s
         tails = held_tails(block_ids, self.null_block_id)
-        held = HeldBlocks(req_id, tails, deadline)
+        held = HeldBlocks(req_id, tails, deadline, self.registration)
         self.held_for_readers[req_id] = held
         self._lease_ids[req_id] = next_lease_id()
         self._to_send.append(held)
@@ -219,12 +228,13 @@ class P2PScheduler:
             self.block_size,
             deadline,
             max(len(group) for group in block_ids),
+            self.registration,
         )
 
     # --- per step -------------------------------------------------------------------------
 
     def build_metadata(self) -> P2PMetadata:
-        metadata = P2PMetadata(self._to_recv, self._to_release, self._to_send)
+        metadata = P2PMetadata(self._to_recv, self._to_release, self._to_send, self.registration)
         self._to_recv, self._to_release, self._to_send = [], [], []
         return metadata
 
@@ -235,6 +245,9 @@ class P2PScheduler:
         finished_recving: set[str],
     ) -> None:
         meta = worker_meta if isinstance(worker_meta, P2PWorkerMeta) else P2PWorkerMeta()
+        # A worker registered again with no reset before (a sleep that kept the cache): later
+        # leases name at least its registration.
+        self.registration = max(self.registration, meta.registration)
         for req_id in finished_sending:
             self._end_lease(req_id, expired=req_id in meta.leases_expired)
         self.health.failed(meta.loads_failed)  # kept until every rank reported the pull

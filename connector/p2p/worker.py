@@ -5,6 +5,7 @@ finished_recving, failed blocks and why requests ended.
 """
 
 import logging
+from dataclasses import replace
 
 import torch
 
@@ -14,13 +15,19 @@ from kvscope.connector.p2p.lender import BlockLender
 from kvscope.connector.p2p.metadata import P2P_METADATA_VERSION, P2PMetadata, P2PWorkerMeta
 from kvscope.connector.p2p.puller import BlockPuller
 from kvscope.connector.p2p.stats import WORKER_COUNTERS
-from kvscope.connector.p2p.transport.nixl_transport import NixlTransport, TransportConfig
+from kvscope.connector.p2p.transport.nixl_transport import (
+    LENT_CAUSE,
+    NixlTransport,
+    TransportConfig,
+)
+from kvscope.connector.p2p.transport.results import TransportError
 from kvscope.connector.p2p.transport.side_channel import SideChannelServer
 from kvscope.traces.outcomes import outcome_of_policy
 
 logger = logging.getLogger(__name__)
 
 _HOT_AFTER_HANDSHAKE_S = 2.0  # the peer usually connects and reads right after it
+_RELEASE_TIMEOUT_S = 10.0  # how long unregister waits for NIXL to let go of cancelled reads
 
 
 class P2PWorker:
@@ -46,6 +53,10 @@ class P2PWorker:
         self.lender: BlockLender | None = None
         self.puller: BlockPuller | None = None
         self._no_samples = Samples()
+        # Served to peers and told to the scheduler: leases naming an older one were revoked.
+        self._registration = 0
+        self._registration_told = 0
+        self._leases_named = 0  # the registration the scheduler's leases named at the last step
 
     def register(
         self,
@@ -91,7 +102,7 @@ class P2PWorker:
                 f"p2p: cannot serve the side channel on {host}:{port} ({exc}): give each engine"
                 " its own kv_connector_extra_config side_channel_port"
             ) from None
-        self.side_channel.publish(self.transport.peer_info())
+        self._publish()
         logger.info(
             "p2p: engine %s tp rank %d serves its KV layout on %s:%s",
             self.engine_id,
@@ -99,6 +110,36 @@ class P2PWorker:
             host,
             port,
         )
+
+    def unregister(self) -> None:
+        """vLLM lends the KV cache away (sleep, a weight update): peers are refused a handshake,
+        reads into it fail (recomputed) once NIXL let go of them, lent blocks are revoked, the
+        memory is deregistered. If NIXL holds a read, RuntimeError before anything is lent."""
+        if self.transport is None:
+            return
+        if self.side_channel is not None:
+            self.side_channel.withdraw(self.tp_rank, f"{LENT_CAUSE}: handshake again later")
+        try:
+            self.transport.suspend(_RELEASE_TIMEOUT_S)
+        except TransportError as exc:
+            self._publish()
+            raise RuntimeError(f"p2p: cannot lend the KV cache away: {exc}") from None
+        self.lender.revoke_all(LENT_CAUSE)
+        self.puller.forget_peers()
+
+    def restore(self) -> None:
+        """The KV cache is back: register it again and serve the new registration."""
+        if self.transport is None or not self.transport.suspended:
+            return
+        self.transport.resume()
+        # Every lease made so far named at most _leases_named: none may be read now.
+        self._registration = max(self._registration, self._leases_named + 1)
+        self._publish()
+
+    def _publish(self) -> None:
+        if self.side_channel is not None and not self.transport.suspended:
+            info = replace(self.transport.peer_info(), registration=self._registration)
+            self.side_channel.publish(info)
 
     def _on_handshake(self) -> None:
         self.transport.expect_activity(_HOT_AFTER_HANDSHAKE_S)
@@ -111,7 +152,8 @@ class P2PWorker:
             )
         if self.transport is None:
             return
-        self.lender.hold(metadata.reqs_to_send)
+        self._leases_named = metadata.registration
+        self.lender.hold(metadata.reqs_to_send, self._registration)
         self.puller.start(metadata.reqs_to_recv, metadata.reqs_to_release)
 
     def poll(self) -> tuple[set[str], set[str]]:
@@ -131,8 +173,13 @@ class P2PWorker:
     def take_worker_meta(self) -> P2PWorkerMeta | None:
         if self.transport is None:
             return None
-        meta = P2PWorkerMeta(self.lender.take_leases_expired(), self.puller.take_loads_failed())
-        return meta if meta.leases_expired or meta.loads_failed else None
+        meta = P2PWorkerMeta(
+            self.lender.take_leases_expired(), self.puller.take_loads_failed(), self._registration
+        )
+        if meta.leases_expired or meta.loads_failed or self._registration_told != meta.registration:
+            self._registration_told = meta.registration
+            return meta
+        return None
 
     @property
     def stats(self) -> dict[str, float]:

@@ -1,4 +1,8 @@
-"""NIXL transport: registers a KV cache, READs peers' blocks into it, reports results and notifs."""
+"""NIXL transport: registers a KV cache, READs peers' blocks into it, reports results and notifs.
+
+It can lend the KV cache's memory away (vLLM's sleep and weight updates): suspend() fails its
+reads, waits until NIXL let go of each and deregisters; resume() registers the memory again.
+"""
 
 from __future__ import annotations
 
@@ -33,6 +37,9 @@ from kvscope.connector.p2p.transport.side_channel import PeerInfo
 
 logger = logging.getLogger(__name__)
 
+LENT_CAUSE = "the KV cache was lent away (vLLM's sleep or a weight update)"
+"""Why reads fail while the memory is deregistered."""
+
 
 class NixlTransport:
     """One NIXL agent (UCX, no progress thread) over one process's KV cache, plus its poller."""
@@ -65,6 +72,8 @@ class NixlTransport:
         self._inbox = NotifInbox()
         self._next_xfer_id = 0
         self._closed = False
+        self._suspended = False
+        self.registrations = 1  # how many times the memory was registered (resume() adds one)
         self._last_event = time.monotonic()  # a read posted or ended, a notif, an expectation
         self._poller = ProgressPoller(self._progress, self.config.busy_interval_s)
 
@@ -162,6 +171,8 @@ class NixlTransport:
     def _post_read(
         self, xfer: Inflight, remote_ids: list[int], local_ids: list[int], notif_msg: bytes
     ) -> str:
+        if self._suspended:
+            raise TransportError(LENT_CAUSE)
         peer = self._peers.get(xfer.peer)
         if peer is None:
             raise TransportError(f"unknown peer {xfer.peer!r}: handshake and call add_peer first")
@@ -271,6 +282,62 @@ class NixlTransport:
         self._last_event = time.monotonic()
         self._poller.keep_hot(self.config.hot_after_activity_s)  # its notif may still be sending
 
+    # --- lending the memory away ---------------------------------------------------------
+
+    @property
+    def suspended(self) -> bool:
+        return self._suspended
+
+    def suspend(self, timeout_s: float) -> None:
+        """Let go of the KV cache's memory: fail every read into it (waiting until NIXL released
+        each, so nothing writes there once this returns), forget peers and expected reads,
+        deregister. Reads posted until resume() fail. If NIXL still holds a read after
+        timeout_s, TransportError, and the memory stays registered and in use."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            self._check_open()
+            if self._suspended:
+                return
+            self._suspended = True  # no read is posted from here on
+            for xfer in list(self._reads.inflight.values()):
+                self._reads.end(xfer, LENT_CAUSE)
+            while self._reads.releasing or self._reads.unreleased:
+                self._collect_notifs()  # progresses the agent, so cancellations complete
+                self._reads.retry_releases()
+                if time.monotonic() > deadline:
+                    if not self._reads.releasing:
+                        break  # only handles of completed reads are left: nothing writes
+                    self._suspended = False
+                    self._on_results()
+                    raise TransportError(
+                        f"NIXL did not release {len(self._reads.releasing)} cancelled reads"
+                        f" within {timeout_s:.0f} s: the KV cache stays registered"
+                    )
+                self._lock.wait(timeout=self.config.busy_interval_s)
+            self._on_results()
+            for peer in list(self._peers):
+                self.remove_peer(peer)
+            self._inbox.forget_expected()
+            for local_dlist in self._local_dlists.values():
+                try_cleanup(self._agent.release_dlist_handle, local_dlist)
+            self._local_dlists = {}
+            try_cleanup(self._agent.deregister_memory, self._registered)
+            self._registered = None
+        logger.info("p2p: %s deregistered its KV cache: %s", self.agent_name, LENT_CAUSE)
+
+    def resume(self) -> None:
+        """Register the KV cache's memory again (vLLM gives it back at the same addresses);
+        peers must handshake again to read it (P2PWorker republishes the agent)."""
+        with self._lock:
+            self._check_open()
+            if not self._suspended:
+                return
+            self._registered, self._local_dlists = register_layout(self._agent, self.layout)
+            self.registrations += 1
+            self._suspended = False
+            self._last_event = time.monotonic()
+        logger.info("p2p: %s registered its KV cache again", self.agent_name)
+
     # --- lifetime --------------------------------------------------------------------------
 
     def _check_open(self) -> None:
@@ -290,7 +357,8 @@ class NixlTransport:
                 self.remove_peer(peer)
             for local_dlist in self._local_dlists.values():
                 try_cleanup(self._agent.release_dlist_handle, local_dlist)
-            try_cleanup(self._agent.deregister_memory, self._registered)
+            if self._registered is not None:
+                try_cleanup(self._agent.deregister_memory, self._registered)
 
     def __enter__(self) -> NixlTransport:
         return self

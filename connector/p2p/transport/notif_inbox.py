@@ -25,6 +25,10 @@ class NotifInbox:
         self._received.append(PeerNotif(peer, message))
         self._expected.pop(message, None)
 
+    def forget_expected(self) -> None:
+        """The blocks those reads would read are gone (the KV cache was lent away)."""
+        self._expected.clear()
+
     def expire(self, now: float) -> None:
         for message, deadline in list(self._expected.items()):
             if now > deadline:

@@ -58,12 +58,14 @@ class PeerInfo:
     agent_name: str
     agent_metadata: bytes
     layout: KVLayout
+    registration: int = 0  # leases naming an older one were revoked (RemotePrefill)
 
     def to_frame(self) -> Frame:
         header = {
             "type": "peer_info",
             "agent_name": self.agent_name,
             "layout": self.layout.to_wire(),
+            "registration": self.registration,
         }
         return Frame(header, self.agent_metadata)
 
@@ -74,7 +76,11 @@ class PeerInfo:
         agent_name = frame.header.get("agent_name")
         if not isinstance(agent_name, str) or not agent_name or not frame.body:
             raise ValueError("peer_info without an agent name or agent metadata")
-        return cls(agent_name, frame.body, KVLayout.from_wire(frame.header.get("layout")))
+        registration = frame.header.get("registration", 0)
+        if not isinstance(registration, int) or isinstance(registration, bool) or registration < 0:
+            raise ValueError(f"peer_info with a bad registration: {_quote(registration)}")
+        layout = KVLayout.from_wire(frame.header.get("layout"))
+        return cls(agent_name, frame.body, layout, registration)
 
 
 def encode_frame(frame: Frame) -> bytes:
@@ -167,6 +173,7 @@ class SideChannelServer:
         on_request: Callable[[], None] | None = None,
     ) -> None:
         self._peer_infos: dict[int, PeerInfo] = {}  # by tp rank
+        self._withdrawn: dict[int, str] = {}  # tp rank -> why it serves nothing now
         self._io_timeout_s = io_timeout_s
         self._on_request = on_request
         self._connection_slots = threading.BoundedSemaphore(max_connections)
@@ -183,7 +190,13 @@ class SideChannelServer:
 
     def publish(self, info: PeerInfo) -> None:
         """Serve this agent's metadata and layout to peers asking for its tp rank."""
+        self._withdrawn.pop(info.layout.tp_rank, None)
         self._peer_infos[info.layout.tp_rank] = info
+
+    def withdraw(self, tp_rank: int, reason: str) -> None:
+        """Serve nothing for this rank until the next publish; handshakes are told `reason`."""
+        self._withdrawn[tp_rank] = reason
+        self._peer_infos.pop(tp_rank, None)
 
     def close(self) -> None:
         self._closed.set()
@@ -230,6 +243,8 @@ class SideChannelServer:
                 raise FrameError(f"unknown request type {_quote(request.header['type'])}")
             tp_rank = _tp_rank_of(request.header)
             info = self._peer_infos.get(tp_rank)
+            if info is None and tp_rank in self._withdrawn:
+                raise FrameError(f"tp_rank {tp_rank}: {self._withdrawn[tp_rank]}")
             if info is None:
                 raise FrameError(
                     f"no KV served for tp_rank {tp_rank} (ranks {sorted(self._peer_infos)})"

@@ -248,6 +248,11 @@ def test_one_group_params_as_before_are_accepted(first):
     assert ours == {k: v for k, v in first.items() if k in ours}, "vLLM adds its own keys"
 
 
+def test_params_of_a_kvscope_that_never_re_registers_name_registration_0(first):
+    older = {k: v for k, v in first.items() if k != "remote_registration"}
+    assert RemotePrefill.from_params(older).registration == 0
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -259,6 +264,8 @@ def test_one_group_params_as_before_are_accepted(first):
         ({"remote_num_blocks": 2}, "longer than remote_num_blocks"),
         ({"remote_num_blocks": None}, "remote_num_blocks must be an integer"),
         ({"kvscope_p2p_version": 3}, "neither 1 nor 2: run the same kvscope version"),
+        ({"remote_registration": -1}, r"remote_registration must be an integer in \[0, "),
+        ({"remote_registration": "1"}, "remote_registration must be an integer"),
     ],
 )
 def test_bad_two_group_params_are_refused_with_the_reason(first, change, message):

@@ -144,3 +144,27 @@ def test_nothing_listening_is_a_clear_error():
         port = placeholder.getsockname()[1]
     with pytest.raises(SideChannelError, match=f"127.0.0.1:{port}"):
         fetch_peer_info("127.0.0.1", port, timeout_s=1)
+
+
+def test_a_withdrawn_rank_is_refused_with_the_reason_until_published_again(peer_info):
+    with SideChannelServer(port=0, io_timeout_s=0.5) as server:
+        server.publish(peer_info)
+        server.withdraw(0, "the KV cache was lent away: handshake again later")
+        with pytest.raises(SideChannelError, match="tp_rank 0: the KV cache was lent away"):
+            fetch_peer_info(server.host, server.port, timeout_s=3)
+        again = PeerInfo(peer_info.agent_name, peer_info.agent_metadata, peer_info.layout, 2)
+        server.publish(again)
+        assert fetch_peer_info(server.host, server.port, timeout_s=3).registration == 2
+
+
+@pytest.mark.parametrize("registration", [-1, "1", True])
+def test_a_peer_info_with_a_bad_registration_is_refused(peer_info, registration):
+    frame = peer_info.to_frame()
+    with pytest.raises(ValueError, match="bad registration"):
+        PeerInfo.from_frame(Frame({**frame.header, "registration": registration}, frame.body))
+
+
+def test_a_peer_info_without_a_registration_names_0(peer_info):
+    frame = peer_info.to_frame()
+    header = {k: v for k, v in frame.header.items() if k != "registration"}
+    assert PeerInfo.from_frame(Frame(header, frame.body)).registration == 0
