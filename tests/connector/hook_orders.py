@@ -125,11 +125,14 @@ def kv_cache_config(num_blocks: int, zeroing: bool = False) -> KVCacheConfig:
     return config
 
 
-def vllm_config(model: Path, transfer: KVTransferConfig, num_blocks: int) -> VllmConfig:
+def vllm_config(
+    model: Path, transfer: KVTransferConfig, num_blocks: int, **scheduler: Any
+) -> VllmConfig:
+    """`scheduler`: SchedulerConfig fields other than the defaults here (max_num_seqs=8)."""
     config = VllmConfig(
         model_config=ModelConfig(model=str(model), skip_tokenizer_init=True, max_model_len=1024),
         scheduler_config=SchedulerConfig(
-            max_num_seqs=8,
+            **{"max_num_seqs": 8, **scheduler},
             max_num_batched_tokens=1024,
             max_model_len=1024,
             is_encoder_decoder=False,
@@ -161,9 +164,14 @@ class Rig:
     """A scheduler and one worker of a connector, stepped in a runner's hook order."""
 
     def __init__(
-        self, model: Path, transfer: KVTransferConfig, num_blocks: int = 96, zeroing: bool = False
+        self,
+        model: Path,
+        transfer: KVTransferConfig,
+        num_blocks: int = 96,
+        zeroing: bool = False,
+        **scheduler: Any,
     ) -> None:
-        self.config = vllm_config(model, transfer, num_blocks)
+        self.config = vllm_config(model, transfer, num_blocks, **scheduler)
         self.kv_config = kv_cache_config(num_blocks, zeroing)
         self.scheduler = Scheduler(
             self.config,
