@@ -33,7 +33,8 @@ class OffloadMetadata(KVConnectorMetadata):
     reqs_to_store: list[BlockTransfer] = field(default_factory=list)
     # Requests whose stores the worker must finish before vLLM may reuse their blocks.
     reqs_to_flush: set[str] = field(default_factory=set)
-    # Requests vLLM preempted this step: their blocks may be reused once their stores ended.
+    # Requests vLLM preempted this step whose stores hold no reference on the blocks they read
+    # (see stores.unheld_of): their blocks may be reused once those stores ended.
     reqs_preempted: set[str] = field(default_factory=set)
     num_host_blocks: int = 0
     version: int = OFFLOAD_METADATA_VERSION

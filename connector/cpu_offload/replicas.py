@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Final
 
 import torch
 
+from kvscope.connector.cpu_offload.memory_checks import check_shared_pool
+
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.v1.kv_cache_interface import KVCacheConfig
@@ -85,7 +87,9 @@ class ReplicaGroup:
         count = _pools_mapped[(self.name, self.rank)]
         _pools_mapped[(self.name, self.rank)] += 1
         path = SHARED_MEMORY_DIR / f"{self.name}-{count}"
-        if not self.leader:
+        if self.leader:
+            check_shared_pool(numel * dtype.itemsize, SHARED_MEMORY_DIR)
+        else:
             # A follower that mapped a file of its own would skip its stores and load garbage.
             _wait_for_leader(path, numel * dtype.itemsize, LEADER_WAIT_S)
         memory = torch.from_file(str(path), shared=True, size=numel, dtype=dtype)

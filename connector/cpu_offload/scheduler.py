@@ -170,7 +170,7 @@ class OffloadScheduler:
             self._loads_to_send,
             stores,
             self._to_flush,
-            set(scheduler_output.preempted_req_ids or ()),
+            self.stores.unheld_of(set(scheduler_output.preempted_req_ids or ())),
             self.pool.num_blocks,
         )
         self._loads_to_send, self._to_flush = [], set()

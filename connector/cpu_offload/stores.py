@@ -123,6 +123,16 @@ class StorePlanner:
         block_pool.touch(held)
         return held
 
+    def unheld_of(self, req_ids: set[str]) -> set[str]:
+        """Those of these requests with a store in flight that holds no reference on its device
+        blocks (no block pool was bound): the worker must wait for it before vLLM reuses them.
+        A held store needs no wait (on CUDA the wait would drain the forward queued before)."""
+        if not req_ids:
+            return set()
+        return {
+            s.req_id for s in self.in_flight.values() if s.req_id in req_ids and not s.held_blocks
+        }
+
     def end(self, store_id: int, committed: bool) -> PlannedStore | None:
         """Commits (or aborts) a store every rank reported; the store, None if unknown."""
         store = self.in_flight.pop(store_id, None)

@@ -13,6 +13,7 @@ from kvscope.connector.cpu_offload.copy_events import blocks_loaded, copy_record
 from kvscope.connector.cpu_offload.faults import FaultInjector
 from kvscope.connector.cpu_offload.host_pool import num_host_blocks
 from kvscope.connector.cpu_offload.kernel_blocks import group_layers
+from kvscope.connector.cpu_offload.memory_checks import check_private_pool
 from kvscope.connector.cpu_offload.metadata import BlockTransfer, OffloadMetadata, OffloadWorkerMeta
 from kvscope.connector.cpu_offload.replicas import ReplicaGroup
 from kvscope.connector.cpu_offload.stats import Samples, WorkerCounters
@@ -84,6 +85,8 @@ class OffloadWorker:
         memory = self.replicas.host_memory(
             layout.num_layers * num_blocks * layout.layer_block_numel, layout.dtype
         )
+        if memory is None:
+            check_private_pool(num_blocks * layout.bytes_per_block)
         self.buffer = HostBuffer(layout, num_blocks, pin, memory)
         self.copies = self.replicas.copies(make_copy_engine(layers, self.buffer, block_dim))
 

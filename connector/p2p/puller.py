@@ -78,7 +78,9 @@ class BlockPuller:
         self._peers: dict[PeerKey, str] = {}  # -> NIXL agent name
         self._registrations: dict[PeerKey, _Registration] = {}
         self._handshakes: dict[PeerKey, _Handshake] = {}
-        self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvscope-p2p-hs")
+        self._executor = ThreadPoolExecutor(
+            max_workers=2, thread_name_prefix="kvscope-p2p-hs", initializer=transport.bind_thread
+        )
         self._reads: dict[int, BlockPull] = {}  # transfer id -> pull
         self._recving: set[str] = set()
         self.load_errors: set[int] = set()

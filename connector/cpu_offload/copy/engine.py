@@ -10,7 +10,12 @@ from enum import StrEnum
 import torch
 
 from kvscope.connector.cpu_offload.copy.host_buffer import BlockLayout, HostBuffer
-from kvscope.connector.cpu_offload.copy.plan import CopyRun, plan_runs, split_scattered
+from kvscope.connector.cpu_offload.copy.plan import (
+    CopyRun,
+    plan_runs,
+    split_at_multiples,
+    split_scattered,
+)
 
 
 class Direction(StrEnum):
@@ -196,6 +201,8 @@ class CopyEngine(ABC):
         )
         if self.raw_rows:
             runs = split_scattered(runs, self._row_bytes)
+        if (every := self.host_buffer.registration_blocks) is not None:
+            runs = split_at_multiples(runs, every)  # each copy within one registration
         now = time.monotonic()
         job = CopyJob(
             job_id=next(self._job_ids),

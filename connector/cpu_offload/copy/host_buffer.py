@@ -8,7 +8,12 @@ from typing import Final
 
 import torch
 
-from kvscope.connector.cpu_offload.copy.host_pinning import PinnedRange, pin_range, unpin_ranges
+from kvscope.connector.cpu_offload.copy.host_pinning import (
+    PinnedRange,
+    chunk_blocks,
+    pin_tables,
+    unpin_ranges,
+)
 from kvscope.connector.cpu_offload.host_pool import num_host_blocks
 
 PAGE_BYTES: Final = 4096
@@ -188,7 +193,7 @@ class HostBuffer:
         )
         self.pinned_ranges: list[PinnedRange] = []
         if pin_memory and torch.cuda.is_available():
-            self.pinned_ranges = pin_range(self._memory.data_ptr(), self.nbytes)
+            self.pinned_ranges = pin_tables(self._tables(), self.row_bytes)
         self._unpin = weakref.finalize(self, unpin_ranges, self.pinned_ranges, self._memory)
         self.pinned: bool = bool(self.pinned_ranges)
         shape = (layout.num_layers, num_blocks, *layout.layer_block_shape)
@@ -204,6 +209,28 @@ class HostBuffer:
     @property
     def nbytes(self) -> int:
         return self._memory.numel() * self._memory.element_size()
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one block in one table: all layers' (block-major) or one layer's."""
+        numel = self.layout.layer_block_numel * (
+            self.layout.num_layers if self.layout.block_major else 1
+        )
+        return numel * self.layout.dtype.itemsize
+
+    @property
+    def registration_blocks(self) -> int | None:
+        """Host blocks per registration chunk while pinned (a copy run must not cross a
+        multiple of it: two registrations), None when the memory is pageable."""
+        return chunk_blocks(self.row_bytes) if self.pinned else None
+
+    def _tables(self) -> list[tuple[int, int]]:
+        """(address, rows) of each table of block rows: one, or one per layer."""
+        base = self._memory.data_ptr()
+        if self.layout.block_major:
+            return [(base, self.num_blocks)]
+        table_bytes = self.num_blocks * self.row_bytes
+        return [(base + i * table_bytes, self.num_blocks) for i in range(self.layout.num_layers)]
 
     @property
     def registered_bytes(self) -> int:

@@ -1,16 +1,21 @@
-"""Page-locking pageable host memory with cudaHostRegister, in chunks, through torch alone."""
+"""Page-locking pageable host memory in chunks that end on block boundaries, as vLLM does.
 
+Through vLLM's `CudaRTLibrary` (the CUDA runtime over ctypes): a refused cudaHostRegister leaves
+an error pending on the thread, which the next kernel launch there (in vLLM: warm-up or graph
+capture) would raise; it is cleared with cudaGetLastError, as vLLM's own offloader clears it
+(`vllm/v1/kv_offload/cpu/host_register.py`). torch's `cudart()` has no cudaGetLastError.
+"""
+
+import functools
 import logging
 from dataclasses import dataclass
-from typing import Final
-
-import torch
+from typing import Any, Final
 
 logger = logging.getLogger(__name__)
 
 REGISTER_CHUNK_BYTES: Final = 2**30
-"""Bytes per cudaHostRegister call: bounded, as vLLM bounds them, to stay clear of driver
-limits on one registration; a multiple of the page size, so no page is registered twice."""
+"""Most bytes per registration: bounded, as vLLM bounds them, to stay clear of driver limits on
+one registration. A chunk holds whole blocks, so no block copy straddles two registrations."""
 
 
 @dataclass(frozen=True)
@@ -21,29 +26,42 @@ class PinnedRange:
     num_bytes: int
 
 
-def pin_range(address: int, num_bytes: int) -> list[PinnedRange]:
-    """Registers [address, address + num_bytes) chunk by chunk; [] if the driver refuses.
+def chunk_blocks(block_bytes: int) -> int:
+    """Blocks per registration chunk: as many whole blocks as REGISTER_CHUNK_BYTES holds."""
+    return max(REGISTER_CHUNK_BYTES // block_bytes, 1)
 
-    A refusal (not enough lockable memory: ulimit -l, or the host is short) leaves the
-    memory pageable and every range unregistered: copies still work, synchronously.
+
+def pin_tables(tables: list[tuple[int, int]], block_bytes: int) -> list[PinnedRange]:
+    """Registers each table (address, num_blocks) of blocks `block_bytes` apart in chunks of
+    chunk_blocks(block_bytes) blocks; [] (every range rolled back) if the driver refuses one.
+
+    A refusal (the locked-memory limit, a container's limits, a sandboxed GPU runtime, a pool
+    larger than the host can lock) leaves the memory pageable: copies still work, synchronously.
     """
-    cudart = torch.cuda.cudart()
+    cudart = _cudart()
+    step = chunk_blocks(block_bytes)
+    total = sum(num_blocks for _, num_blocks in tables) * block_bytes
     pinned: list[PinnedRange] = []
-    for offset in range(0, num_bytes, REGISTER_CHUNK_BYTES):
-        chunk = PinnedRange(address + offset, min(REGISTER_CHUNK_BYTES, num_bytes - offset))
-        error = _code(cudart.cudaHostRegister(chunk.address, chunk.num_bytes, 0))
-        if error != 0:
-            logger.warning(
-                "cudaHostRegister failed (error %d) at %.2f of %.2f GiB: the host KV buffer "
-                "stays pageable and copies will block; lower cpu_bytes_to_use or raise the "
-                "locked-memory limit (ulimit -l)",
-                error,
-                offset / 2**30,
-                num_bytes / 2**30,
+    for address, num_blocks in tables:
+        for first in range(0, num_blocks, step):
+            chunk = PinnedRange(
+                address + first * block_bytes, min(step, num_blocks - first) * block_bytes
             )
-            unpin_ranges(pinned)
-            return []
-        pinned.append(chunk)
+            error = cudart.cudaHostRegister(chunk.address, chunk.num_bytes, 0)
+            if error != 0:
+                cudart.cudaGetLastError()  # else the next launch on this thread raises it
+                logger.warning(
+                    "kvscope offload: cudaHostRegister refused %.2f GiB of the %.2f GiB host KV"
+                    " pool (%s): the pool stays pageable and copies block the step; lower"
+                    " cpu_bytes_to_use or raise the locked-memory limit (ulimit -l, the"
+                    " container's memlock)",
+                    (total - sum(r.num_bytes for r in pinned)) / 2**30,
+                    total / 2**30,
+                    cudart.cudaGetErrorString(error),
+                )
+                unpin_ranges(pinned)
+                return []
+            pinned.append(chunk)
     return pinned
 
 
@@ -55,15 +73,17 @@ def unpin_ranges(pinned: list[PinnedRange], memory: object = None) -> None:
     """
     if not pinned:
         return
-    cudart = torch.cuda.cudart()
+    cudart = _cudart()
     while pinned:
-        chunk = pinned.pop()
-        error = _code(cudart.cudaHostUnregister(chunk.address))
+        error = cudart.cudaHostUnregister(pinned.pop().address)
         if error != 0:
-            logger.warning("cudaHostUnregister failed (error %d)", error)
+            cudart.cudaGetLastError()
+            logger.warning("cudaHostUnregister failed: %s", cudart.cudaGetErrorString(error))
     del memory
 
 
-def _code(error: object) -> int:
-    """torch's cudart returns an enum whose .value is the CUDA error number."""
-    return int(getattr(error, "value", error))
+@functools.cache
+def _cudart() -> Any:
+    from vllm.distributed.device_communicators.cuda_wrapper import CudaRTLibrary
+
+    return CudaRTLibrary()

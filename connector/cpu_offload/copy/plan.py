@@ -225,6 +225,26 @@ def split_scattered(
     return split
 
 
+def split_at_multiples(runs: Sequence[CopyRun], every: int) -> list[CopyRun]:
+    """Runs cut where their host block ids cross a multiple of `every` (the edge between two
+    registrations of the host memory), so that no copy spans two."""
+    split: list[CopyRun] = []
+    for run in runs:
+        start, end = run.host_start, run.host_start + run.num_blocks
+        if start // every == (end - 1) // every:
+            split.append(run)
+            continue
+        edges = [start, *range((start // every + 1) * every, end, every), end]
+        for first, last in zip(edges, edges[1:], strict=False):
+            offset, count = first - start, last - first
+            if run.device_start is not None:
+                split.append(CopyRun(first, count, run.device_start + offset))
+            else:
+                ids = run.device_block_ids[offset : offset + count]
+                split.append(CopyRun(first, count, None, ids))
+    return split
+
+
 def _ranges(device_block_ids: torch.Tensor) -> tuple[list[int], list[int]]:
     """The ids, and where each consecutive range after the first begins. Short runs in plain
     Python: a job is planned right after a copy evicted the caches, when numpy's first calls

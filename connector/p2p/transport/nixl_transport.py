@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from kvscope.connector.p2p.transport.cuda_threads import device_binder
 from kvscope.connector.p2p.transport.layout import KVLayout, check_compatible
 from kvscope.connector.p2p.transport.nixl_agent import (
     as_str,
@@ -62,6 +63,8 @@ class NixlTransport:
             engine_id, kv_caches, tp_rank, tp_size, kv_layout, num_blocks, tensor_strides
         )
         self._kv_caches = dict(kv_caches)  # registered memory must outlive the agent's use of it
+        # Every thread that calls NIXL over this memory runs it first (a CUDA context for UCX).
+        self.bind_thread = device_binder(kv_caches.values())
         self.config = config or TransportConfig()
         self._lock = threading.Condition()  # our state, and NIXL calls on the engine's path
         self._setup_lock = threading.Lock()  # handshakes (slow NIXL calls) outside self._lock
@@ -75,7 +78,9 @@ class NixlTransport:
         self._suspended = False
         self.registrations = 1  # how many times the memory was registered (resume() adds one)
         self._last_event = time.monotonic()  # a read posted or ended, a notif, an expectation
-        self._poller = ProgressPoller(self._progress, self.config.busy_interval_s)
+        self._poller = ProgressPoller(
+            self._progress, self.config.busy_interval_s, on_start=self.bind_thread
+        )
 
     # --- handshake -------------------------------------------------------------------------
 

@@ -37,8 +37,11 @@ class ProgressPoller:
         hot_interval_s: float = 0.001,
         error_retry_s: float = 0.05,
         name: str = "kvscope-p2p-poller",
+        on_start: Callable[[], None] | None = None,
     ) -> None:
+        """`on_start` runs first on the thread (e.g. sets the CUDA device, cuda_threads)."""
         self._step = step
+        self._on_start = on_start
         self._hot_interval_s = hot_interval_s
         self._error_retry_s = error_retry_s
         self._wake = threading.Event()
@@ -67,6 +70,8 @@ class ProgressPoller:
         self._thread.join(timeout=timeout_s)
 
     def _run(self) -> None:
+        if self._on_start is not None:
+            self._on_start()
         while not self._stopped.is_set():
             self._wake.clear()  # before the step: a wake() during the step is not lost
             delay = self._safe_step()

@@ -1,7 +1,9 @@
 """Model runner V2 zeroes a step's new blocks (update_requests) before pre_forward calls
 handle_preemptions: a block a preempted request's store still reads must not be among them.
 vLLM's Scheduler (told its KV needs zeroing, as for mixed-precision KV) and V2's own
-ActiveKVConnector over the offload connector, with stores held in flight by fault injection."""
+ActiveKVConnector over the offload connector, with stores held in flight by fault injection.
+The stores' references on their blocks protect them, so handle_preemptions waits for none (on
+CUDA a wait drains the forward queued before the store)."""
 
 import time
 
@@ -55,6 +57,17 @@ class LoadedKV:
         V2Zeroing(self.rig)(output)
 
 
+def count_store_waits(rig: Rig) -> list[int]:
+    """The copy jobs the worker waits for from now on (handle_preemptions' host syncs)."""
+    waits: list[int] = []
+    for worker in offload_workers(rig.worker):
+        wait = worker.copies.wait
+        worker.copies.wait = lambda job_id, *args, wait=wait: (
+            waits.append(job_id) or wait(job_id, *args)
+        )
+    return waits
+
+
 def run_until_idle(rig: Rig, zeroing, timeout_s: float = 60) -> None:
     """Steps until no request is left and every store reported (its held blocks freed)."""
     offload = rig.scheduler.connector.inner.scheduler
@@ -74,9 +87,11 @@ def test_v2_never_zeroes_a_block_a_preempted_requests_store_reads(tiny_model):
     for req in requests:
         rig.add(req)
     zeroing = V2Zeroing(rig)
+    waits = count_store_waits(rig)
     run_until_idle(rig, zeroing)
     assert zeroing.preempted_while_storing, "no request was preempted with a store in flight"
     assert zeroing.zeroed_while_stored == []
+    assert waits == [], "handle_preemptions waited for stores that hold their blocks"
     # What a user sees: the same tokens again, served from the host pool, hold the right KV.
     assert rig.scheduler.reset_prefix_cache(), "vLLM still holds blocks: nothing left to load"
     stored = (3 * BLOCK + 2 * BLOCK) // BLOCK  # the last output token is never computed

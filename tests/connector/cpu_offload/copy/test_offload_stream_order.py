@@ -19,6 +19,7 @@ from kvscope.connector.cpu_offload.copy.cuda import CudaCopyEngine  # noqa: E402
 from kvscope.connector.cpu_offload.faults import FaultInjector, FaultPlan  # noqa: E402
 from kvscope.connector.cpu_offload.host_pool import KVNamespace  # noqa: E402
 from kvscope.connector.cpu_offload.metadata import BlockTransfer, OffloadMetadata  # noqa: E402
+from kvscope.connector.cpu_offload.request_state import PlannedStore  # noqa: E402
 from kvscope.connector.cpu_offload.scheduler import OffloadScheduler  # noqa: E402
 from kvscope.connector.cpu_offload.worker import OffloadWorker  # noqa: E402
 from tests.connector.cpu_offload.copy.fake_streams import FakeGpu  # noqa: E402
@@ -113,9 +114,14 @@ def test_on_the_cpu_a_load_still_copying_at_its_deadline_fails_too(monkeypatch):
     worker.shutdown()
 
 
-def test_the_scheduler_half_names_vllms_preempted_requests():
+def test_the_scheduler_half_names_preempted_requests_whose_stores_hold_no_blocks():
+    """Only a store without vLLM references on its blocks (no block pool bound) needs the
+    worker's wait; r9's holds them, r5 was not preempted, r7 has no store."""
     namespace = KVNamespace("tiny", "bfloat16", "cpu", 32, 0, 1, 2, 2, 32)
     offload = OffloadScheduler(OffloadConfig(), namespace, 32, 16, 1, FaultInjector())
+    held = [object()]  # a KVCacheBlock the store took a reference on
+    for store_id, (req_id, blocks) in enumerate([("r3", []), ("r9", held), ("r5", [])]):
+        offload.stores.in_flight[store_id] = PlannedStore(req_id, [store_id], [b"k"], [0], blocks)
     output = SchedulerOutput(
         scheduled_new_reqs=[],
         scheduled_cached_reqs=CachedRequestData.make_empty(),
@@ -125,8 +131,8 @@ def test_the_scheduler_half_names_vllms_preempted_requests():
         scheduled_encoder_inputs={},
         finished_req_ids=set(),
         free_encoder_mm_hashes=[],
-        preempted_req_ids={"r3", "r9"},
+        preempted_req_ids={"r3", "r9", "r7"},
     )
-    assert offload.build_metadata(output, None).reqs_preempted == {"r3", "r9"}
+    assert offload.build_metadata(output, None).reqs_preempted == {"r3"}
     output.preempted_req_ids = None  # what vLLM sends when nothing was preempted
     assert offload.build_metadata(output, None).reqs_preempted == set()
