@@ -1,9 +1,12 @@
-"""What each CUDA attention backend of vLLM 0.32 declares, as a table that needs no CUDA import.
+"""What each CUDA attention backend of vLLM 0.32 and 0.34 declares, as a table that needs no
+CUDA import.
 
 FlashInfer, CUTLASS MLA and FlashAttention MLA do not import on the CPU (no `flashinfer`, no
 CUDA torch, no FA kernels), so their declarations are copied here from their source;
-test_backend_table.py parses each backend's source file and fails when vLLM changes one. Where
-a declaration depends on the GPU, the entry holds what an H100/H200 (Hopper, SM 9.0) gets.
+test_backend_table.py parses each backend's source file in the installed vLLM and fails when
+vLLM changes one. The entries are 0.32's; `RELEASE_CHANGES` says what a later release declares
+otherwise, and `CUDA_BACKENDS` is the table of the installed release. Where a declaration
+depends on the GPU, the entry holds what an H100/H200 (Hopper, SM 9.0) gets.
 The entries duck-type the three class methods vLLM's kernel block and layout selection call
 (`get_name`, `get_supported_kernel_block_sizes`, `supported_kv_cache_layouts`), so vLLM's own
 functions run over them unchanged.
@@ -11,7 +14,7 @@ functions run over them unchanged.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
@@ -36,7 +39,7 @@ class Multiple:
 
 @dataclass(frozen=True)
 class BackendDecl:
-    """One backend's declarations, as vLLM 0.32's source has them on Hopper."""
+    """One backend's declarations, as one vLLM release's source has them on Hopper."""
 
     name: str  # its AttentionBackendEnum member, which get_name() also returns
     source: str  # its module's file under the vllm package
@@ -82,7 +85,7 @@ class BackendDecl:
 _FP8: Final = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3")
 _ATTN: Final = "v1/attention/backends/"
 
-CUDA_BACKENDS: Final = (
+BACKENDS_032: Final = (
     BackendDecl(
         name="FLASH_ATTN",
         source=_ATTN + "flash_attn.py",
@@ -182,6 +185,52 @@ CUDA_BACKENDS: Final = (
 )
 """vLLM 0.32's CUDA attention backends for decoder models (sparse MLA, which needs DeepSeek
 V3.2's indexer, and the fp8-only TokenSpeed MLA are left out)."""
+
+RELEASES: Final = ("0.32", "0.34")
+"""The vLLM releases the table holds, oldest first."""
+RELEASE_CHANGES: Final[dict[str, dict[str, dict[str, Any]]]] = {
+    "0.34": {
+        # get_flashinfer_kv_cache_layouts(): vLLM's default preference less LHBNC (FlashInfer
+        # names each page NHD or HND; LHBNC puts heads outside blocks). Blackwell: LBHNC, BLHNC.
+        "FLASHINFER": {"kv_cache_layouts": ("LBNHC", "LBHNC", "BLNHC", "BLHNC", "BHLNC")},
+    },
+}
+"""What each release after 0.32 declares otherwise: release -> backend -> changed fields."""
+
+
+def declarations(release: str) -> tuple[BackendDecl, ...]:
+    """The table as `release` declares it: 0.32's entries with every later change up to it."""
+    if release not in RELEASES:
+        raise ValueError(f"no table of vLLM {release}: one of {RELEASES}")
+    table = {decl.name: decl for decl in BACKENDS_032}
+    for later in RELEASES[1 : RELEASES.index(release) + 1]:
+        for name, fields in RELEASE_CHANGES.get(later, {}).items():
+            table[name] = replace(table[name], **fields)
+    return tuple(table.values())
+
+
+def installed_release() -> str:
+    """The release whose table the installed vLLM is held to: the newest not after it (the
+    newest without vLLM); test_backend_table.py says whether its source agrees."""
+    try:
+        from vllm import __version__
+    except ImportError:
+        return RELEASES[-1]
+    installed = _minor(__version__)
+    return max(
+        (release for release in RELEASES if _minor(release) <= installed),
+        key=_minor,
+        default=RELEASES[0],
+    )
+
+
+def _minor(version: str) -> tuple[int, int]:
+    major, minor = version.split(".")[:2]
+    return int(major), int(minor)
+
+
+CUDA_BACKENDS: Final = declarations(installed_release())
+"""The CUDA backends as the installed vLLM release declares them."""
 
 
 def backend(name: str) -> BackendDecl:

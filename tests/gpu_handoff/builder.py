@@ -1,14 +1,14 @@
-"""The KV caches a CUDA GPU worker of vLLM 0.32 hands `register_kv_caches`, rebuilt on CPU memory.
+"""The KV caches a CUDA GPU worker of vLLM hands `register_kv_caches`, rebuilt on CPU memory.
 
-Every step is vLLM's own code, in the order its GPU worker runs it: the engine core resolves one
-layout from the backends' declarations and the connector's preference
-(`get_supported_kv_cache_layouts`, `resolve_kv_cache_layout`), plans the KVCacheConfig
-(`get_kv_cache_configs`, `generate_scheduler_kv_cache_config` for the scheduler), the worker
-builds its connector from that config, then adds KV-sharing layers to its groups
+Every step is vLLM's own code, in the order its GPU worker runs it: the engine core's plan
+(engine_core.py: the layout, the KVCacheConfig, the scheduler's), then the worker builds its
+connector from that config, adds KV-sharing layers to its groups
 (`add_kv_sharing_layers_to_kv_cache_groups`), picks each group's kernel block size
 (`prepare_kernel_block_sizes`), allocates and views the caches (`allocate_kv_cache`, which calls
 `create_kv_cache_views(..., kernel_block_size=...)`) and aliases the sharing layers into the dict,
-as `gpu_model_runner.initialize_kv_cache_tensors` does. Only the device differs: CPU memory.
+as vLLM 0.32's `initialize_kv_cache_tensors` and 0.34's `bind_kv_caches` do. Only the device
+differs: CPU memory. vLLM 0.34's extensible KV cache, which creates the connector later over
+committed memory, is extensible.py's.
 
 Stable API (other connectors' hand-off tests use it): `build_worker_kv_caches(...) -> HandOff`,
 `handoff_cases()`, `MODEL_KINDS`, `KV_DTYPES`.
@@ -17,31 +17,26 @@ Stable API (other connectors' hand-off tests use it): `build_worker_kv_caches(..
 from __future__ import annotations
 
 import copy
-import functools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tests.gpu_handoff.backends import CUDA_BACKENDS, BackendDecl, backend
+from tests.gpu_handoff.backends import CUDA_BACKENDS, BackendDecl
+from tests.gpu_handoff.engine_core import (
+    KV_DTYPES,
+    LAYER_NAME,
+    MODEL_KINDS,
+    EnginePlan,
+    plan_engine,
+)
 
 if TYPE_CHECKING:
     from vllm.config import KVTransferConfig, VllmConfig
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
 
-MODEL_KINDS: Final = ("full", "sliding_window", "hybrid", "mla")
-"""Model kinds: full attention; sliding window; a hybrid of both (two KV cache groups); MLA."""
-KV_DTYPES: Final = ("auto", "fp8")
-"""KV cache dtypes the suite covers: the model's bf16, and fp8 (stored as uint8 on CUDA)."""
-NUM_KV_HEADS: Final = 2
-"""KV heads of the standard kinds' layers (on one rank)."""
-HEAD_SIZE: Final = 64
-"""Head size of the standard kinds' layers (every CUDA backend takes 64)."""
-MLA_HEAD_SIZE: Final = 576
-"""DeepSeek's MLA cache entry: a 512-wide latent plus 64 rope dims, one 'head' per layer."""
-LAYER_NAME: Final = "model.layers.{}.self_attn.attn"
-"""vLLM's attention layer names (vLLM reads the layer index out of them)."""
+__all__ = ["KV_DTYPES", "LAYER_NAME", "MODEL_KINDS", "HandOff", "build_worker_kv_caches"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +54,9 @@ class HandOff:
     kind: str
     kv_cache_dtype: str
     shared_layers: dict[str, str]  # KV-sharing layer -> the layer whose cache it reuses
+    # vLLM 0.34's ExtensibleKVCache the views are over (None: allocated up front). It owns
+    # their memory: the hand-off keeps it alive.
+    extensible_kv_cache: Any = None
 
     @property
     def num_blocks(self) -> int:
@@ -108,81 +106,73 @@ def build_worker_kv_caches(
     included. Raises vLLM's own error where vLLM would refuse to start (e.g. no common block
     size, an unsupported dtype).
     """
-    from vllm.v1.attention.backends.utils import (
-        get_supported_kv_cache_layouts,
-        resolve_kv_cache_layout,
-    )
-    from vllm.v1.core.kv_cache_utils import (
-        generate_scheduler_kv_cache_config,
-        get_kv_cache_configs,
-    )
-    from vllm.v1.kv_cache_layout import KVCacheLayout
-    from vllm.v1.worker.utils import (
-        add_kv_sharing_layers_to_kv_cache_groups,
-        allocate_kv_cache,
-        prepare_kernel_block_sizes,
-    )
+    from vllm.v1.worker.utils import allocate_kv_cache
 
-    decl = backend(backend_name)
-    _check_served(decl, kind, kv_cache_dtype)
-    vllm_config = _vllm_config(model, tensor_parallel_size)
-    vllm_config.kv_transfer_config = kv_transfer_config
-    cache_config = vllm_config.cache_config
-    cache_config.block_size = block_size
-    cache_config.cache_dtype = kv_cache_dtype
-    cache_config.num_gpu_blocks_override = num_blocks
-    # vLLM checks that one request of max_model_len fits (a hybrid model's in two groups).
-    vllm_config.model_config.max_model_len = max(1, num_blocks // 2 - 2) * block_size
-    cache_config.kv_cache_layout = layout and KVCacheLayout[layout].name
-    specs = _layer_specs(vllm_config, kind, block_size, kv_cache_dtype, num_layers)
-    vllm_backend = decl.vllm_class()
-    supported = [layout.name for layout in get_supported_kv_cache_layouts([vllm_backend])]
-    resolved = resolve_kv_cache_layout(vllm_config, [supported], specs.values())
-    [engine_config] = get_kv_cache_configs(vllm_config, [specs], [1 << 40])
-    engine_config.kv_cache_layout = resolved.name
-    cache_config.num_gpu_blocks = engine_config.num_blocks  # as the engine core records it
-    scheduler_config = generate_scheduler_kv_cache_config([engine_config])
-    worker_config = copy.deepcopy(engine_config)
-    runner_config = copy.deepcopy(engine_config)
-    shared = {
-        LAYER_NAME.format(num_layers * _layers_per_index(kind) + i): LAYER_NAME.format(
-            num_layers * _layers_per_index(kind) - 1 - i
-        )
-        for i in range(num_shared_layers)
-    }
-    add_kv_sharing_layers_to_kv_cache_groups(shared, runner_config.kv_cache_groups)
-    attn_groups = [
-        [_AttentionGroup(vllm_backend, group.kv_cache_spec)]
-        for group in runner_config.kv_cache_groups
-    ]
-    kernel_block_sizes = prepare_kernel_block_sizes(runner_config, attn_groups)
-    kv_caches = allocate_kv_cache(runner_config, torch.device("cpu"), resolved, kernel_block_sizes)
-    for layer_name, target in shared.items():
+    plan = plan_engine(
+        backend_name,
+        kind,
+        block_size,
+        kv_cache_dtype,
+        num_blocks,
+        num_layers,
+        model=model,
+        kv_transfer_config=kv_transfer_config,
+        num_shared_layers=num_shared_layers,
+        tensor_parallel_size=tensor_parallel_size,
+        layout=layout,
+    )
+    worker_config = copy.deepcopy(plan.engine_config)
+    runner_config = copy.deepcopy(plan.engine_config)
+    kernel_block_sizes = runner_kernel_block_sizes(plan, runner_config)
+    kv_caches = allocate_kv_cache(
+        runner_config, torch.device("cpu"), plan.layout, kernel_block_sizes
+    )
+    for layer_name, target in plan.shared_layers.items():
         kv_caches[layer_name] = kv_caches[target]
     return HandOff(
         kv_caches=kv_caches,
         kv_cache_config=worker_config,
-        scheduler_kv_cache_config=scheduler_config,
+        scheduler_kv_cache_config=plan.scheduler_config,
         runner_kv_cache_config=runner_config,
-        vllm_config=vllm_config,
-        layout=resolved.name,
+        vllm_config=plan.vllm_config,
+        layout=plan.layout.name,
         kernel_block_sizes=tuple(kernel_block_sizes),
-        backend=decl,
+        backend=plan.backend,
         kind=kind,
         kv_cache_dtype=kv_cache_dtype,
-        shared_layers=shared,
+        shared_layers=plan.shared_layers,
     )
 
 
+def runner_kernel_block_sizes(plan: EnginePlan, runner_config: KVCacheConfig) -> list[int]:
+    """What the model runner does before it allocates: KV-sharing layers join their target's
+    group in its copy of the config, and each group gets the kernel block size its backend
+    takes (vLLM 0.34's `init_attn_backend`, 0.32's `initialize_attn_backend`)."""
+    from vllm.v1.worker.utils import (
+        add_kv_sharing_layers_to_kv_cache_groups,
+        prepare_kernel_block_sizes,
+    )
+
+    add_kv_sharing_layers_to_kv_cache_groups(plan.shared_layers, runner_config.kv_cache_groups)
+    attn_groups = [
+        [_AttentionGroup(plan.vllm_backend, group.kv_cache_spec)]
+        for group in runner_config.kv_cache_groups
+    ]
+    return prepare_kernel_block_sizes(runner_config, attn_groups)
+
+
 def handoff_cases(
-    block_sizes: tuple[int, ...] = (16, 64, 128, 256), dtypes: tuple[str, ...] = KV_DTYPES
+    block_sizes: tuple[int, ...] = (16, 64, 128, 256),
+    dtypes: tuple[str, ...] = KV_DTYPES,
+    backends: tuple[BackendDecl, ...] = CUDA_BACKENDS,
 ) -> list[tuple[str, str, int, str]]:
     """(backend, kind, block size, KV dtype) for every combination vLLM itself would start:
-    the backend serves the kind and dtype, and some kernel block size of it divides the block."""
+    the backend serves the kind and dtype, and some kernel block size of it divides the block
+    (`backends`: the installed release's table, or another release's)."""
     from vllm.v1.worker.utils import select_common_block_size
 
     cases = []
-    for decl in CUDA_BACKENDS:
+    for decl in backends:
         for kind in decl.kinds:
             for block_size in block_sizes:
                 try:
@@ -203,82 +193,3 @@ class _AttentionGroup:
 
     backend: object
     kv_cache_spec: KVCacheSpec
-
-
-def _check_served(decl: BackendDecl, kind: str, kv_cache_dtype: str) -> None:
-    if kind not in MODEL_KINDS:
-        raise ValueError(f"unknown model kind {kind!r}: one of {MODEL_KINDS}")
-    if kind not in decl.kinds:
-        raise ValueError(f"{decl.name} serves {decl.kinds}, not {kind}")
-    if kv_cache_dtype not in decl.kv_cache_dtypes:
-        raise ValueError(f"{decl.name} takes KV cache dtypes {decl.kv_cache_dtypes}")
-
-
-def _layers_per_index(kind: str) -> int:
-    return 2 if kind == "hybrid" else 1
-
-
-def _layer_specs(
-    vllm_config: VllmConfig, kind: str, block_size: int, kv_cache_dtype: str, num_layers: int
-) -> dict[str, KVCacheSpec]:
-    """Each layer's KV spec, with the fields vLLM's attention layers fill in."""
-    from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
-    from vllm.v1.kv_cache_interface import (
-        FullAttentionSpec,
-        MLAAttentionSpec,
-        SlidingWindowSpec,
-        get_kv_quant_mode,
-    )
-
-    dtype = kv_cache_dtype_str_to_dtype(kv_cache_dtype, vllm_config.model_config)
-    quant = get_kv_quant_mode(kv_cache_dtype)
-    if kind == "mla":
-        spec = MLAAttentionSpec(
-            block_size=block_size,
-            num_kv_heads=1,
-            max_tp_shards=1,
-            head_size=MLA_HEAD_SIZE,
-            dtype=dtype,
-            cache_dtype_str=kv_cache_dtype,
-            kv_quant_mode=quant,
-        )
-        return {LAYER_NAME.format(i): spec for i in range(num_layers)}
-    full = FullAttentionSpec(
-        block_size=block_size,
-        num_kv_heads=NUM_KV_HEADS,
-        head_size=HEAD_SIZE,
-        dtype=dtype,
-        kv_quant_mode=quant,
-    )
-    window = SlidingWindowSpec(
-        block_size=block_size,
-        num_kv_heads=NUM_KV_HEADS,
-        head_size=HEAD_SIZE,
-        dtype=dtype,
-        kv_quant_mode=quant,
-        sliding_window=2 * block_size,
-    )
-    if kind == "hybrid":
-        return {LAYER_NAME.format(i): (full, window)[i % 2] for i in range(2 * num_layers)}
-    spec = full if kind == "full" else window
-    return {LAYER_NAME.format(i): spec for i in range(num_layers)}
-
-
-@functools.cache
-def _base_vllm_config(model: Path, tensor_parallel_size: int) -> VllmConfig:
-    """One VllmConfig per model and TP size (building one takes seconds); callers copy it."""
-    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, ParallelConfig, VllmConfig
-
-    return VllmConfig(
-        model_config=ModelConfig(model=str(model), skip_tokenizer_init=True, max_model_len=256),
-        cache_config=CacheConfig(block_size=16),
-        parallel_config=ParallelConfig(tensor_parallel_size=tensor_parallel_size),
-        device_config=DeviceConfig("cpu"),
-    )
-
-
-def _vllm_config(model: Path, tensor_parallel_size: int) -> VllmConfig:
-    config = copy.deepcopy(_base_vllm_config(Path(model), tensor_parallel_size))
-    # CUDA keeps the hybrid KV cache manager on (the CPU platform turns it off): two groups.
-    config.scheduler_config.disable_hybrid_kv_cache_manager = False
-    return config

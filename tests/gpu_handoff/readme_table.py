@@ -6,7 +6,7 @@ README holds exactly this between its markers.
 
 from typing import Final
 
-from tests.gpu_handoff.backends import CUDA_BACKENDS, BackendDecl
+from tests.gpu_handoff.backends import BackendDecl, declarations
 from tests.gpu_handoff.builder import KV_DTYPES, handoff_cases
 
 START: Final = "<!-- cuda-backends:start (python -m tests.gpu_handoff.readme_table) -->"
@@ -22,18 +22,19 @@ KIND_NAMES: Final = {
 """How the table names the builder's model kinds."""
 
 
-def render() -> str:
-    """The table, one row per backend, between START and END."""
+def render(release: str = "0.32") -> str:
+    """The table of `release`'s declarations, one row per backend, between START and END."""
     from vllm.v1.worker.utils import select_common_block_size
 
-    cases = handoff_cases()
+    backends = declarations(release)
+    cases = handoff_cases(backends=backends)
     rows = [
         START,
         "| Backend | Model kinds | Kernel blocks (Hopper) | KV blocks tested | KV dtypes"
         " (tested) | Layouts |",
         "|---|---|---|---|---|---|",
     ]
-    for decl in CUDA_BACKENDS:
+    for decl in backends:
         sizes = sorted({case[2] for case in cases if case[0] == decl.name})
         tested = ", ".join(
             _block(size, select_common_block_size(size, [decl], [None])) for size in sizes

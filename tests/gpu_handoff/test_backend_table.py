@@ -1,9 +1,10 @@
 """The CUDA backend table still says what each backend's source in the installed vLLM declares.
 
-Each entry is checked against its backend's module, parsed (ast), so the backends that need
-CUDA, flashinfer or FA kernels to import are checked too; those that import here are also
-checked against their live class. Every member of vLLM's AttentionBackendEnum is either in the
-table or left out for a stated reason: a backend a new vLLM adds fails by name.
+Each entry of the installed release's table is checked against its backend's module, parsed
+(ast), so the backends that need CUDA, flashinfer or FA kernels to import are checked too; those
+that import here are also checked against their live class. Every member of vLLM's
+AttentionBackendEnum is either in the table or left out for a stated reason: a backend a new
+vLLM adds fails by name.
 """
 
 import ast
@@ -13,7 +14,13 @@ import pytest
 
 vllm = pytest.importorskip("vllm")
 
-from tests.gpu_handoff.backends import CUDA_BACKENDS, BackendDecl, Multiple  # noqa: E402
+from tests.gpu_handoff.backends import (  # noqa: E402
+    CUDA_BACKENDS,
+    RELEASES,
+    BackendDecl,
+    Multiple,
+    installed_release,
+)
 
 VLLM_ROOT = Path(vllm.__file__).parent
 LEFT_OUT = {
@@ -55,7 +62,26 @@ LEFT_OUT = {
     "ULTRAQUANT": "quantized KV layouts of its own",
     "CUSTOM": "a placeholder for out-of-tree backends",
 }
-"""AttentionBackendEnum members the table leaves out, and why."""
+"""AttentionBackendEnum members of vLLM 0.32 the table leaves out, and why."""
+LEFT_OUT_SINCE = {
+    "0.34": {
+        "FLASHINFER_TS": "FlashInfer's task-scheduled decode for drafters, Blackwell only",
+        "KIMI_K3_KV_BALANCED_MLA": "fp8 KV only, Blackwell, never selected automatically",
+        "FLASH_ATTN_MLA_SPARSE_FA4": "sparse MLA",
+        "STEP5_DSA": "Step5's sparse attention",
+        "ROCM_FLASHMLA_SPARSE_DSV41": "ROCm",
+        "ROCM_OCTAVE": "ROCm",
+    },
+}
+"""Members a later release added that the table leaves out, and why, by release."""
+
+
+def left_out(release: str) -> dict[str, str]:
+    """What the table leaves out of `release`'s AttentionBackendEnum."""
+    reasons = dict(LEFT_OUT)
+    for later in RELEASES[1 : RELEASES.index(release) + 1]:
+        reasons.update(LEFT_OUT_SINCE.get(later, {}))
+    return reasons
 
 
 def backend_class(decl: BackendDecl) -> ast.ClassDef:
@@ -98,8 +124,16 @@ def block_sizes(node: ast.AST) -> tuple[int | Multiple, ...] | None:
 
 
 def layouts(node: ast.AST | None) -> tuple[str, ...] | None:
+    """A literal tuple of KVCacheLayout members, or a call of one of vLLM's layout helpers in
+    `vllm.v1.attention.backends.utils` (0.34's FlashInfer), called here."""
     if isinstance(node, ast.Tuple):
         return tuple(element.attr for element in node.elts)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.args:
+        from vllm.v1.attention.backends import utils
+
+        helper = getattr(utils, node.func.id, None)
+        if helper is not None:
+            return tuple(layout.name for layout in helper())
     return None
 
 
@@ -147,6 +181,7 @@ def test_every_backend_vllm_registers_is_in_the_table_or_left_out_for_a_reason()
 
     tabled = {decl.name for decl in CUDA_BACKENDS}
     registered = {backend.name for backend in AttentionBackendEnum}
-    assert registered - tabled - set(LEFT_OUT) == set(), "new backends: table or leave out"
-    assert tabled & set(LEFT_OUT) == set()
-    assert set(LEFT_OUT) - registered == set(), "vLLM dropped these: remove them here"
+    reasons = left_out(installed_release())
+    assert registered - tabled - set(reasons) == set(), "new backends: table or leave out"
+    assert tabled & set(reasons) == set()
+    assert set(reasons) - registered == set(), "vLLM dropped these: remove them here"
