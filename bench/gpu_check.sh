@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # GPU check of the copy path (issue 33), sized for the GPU machine as it is: Python 3.12, torch
 # with CUDA, no vLLM, no NIXL, no OpenTelemetry, no network, 64 MiB carried. One command of at
-# most 8 minutes: every step has its own timeout (probes 60 s, tests 160, copy check 150,
+# most 8 minutes: every step has its own timeout (probes 80 s, tests 140, copy check 150,
 # bandwidth 90, summary 20: 480 s in all), and a step that fails or times out never stops the
 # next. Run from anywhere; results go under $OUT.
 #   1. tests: the torch-only modules of tests/connector/cpu_offload, CUDA ones included,
-#   2. bench/gpu_copy_check.py: a pinned pool of an odd size registered exactly; byte-exact
+#   2. bench/gpu_copy_check.py (its JSON rewritten after every check, so a crash keeps the
+#      earlier ones): a pinned pool of an odd size registered exactly; byte-exact
 #      store/load over vLLM 0.32's views (LBNHC, LBHNC, BLNHC, kernel blocks); no host sync and
 #      no device memory growth per job; a load queued after a step overlapping the next step;
 #      decode-like kernels beside loads,
@@ -14,13 +15,13 @@
 # kvscope need not be installed: the repository is mapped onto the kvscope namespace.
 # pytest is taken from build/gpu_deps when the interpreter has none: prepare that folder here
 # with `bash bench/gpu_check.sh --prepare-deps` and carry it (about 15 MiB).
-# Usage: bash bench/gpu_check.sh [--device cpu] [--mib N]   (PYTHON=..., OUT=...,
+# Usage: bash bench/gpu_check.sh [--device cpu] [--mib N]   (PYTHON=... to pick the interpreter,
+#   else the repository's .venv or python3, whichever has a torch that fits; OUT=...,
 #   GPU_CHECK_PYTEST_ARGS="-k ..." to pick tests). --device cpu runs every step on the CPU and
 #   writes the report into $OUT only (the CI dry run).
 set -uo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-PYTHON="${PYTHON:-python3}"
 DEPS="$REPO/build/gpu_deps"
 DEVICE=cuda
 MIB=""
@@ -42,6 +43,25 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 if [[ -z "$MIB" ]]; then MIB=$([[ "$DEVICE" == cuda ]] && echo 1024 || echo 4); fi
+
+# The project's Python, activated or not: $PYTHON as given, else the first of the repository's
+# venv and python3 whose torch imports (and, for --device cuda, sees a GPU).
+find_python() {
+    local candidate
+    for candidate in "$REPO/.venv/bin/python" python3; do
+        command -v "$candidate" >/dev/null 2>&1 || continue
+        if timeout 20 "$candidate" -c "import sys, torch; sys.exit('$DEVICE' == 'cuda' and not torch.cuda.is_available())" 2>/dev/null; then
+            echo "$candidate"
+            return 0
+        fi
+    done
+    return 1
+}
+if [[ -z "${PYTHON:-}" ]] && ! PYTHON="$(find_python)"; then
+    echo "no Python here has a torch that sees a CUDA device (tried $REPO/.venv/bin/python and" \
+        "python3): run this on the GPU machine, set PYTHON, or pass --device cpu." >&2
+    exit 2
+fi
 OUT="${OUT:-$REPO/build/gpu_check}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"  # absolute: every step runs from the repository root
@@ -58,7 +78,7 @@ export KVSCOPE_BENCH_RESULTS="$OUT/results.jsonl"
 rm -f "$KVSCOPE_BENCH_RESULTS" "$OUT"/{tests.xml,copy_check.json,bandwidth.txt}
 
 if [[ "$DEVICE" == cuda ]] && ! timeout 20 "$PYTHON" -c "import torch, sys; sys.exit(not torch.cuda.is_available())"; then
-    echo "torch sees no CUDA device: run this on the GPU machine (or pass --device cpu)." >&2
+    echo "$PYTHON's torch sees no CUDA device: run this on the GPU machine (or pass --device cpu)." >&2
     exit 2
 fi
 timeout 20 "$PYTHON" -c "import sys, torch; gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU'; \
@@ -68,6 +88,7 @@ echo "== environment: $(cat "$OUT/environment.txt")"
 
 # Modules that need torch alone; the others of tests/connector/cpu_offload want vLLM or OpenTelemetry.
 TEST_MODULES=(tests/connector/cpu_offload/copy/test_copy_*.py
+    tests/connector/cpu_offload/copy/test_host_pinning.py
     tests/connector/cpu_offload/copy/test_offload_flow.py tests/connector/cpu_offload/test_host_pool.py
     tests/connector/cpu_offload/test_leases.py tests/connector/cpu_offload/test_faults.py)
 echo "== tests (${#TEST_MODULES[@]} torch-only modules of tests/connector/cpu_offload)"
@@ -75,7 +96,7 @@ if timeout 10 "$PYTHON" -c "import pytest" 2>/dev/null; then
     # confcutdir keeps the repository-wide conftest (it wants the demo engine) out of this run;
     # a module that cannot be collected is reported and the others still run.
     # shellcheck disable=SC2086
-    timeout 160 "$PYTHON" -m pytest "${TEST_MODULES[@]}" -q -p no:cacheprovider \
+    timeout 140 "$PYTHON" -m pytest "${TEST_MODULES[@]}" -q -p no:cacheprovider \
         -o addopts="" --import-mode=importlib --confcutdir=tests/connector/cpu_offload \
         --continue-on-collection-errors --junitxml="$OUT/tests.xml" ${GPU_CHECK_PYTEST_ARGS:-} \
         > "$OUT/tests.log" 2>&1

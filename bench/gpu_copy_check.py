@@ -195,24 +195,53 @@ def check_no_memory_growth(device: str) -> dict:
     return {"ok": growth == 0, "applies": True, "peak_growth_bytes": int(growth)}
 
 
-def run(device: str, load_mib: int) -> dict:
+GATED: Final = ("pinned_pool", "no_host_sync", "no_memory_growth", "overlap", "decode")
+"""The checks besides the round trips that decide the verdict."""
+
+
+def run(device: str, load_mib: int, out: Path | None = None) -> dict:
+    """Every check in turn; the report so far is written to `out` after each, so a step that
+    crashes the process (a CUDA error) leaves the earlier ones on disk."""
+    report: dict = {"device": device, "torch": torch.__version__, "ok": False}
+    save(report, out)
     pinned_pool, odd_pool = check_pinned_pool(device)
+    report["pinned_pool"] = pinned_pool
+    save(report, out)
     pools = {pool_key(odd_pool): odd_pool}  # the LBNHC round trips use the 1.5 GiB pool
-    cases = [(name, scattered) for name in ROUND_TRIP_LAYOUTS for scattered in (False, True)]
-    round_trips = [check_round_trip(device, name, scattered, pools) for name, scattered in cases]
+    report["round_trips"] = []
+    for name in ROUND_TRIP_LAYOUTS:
+        for scattered in (False, True):
+            report["round_trips"].append(check_round_trip(device, name, scattered, pools))
+            save(report, out)
     for host_buffer in pools.values():
         host_buffer.close()
-    checks = {
-        "pinned_pool": pinned_pool,
-        "round_trips": round_trips,
-        "no_host_sync": check_no_host_sync(device),
-        "no_memory_growth": check_no_memory_growth(device),
-        "overlap": check_overlap(device, load_mib),
-        "decode": check_decode_slowdown(device),
+    steps = {
+        "no_host_sync": lambda: check_no_host_sync(device),
+        "no_memory_growth": lambda: check_no_memory_growth(device),
+        "overlap": lambda: check_overlap(device, load_mib),
+        "decode": lambda: check_decode_slowdown(device),
     }
-    gated = ("pinned_pool", "no_host_sync", "no_memory_growth", "overlap", "decode")
-    ok = all(r["ok"] for r in round_trips) and all(checks[name]["ok"] for name in gated)
-    return {"device": device, "torch": torch.__version__, "ok": ok, **checks}
+    for name, check in steps.items():
+        try:
+            report[name] = check()
+        except Exception as exc:  # the next checks still run; the verdict fails
+            report[name] = {"ok": False, "applies": True, "error": f"{type(exc).__name__}: {exc}"}
+        save(report, out)
+    report["ok"] = all(r["ok"] for r in report["round_trips"]) and all(
+        report[name]["ok"] for name in GATED
+    )
+    save(report, out)
+    return report
+
+
+def save(report: dict, out: Path | None) -> None:
+    """The report so far, replaced whole (write, then rename: never half a file)."""
+    if out is None:
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_suffix(".partial")
+    partial.write_text(json.dumps(report, indent=2))
+    partial.replace(out)
 
 
 def print_summary(report: dict) -> None:
@@ -238,10 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load-mib", type=int, default=256, help="the overlap check's load")
     parser.add_argument("--out", type=Path, help="JSON file for the results")
     args = parser.parse_args(argv)
-    report = run(args.device, args.load_mib)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=2))
+    report = run(args.device, args.load_mib, args.out)
     print_summary(report)
     return 0 if report["ok"] else 1
 

@@ -16,7 +16,9 @@ SUMMARY_LABELS = [label for label, _ in CHECKS] + ["verdict"]
 def test_gpu_check_runs_every_step_on_the_cpu_and_writes_its_results(tmp_path):
     doc = REPO / "docs/bench/gpu.md"
     doc_before = doc.read_text() if doc.exists() else None
-    env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path)}
+    # No PYTHON and no venv activated: the script finds the repository's venv itself.
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "VIRTUAL_ENV")}
+    env["OUT"] = str(tmp_path)
     command = ["bash", "bench/gpu_check.sh", "--device", "cpu"]
     run = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -84,3 +86,20 @@ def test_the_steps_time_limits_fit_one_eight_minute_command():
     script = (REPO / "bench/gpu_check.sh").read_text()
     limits = [int(seconds) for seconds in re.findall(r"\btimeout (\d+) ", script)]
     assert len(limits) >= 6 and sum(limits) <= 8 * 60, limits
+
+
+def test_a_check_that_kills_the_process_leaves_the_earlier_checks_on_disk(tmp_path):
+    out = tmp_path / "copy_check.json"
+    crash = (
+        "import os, kvscope.bench.gpu_copy_check as check\n"
+        "check.check_decode_slowdown = lambda device: os._exit(3)\n"  # as a CUDA error aborts
+        f"check.main(['--device', 'cpu', '--load-mib', '8', '--out', {str(out)!r}])\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", crash], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 3, run.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert len(report["round_trips"]) == 10 and report["pinned_pool"]["ok"]
+    assert {"no_host_sync", "no_memory_growth", "overlap"} <= report.keys()
+    assert "decode" not in report and report["ok"] is False

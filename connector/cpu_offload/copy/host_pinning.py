@@ -1,15 +1,16 @@
 """Page-locking pageable host memory in chunks that end on block boundaries, as vLLM does.
 
-Through vLLM's `CudaRTLibrary` (the CUDA runtime over ctypes): a refused cudaHostRegister leaves
-an error pending on the thread, which the next kernel launch there (in vLLM: warm-up or graph
-capture) would raise; it is cleared with cudaGetLastError, as vLLM's own offloader clears it
-(`vllm/v1/kv_offload/cpu/host_register.py`). torch's `cudart()` has no cudaGetLastError.
+A refused cudaHostRegister leaves an error pending on the thread, which the next kernel launch
+there (in vLLM: warm-up or graph capture) would raise: it is cleared with cudaGetLastError, as
+vLLM's own offloader clears it (`vllm/v1/kv_offload/cpu/host_register.py`).
 """
 
 import functools
 import logging
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
+
+from kvscope.connector.cpu_offload.copy.cuda_runtime import CudaRuntime, load_cuda_runtime
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +84,5 @@ def unpin_ranges(pinned: list[PinnedRange], memory: object = None) -> None:
 
 
 @functools.cache
-def _cudart() -> Any:
-    from vllm.distributed.device_communicators.cuda_wrapper import CudaRTLibrary
-
-    return CudaRTLibrary()
+def _cudart() -> CudaRuntime:
+    return load_cuda_runtime()

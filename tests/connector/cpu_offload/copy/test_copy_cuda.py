@@ -6,6 +6,7 @@ import time
 import pytest
 import torch
 
+from kvscope.connector.cpu_offload.copy import host_pinning
 from kvscope.connector.cpu_offload.copy.engine import Direction
 from kvscope.connector.cpu_offload.copy.factory import make_copy_engine
 from kvscope.connector.cpu_offload.copy.host_buffer import BlockLayout, HostBuffer
@@ -173,3 +174,44 @@ def test_a_pinned_pool_of_odd_size_is_registered_exactly_not_rounded_up(make_kv_
     finally:
         host_buffer.close()
     assert host_buffer.registered_bytes == 0 and not host_buffer.storage.is_pinned()
+
+
+def test_a_store_across_a_registration_edge_stays_behind_a_busy_compute_stream(
+    make_kv_cache, make_host_buffer, monkeypatch
+):
+    """Chunks of two blocks: the store's run of five host blocks crosses two edges, and is cut
+    there; each piece must stay asynchronous (a range the driver took as pageable would copy
+    synchronously, and submit would wait for the busy stream)."""
+    kv = make_kv_cache("BLNHC", device="cuda")
+    layout = BlockLayout.of(kv.layers, kv.block_dim)
+    monkeypatch.setattr(host_pinning, "REGISTER_CHUNK_BYTES", 2 * layout.bytes_per_block)
+    host_buffer = make_host_buffer(kv, num_host_blocks=8, pin_memory=True)
+    assert host_buffer.pinned and host_buffer.registration_blocks == 2
+    expected = {d: kv.block_bits(d) for d in (3, 4, 5, 6, 7)}
+    with make_copy_engine(kv.layers, host_buffer, kv.block_dim) as engine:
+        torch.cuda._sleep(GPU_BUSY_CYCLES)
+        started = time.monotonic()
+        engine.submit_store([3, 4, 5, 6, 7], [1, 2, 3, 4, 5])
+        submit_s = time.monotonic() - started
+        assert engine.poll() == [], "the store ran before the compute stream's work"
+        [stored] = engine.drain(timeout_s=30)
+    assert stored.ok, stored.error
+    assert submit_s < 0.05, f"submit waited {submit_s:.3f} s: a piece copied synchronously"
+    for device_id, host_id in zip(expected, (1, 2, 3, 4, 5), strict=True):
+        stored_bits = host_buffer.block(host_id).contiguous().view(torch.int16)
+        assert torch.equal(stored_bits, expected[device_id].cpu())
+
+
+def test_a_refused_registration_leaves_the_next_launch_working(make_kv_cache):
+    """Registering a range twice is refused (cudaErrorHostMemoryAlreadyRegistered); the error
+    is cleared, so the next kernel launch on this thread runs."""
+    kv = make_kv_cache("LBNHC", device="cuda")
+    host_buffer = HostBuffer(BlockLayout.of(kv.layers, kv.block_dim), 4, pin_memory=True)
+    assert host_buffer.pinned
+    try:
+        assert host_pinning.pin_tables(host_buffer._tables(), host_buffer.row_bytes) == []
+        doubled = torch.arange(8, device="cuda") * 2  # raised the pending error before
+        torch.cuda.synchronize()
+        assert doubled.sum().item() == 56
+    finally:
+        host_buffer.close()

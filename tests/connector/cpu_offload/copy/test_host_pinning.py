@@ -1,10 +1,11 @@
 """Page-locking the host pool: a refusal clears the CUDA error it leaves, chunks hold whole blocks,
 and no copy spans two registrations.
 
-The CUDA runtime is not on this machine: `Runtime` stands in for vLLM's `CudaRTLibrary` (the
-same four calls), with the runtime's own rule that a failed call leaves its error pending on the
-thread until cudaGetLastError, and the next launch raises it. The chunking, the roll-back and the
-run splits are kvscope's, on real host memory. bench/gpu_check.sh runs the refusal on CUDA.
+The CUDA runtime is not on this machine: `Runtime` stands in for its four calls (which
+connector/cpu_offload/copy/cuda_runtime.py binds over ctypes), with the runtime's own rule that a
+failed call leaves its error pending on the thread until cudaGetLastError, and the next launch
+raises it. The chunking, the roll-back and the run splits are kvscope's, on real host memory.
+bench/gpu_check.sh runs the refusal on CUDA.
 """
 
 import logging
@@ -21,7 +22,7 @@ ERROR_MEMORY_ALLOCATION = 2
 
 
 class Runtime:
-    """vLLM's CudaRTLibrary's host-registration calls, over a table of registered ranges."""
+    """The CUDA runtime's host-registration calls, over a table of registered ranges."""
 
     def __init__(self, refuse_at: int | None = None) -> None:
         self.refuse_at = refuse_at  # the n-th registration fails (0-based)
