@@ -42,7 +42,9 @@ class FakeKVShape:
         return [f"--{k.replace('_', '-')}={v}" for k, v in self.__dict__.items()]
 
 
-def make_fake_kv_caches(shape: FakeKVShape, seed: int | None) -> dict[str, torch.Tensor]:
+def make_fake_kv_caches(
+    shape: FakeKVShape, seed: int | None, device: str = "cpu"
+) -> dict[str, torch.Tensor]:
     """vLLM's own per-layer bf16 views [B, H, N, C] of one buffer, in `shape.kv_layout`
     (built by vLLM's compute_layout_strides and create_kv_cache_views); random bits if seeded.
     The buffer's bytes depend only on the seed, so views of two layouts hold different KV."""
@@ -71,6 +73,7 @@ def make_fake_kv_caches(shape: FakeKVShape, seed: int | None) -> dict[str, torch
         generator = torch.Generator().manual_seed(seed)
         bits = torch.randint(-(2**15), 2**15, (size // 2,), dtype=torch.int16, generator=generator)
         raw = bits.view(torch.int8)
+    raw = raw.to(device)
     names = [f"model.layers.{i}.self_attn.attn" for i in range(shape.num_layers)]
     tensor = KVCacheTensor(
         size=size, layers=names, layer_stride=layer_stride, block_stride=block_stride

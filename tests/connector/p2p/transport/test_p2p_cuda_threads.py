@@ -60,3 +60,31 @@ def test_the_poller_and_the_handshake_threads_bind_before_calling_nixl(monkeypat
         puller.close()
     assert "kvscope-p2p-poller" in bound
     assert any(name.startswith("kvscope-p2p-hs") for name in bound), bound
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_vram_read_between_two_agents_handshaking_on_other_threads():
+    """Two engines' transports in one process over GPU memory; the peer is added on a
+    handshake thread (as BlockPuller does) and the read is progressed by the poller thread."""
+    shape = FakeKVShape(num_layers=2, num_blocks=8)
+    owner_kv = make_fake_kv_caches(shape, seed=5, device="cuda")
+    reader_kv = make_fake_kv_caches(shape, seed=None, device="cuda")
+    with (
+        nixl_transport.NixlTransport("prefill", owner_kv) as owner,
+        nixl_transport.NixlTransport("decode", reader_kv) as reader,
+    ):
+        info = owner.peer_info()
+        added: list[str] = []
+
+        def handshake() -> None:
+            reader.bind_thread()
+            added.append(reader.add_peer(info.agent_metadata, info.layout))
+
+        thread = threading.Thread(target=handshake, name="kvscope-p2p-hs-test")
+        thread.start()
+        thread.join(timeout=60)
+        (result,) = reader.wait([reader.read_blocks(added[0], [1, 6], [2, 3])], timeout_s=30)
+    assert result.ok, result.cause
+    for name, layer in reader_kv.items():
+        got, want = layer[[2, 3]].view(torch.int16), owner_kv[name][[1, 6]].view(torch.int16)
+        assert torch.equal(got, want), name
