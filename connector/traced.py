@@ -43,13 +43,9 @@ EXTRA_MODULE_PATH: Final = "connector_module_path"
 """kv_connector_extra_config key with the wrapped connector's module, for non-built-ins."""
 
 
-class TracedConnector(InstrumentedConnector, SupportsHMA):
-    """Wraps the connector named in kv_connector_extra_config and traces its hooks.
-
-    SupportsHMA, because vLLM asks the class before reading any config: a wrapped connector
-    that is SupportsHMA gets every KV cache group; one that is not works with models of one
-    group, and with several groups refuses to start, naming --disable-hybrid-kv-cache-manager.
-    """
+class TracedBase(InstrumentedConnector):
+    """Wraps the connector named in kv_connector_extra_config and traces its hooks (without
+    saying SupportsHMA: TracedConnector does, traced_as's classes when their connector does)."""
 
     @classmethod
     def inner_class(cls, extra_config: dict[str, Any]) -> type[KVConnectorBase_V1]:
@@ -111,6 +107,17 @@ class TracedConnector(InstrumentedConnector, SupportsHMA):
             return None
         labels = (labelnames, per_engine_labelvalues)
         return TracedPromMetrics(vllm_config, metric_types, *labels, inner)
+
+
+class TracedConnector(TracedBase, SupportsHMA):
+    """Wraps the connector named in kv_connector_extra_config and traces its hooks.
+
+    SupportsHMA, because vLLM asks the class before reading any config: a wrapped connector
+    that is SupportsHMA gets every KV cache group; one that is not works with models of one
+    group, and with several groups refuses to start, naming --disable-hybrid-kv-cache-manager
+    (connector/traced_as.py traces a connector under its own name, so that vLLM turns the
+    hybrid KV cache manager off for it as it would bare).
+    """
 
 
 TracedHMAConnector = TracedConnector

@@ -15,6 +15,7 @@ from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
 from tests.conformance.recording import RECORDING, STOCK, api_members, overridden
 from tests.conformance.test_transfer_config_questions import QUESTIONS
 from tests.conformance.wrappers import (
+    TRACED,
     WRAPPERS,
     build,
     inner_config,
@@ -86,7 +87,7 @@ def test_prometheus_metrics_are_the_stock_classes(wrapper, stock):
         assert through == (kind, own)
         return
     metrics = through[1]
-    inner = metrics.inner if wrapper == "traced" else metrics.children[RECORDING[stock].__name__]
+    inner = metrics.inner if wrapper in TRACED else metrics.children[RECORDING[stock].__name__]
     assert type(inner) is type(own)
 
 

@@ -7,17 +7,21 @@ from typing import Any, Final
 
 from vllm.config import DeviceConfig, VllmConfig
 from vllm.config.kv_transfer import KVTransferConfig
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
 
 from kvscope.connector.multi.connector import KvscopeMultiConnector
-from kvscope.connector.traced import TracedConnector
+from kvscope.connector.traced import TracedBase
 from kvscope.harness import configs
 from kvscope.traces.forwarding import vllm_connector_api
 from tests.conformance.examples import ARGS_BY_MEMBER, Token, example_args
 from tests.conformance.recording import MODULE, RECORDING
 
-WRAPPERS: Final = ("traced", "multi")
-"""TracedConnector over the class, and KvscopeMultiConnector with the class as its one child."""
+WRAPPERS: Final = ("traced", "traced_as", "multi")
+"""TracedConnector over the class, the class traced under its own name (connector/traced_as.py),
+and KvscopeMultiConnector with the class as its one child."""
+TRACED: Final = ("traced", "traced_as")
+"""The wrappers that are a TracedConnector (`inner` is the wrapped connector)."""
 
 SETUP: Final = {
     "update_state_after_alloc": ("get_num_new_matched_tokens",),
@@ -54,6 +58,12 @@ def wrapper_config(wrapper: str, stock_name: str) -> KVTransferConfig:
     if wrapper == "traced":
         traced = configs.traced_child(recording, connector_module_path=MODULE)
         return KVTransferConfig(**configs.engine_config(traced, policy="fail"))
+    if wrapper == "traced_as":
+        traced_as = {
+            "kv_connector": f"{MODULE}.{recording}",
+            "kv_connector_module_path": "kvscope.connector.traced_as",
+        }
+        return KVTransferConfig(**configs.engine_config(traced_as, policy="fail"))
     child = configs.child(recording, recording, MODULE)
     return KVTransferConfig(**configs.multi_config(child, policy="fail"))
 
@@ -69,8 +79,10 @@ def inner_config(stock_name: str) -> KVTransferConfig:
 def build(wrapper: str, stock_name: str, role=KVConnectorRole.WORKER):
     """(the wrapper, the recording instance inside it)."""
     config = vllm_config(wrapper_config(wrapper, stock_name))
-    if wrapper == "traced":
-        connector = TracedConnector(config, role, None)
+    if wrapper in TRACED:
+        cls = KVConnectorFactory.get_connector_class(config.kv_transfer_config)
+        assert issubclass(cls, TracedBase)
+        connector = cls(config, role, None)
         return connector, connector.inner
     connector = KvscopeMultiConnector(config, role, None)
     return connector, connector.inner.children[0].connector
@@ -118,7 +130,7 @@ def unwrap(wrapper: str, name: str, answer: Any, child_name: str) -> Any:
     """The wrapped connector's answer inside the wrapper's (which adds its own framing)."""
     if name == "build_connector_meta":
         answer = answer.inner  # TracedMetadata: both wrappers trace
-    if wrapper == "traced" and name == "get_kv_connector_stats":
+    if wrapper in TRACED and name == "get_kv_connector_stats":
         return answer.inner
     if wrapper == "multi" and name in ("build_connector_meta", "build_connector_worker_meta"):
         return answer.children[0]
