@@ -10,7 +10,7 @@ from kvscope.traces.attributes import (
     lookup_attributes,
     short_text,
 )
-from kvscope.traces.metadata import TracedMetadata
+from kvscope.traces.metadata import TracedMetadata, carry
 
 
 class SchedulerHooks:
@@ -60,7 +60,8 @@ class SchedulerHooks:
                 span.set_attributes(allocated_blocks_attributes(blocks))
             return self._inner.update_state_after_alloc(request, blocks, num_external_tokens)
 
-    def build_connector_meta(self, scheduler_output: Any) -> TracedMetadata:
+    def build_connector_meta(self, scheduler_output: Any) -> Any:
+        """The inner connector's metadata, carrying this step's trace (traces.metadata)."""
         new_reqs = scheduler_output.scheduled_new_reqs
         new_ids = [r.req_id for r in new_reqs] if new_reqs else []  # a decode step: no frame
         contexts, loads, links = self._sched.begin_step(
@@ -72,7 +73,7 @@ class SchedulerHooks:
         if not (contexts or loads or preempted) and not self._trace_quiet_hooks:
             build = self._inner.build_connector_meta
             inner = self._spans.quiet_call("build_connector_meta", None, build, scheduler_output)
-            return TracedMetadata(inner, self._sched.step, quiet=True)
+            return carry(inner, TracedMetadata(None, self._sched.step, quiet=True))
         with self._spans.hook(
             "build_connector_meta",
             None,
@@ -85,7 +86,8 @@ class SchedulerHooks:
             },
         ):
             inner = self._inner.build_connector_meta(scheduler_output)
-            return TracedMetadata(inner, self._sched.step, contexts, loads, preempted)
+            trace = TracedMetadata(None, self._sched.step, contexts, loads, preempted)
+            return carry(inner, trace)
 
     def update_connector_output(self, connector_output: Any) -> None:
         sending = connector_output.finished_sending or set()

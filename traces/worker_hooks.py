@@ -11,7 +11,7 @@ from kvscope.traces.attributes import (
     short_text,
 )
 from kvscope.traces.buffer import add_events
-from kvscope.traces.metadata import TracedMetadata
+from kvscope.traces.metadata import trace_of
 from kvscope.traces.outcomes import outcome_of_policy
 
 STEP_HOOKS: Final = (
@@ -40,14 +40,14 @@ class WorkerHooks:
 
     def bind_connector_metadata(self, connector_metadata: Any) -> None:
         super().bind_connector_metadata(connector_metadata)
-        if isinstance(connector_metadata, TracedMetadata):
+        trace, connector_metadata = trace_of(connector_metadata)
+        if trace is not None:
             # From a quiet step (no KV work: most decode steps) to the next step with work, the
             # STEP_HOOKS call the wrapped connector bare: a decode step then costs about what
             # it costs untraced; what the connector reports in it is kept for a step span
             # (WorkerTracing.begin_step).
-            self._quiet_step = connector_metadata.quiet and not self._trace_quiet_hooks
-            self._work.begin_step(connector_metadata)
-            connector_metadata = connector_metadata.inner
+            self._quiet_step = trace.quiet and not self._trace_quiet_hooks
+            self._work.begin_step(trace)
         self._inner.bind_connector_metadata(connector_metadata)
 
     def unregister_kv_caches(self) -> None:
@@ -71,10 +71,10 @@ class WorkerHooks:
         self._work.end_step()
 
     def handle_preemptions(self, kv_connector_metadata: Any) -> None:
-        inner = getattr(kv_connector_metadata, "inner", kv_connector_metadata)
+        trace, inner = trace_of(kv_connector_metadata)
         if "handle_preemptions" in self._untraced:
             return self._inner.handle_preemptions(inner)
-        preempted = getattr(kv_connector_metadata, "reqs_preempted", None)
+        preempted = trace.reqs_preempted if trace is not None else None
         if preempted is not None and not preempted and not self._trace_quiet_hooks:
             self._work.note_quiet("handle_preemptions")
             handle = self._inner.handle_preemptions

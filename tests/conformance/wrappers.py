@@ -14,6 +14,7 @@ from kvscope.connector.multi.connector import KvscopeMultiConnector
 from kvscope.connector.traced import TracedBase
 from kvscope.harness import configs
 from kvscope.traces.forwarding import vllm_connector_api
+from kvscope.traces.metadata import trace_of
 from tests.conformance.examples import ARGS_BY_MEMBER, Token, example_args
 from tests.conformance.recording import MODULE, RECORDING
 
@@ -129,7 +130,8 @@ def call_as_vllm(connector: KVConnectorBase_V1, name: str) -> tuple[Any, tuple, 
 def unwrap(wrapper: str, name: str, answer: Any, child_name: str) -> Any:
     """The wrapped connector's answer inside the wrapper's (which adds its own framing)."""
     if name == "build_connector_meta":
-        answer = answer.inner  # TracedMetadata: both wrappers trace
+        trace, answer = trace_of(answer)  # every wrapper traces: the step's trace rides on it
+        assert trace is not None, "the wrapper's metadata carries no trace"
     if wrapper in TRACED and name == "get_kv_connector_stats":
         return answer.inner
     if wrapper == "multi" and name in ("build_connector_meta", "build_connector_worker_meta"):
