@@ -187,6 +187,24 @@ def handoff_cases(
     return cases
 
 
+def one_case_per_kind() -> list[tuple[str, str, int, str]]:
+    """One of handoff_cases() per backend x model kind: its largest block size (kernel-block
+    views where the backend splits blocks), fp8 where it takes fp8 (stored as bytes), else the
+    model's dtype."""
+    chosen: dict[tuple[str, str], tuple[str, str, int, str]] = {}
+    for case in handoff_cases():
+        backend, kind, block_size, dtype = case
+        best = chosen.get((backend, kind))
+        if best is None or (block_size, dtype == "fp8") > (best[2], best[3] == "fp8"):
+            chosen[(backend, kind)] = case
+    return list(chosen.values())
+
+
+def case_id(case: tuple) -> str:
+    """A test id: the case's parts joined."""
+    return "-".join(str(part) for part in case)
+
+
 @dataclass(frozen=True)
 class _AttentionGroup:
     """The two fields of vLLM's AttentionGroup that prepare_kernel_block_sizes reads."""

@@ -3,7 +3,9 @@
 Import it once NIXL is known to load (the test modules skip first); views as build_worker_kv_caches
 makes them, P2P's layout preference resolved as on CUDA."""
 
+import functools
 import time
+from collections.abc import Callable
 from unittest import mock
 
 import torch
@@ -15,7 +17,12 @@ from kvscope.connector.p2p import vllm_layout
 from kvscope.connector.p2p.metadata import BlockPull, HeldBlocks, P2PMetadata
 from kvscope.connector.p2p.params import RemotePrefill
 from kvscope.harness.engine import free_port
-from tests.gpu_handoff.builder import HandOff, build_worker_kv_caches, handoff_cases
+from tests.gpu_handoff.builder import (
+    HandOff,
+    build_worker_kv_caches,
+    case_id,
+    one_case_per_kind,
+)
 
 SENTINEL = 0xA5  # every decode block's byte before the read
 NUM_BLOCKS = 8
@@ -23,20 +30,7 @@ LOCAL_IDS = ((1, 2), (4, 7))  # per KV cache group: scattered, never block 0 (vL
 REMOTE_IDS = ((6, 3), (5, 2))  # read into LOCAL_IDS pairwise, in another order
 
 
-def p2p_cases() -> list[tuple[str, str, int, str]]:
-    """One case per backend x model kind: its largest block size (kernel-block views where the
-    backend splits blocks), fp8 where it takes fp8 (stored as bytes), else the model's dtype."""
-    chosen: dict[tuple[str, str], tuple[str, str, int, str]] = {}
-    for case in handoff_cases():
-        backend, kind, block_size, dtype = case
-        best = chosen.get((backend, kind))
-        if best is None or (block_size, dtype == "fp8") > (best[2], best[3] == "fp8"):
-            chosen[(backend, kind)] = case
-    return list(chosen.values())
-
-
-def case_id(case: tuple) -> str:
-    return "-".join(str(part) for part in case)
+__all__ = ["case_id"]
 
 
 def p2p_transfer_config(setup: str, engine_id: str, port: int) -> KVTransferConfig:
@@ -54,20 +48,31 @@ class Side:
     """One engine's worker half over a GPU hand-off: its connector and its views."""
 
     def __init__(
-        self, model, case, setup: str, engine_id: str, port: int | None = None, **build
+        self,
+        model,
+        case,
+        setup: str,
+        engine_id: str,
+        port: int | None = None,
+        handoff_of: Callable[..., HandOff] | None = None,
+        **build,
     ) -> None:
+        """`handoff_of` builds the hand-off from the case and a kv_transfer_config (e.g. the
+        extensible_handoff fixture); by default build_worker_kv_caches of NUM_BLOCKS blocks."""
         backend, kind, block_size, dtype = case
         self.port = port or free_port()  # the side channel port of its TP rank 0
+        if handoff_of is None:
+            handoff_of = functools.partial(
+                build_worker_kv_caches, num_blocks=NUM_BLOCKS, model=model
+            )
         # On CUDA P2P asks vLLM for BLNHC (none for MLA models: vLLM then resolves its default,
         # LBNHC, and splits kernel blocks); on the CPU platform it asks for none.
         with mock.patch.object(vllm_layout, "_platform_is_cpu", lambda: kind == "mla"):
-            self.handoff: HandOff = build_worker_kv_caches(
+            self.handoff: HandOff = handoff_of(
                 backend,
                 kind,
                 block_size,
                 dtype,
-                num_blocks=NUM_BLOCKS,
-                model=model,
                 kv_transfer_config=p2p_transfer_config(setup, engine_id, self.port),
                 **build,
             )
@@ -145,7 +150,7 @@ def assert_read_exactly(prefill: Side, decode: Side, moved: dict[int, int]) -> N
     """A read moves whole blocks of every KV memory: each local block of `moved` holds the
     prefill side's block in every layer (aliases and overlaid groups included), others SENTINEL."""
     for layer_name in decode.handoff.kv_caches:
-        for block_id in range(NUM_BLOCKS):
+        for block_id in range(decode.handoff.num_blocks):
             got = decode.handoff.block_bytes(layer_name, block_id)
             if block_id in moved:
                 want = prefill.handoff.block_bytes(layer_name, moved[block_id])
@@ -155,6 +160,7 @@ def assert_read_exactly(prefill: Side, decode: Side, moved: dict[int, int]) -> N
 
 
 def pair(model, case, setup: str, **build) -> tuple[Side, Side]:
+    """A prefill side of random bytes and a decode side of SENTINEL (build: Side's)."""
     prefill = Side(model, case, setup, "prefill", **build)
     decode = Side(model, case, setup, "decode", **build)
     prefill.fill(seed=1)
@@ -165,7 +171,7 @@ def pair(model, case, setup: str, **build) -> tuple[Side, Side]:
 def setup_cases() -> list[tuple[tuple[str, str, int, str], str]]:
     """Every case untraced; traced (the same bytes through the instrumentation) once per kind,
     as each NIXL pair costs a second of set-up on two cores."""
-    cases = p2p_cases()
+    cases = one_case_per_kind()
     first_of_kind = {case[1]: case for case in reversed(cases)}
     return [(case, "core") for case in cases] + [
         (case, "traced") for case in first_of_kind.values()

@@ -1,32 +1,31 @@
 """The offload connector (untraced, traced, inside a Multi) over every CUDA backend's hand-off.
 
-For each backend x model kind x block size x KV dtype vLLM 0.32 would start on CUDA, the
-connector registers the views a GPU worker hands it (kernel-block views included), stores a
-request's blocks, and after every KV byte is clobbered loads them back for a second request with
-the same prompt: each loaded block holds the first request's bytes exactly, blocks the second
-request computed hold its own, and every other block is untouched.
+For each backend x model kind x block size x KV dtype the installed vLLM (0.32 or 0.34) would
+start on CUDA, the connector registers the views a GPU worker hands it (kernel-block views
+included), stores a request's blocks, and after every KV byte is clobbered loads them back for a
+second request with the same prompt: each loaded block holds the first request's bytes exactly,
+blocks the second request computed hold its own, and every other block is untouched.
 """
 
 import pytest
 
 pytest.importorskip("vllm")
 
-from tests.gpu_handoff.backends import backend  # noqa: E402
-from tests.gpu_handoff.builder import build_worker_kv_caches, handoff_cases  # noqa: E402
+from tests.gpu_handoff import backends  # noqa: E402
+from tests.gpu_handoff.builder import build_worker_kv_caches, case_id, handoff_cases  # noqa: E402
+from tests.gpu_handoff.offload_checks import (  # noqa: E402
+    assert_loaded_exactly,
+    prompt,
+    stored_and_clobbered,
+)
 from tests.gpu_handoff.planning import plan_kv_cache_configs  # noqa: E402
 from tests.gpu_handoff.stepper import (  # noqa: E402
     CONNECTORS,
-    SENTINEL,
     HandOffEngine,
     offload_transfer_config,
 )
 
 CASES = handoff_cases()
-PROMPT_BLOCKS = 4  # full blocks of the prompt; a few more tokens follow
-
-
-def case_id(case: tuple[str, str, int, str]) -> str:
-    return "-".join(str(part) for part in case)
 
 
 def stored_then_clobbered(tiny_model, case, setup: str, **build) -> HandOffEngine:
@@ -42,49 +41,7 @@ def stored_then_clobbered(tiny_model, case, setup: str, **build) -> HandOffEngin
         kv_transfer_config=offload_transfer_config(setup),
         **build,
     )
-    engine = HandOffEngine(handoff)
-    engine.add("r1", prompt(block_size))
-    engine.run_until_idle()
-    engine.clobber()
-    return engine
-
-
-def prompt(block_size: int) -> list[int]:
-    return [100 + i % 1000 for i in range(PROMPT_BLOCKS * block_size + 3)]
-
-
-def assert_loaded_exactly(engine: HandOffEngine, req_id: str = "r2") -> None:
-    """r2's hit blocks hold r1's bytes; every other block (r2's partial last block, which the
-    forward leaves alone, included) still holds SENTINEL."""
-    handoff = engine.handoff
-    seen: set[tuple[str, int]] = set()
-    loaded = 0
-    for group, ids in enumerate(engine.block_ids(req_id)):
-        for index, block_id in enumerate(ids):
-            if block_id == 0 or index >= PROMPT_BLOCKS:  # 0: a sliding window skipped it
-                continue
-            for layer_name in engine.group_layers[group]:
-                got = handoff.block_bytes(layer_name, block_id)
-                expected = engine.written("r1", group, index, layer_name)
-                assert got.equal(expected), (layer_name, group, index, block_id)
-                seen.add((layer_name, block_id))
-                loaded += 1
-    assert loaded, "r2 loaded no block from the host pool"
-    for layer_name in handoff.kv_caches:
-        target = handoff.shared_layers.get(layer_name, layer_name)
-        for block_id in range(handoff.num_blocks):
-            if (target, block_id) in seen or _overlaid(engine, target, block_id, seen):
-                continue
-            untouched = handoff.block_bytes(layer_name, block_id)
-            assert bool((untouched == SENTINEL).all()), (layer_name, block_id, "was written")
-
-
-def _overlaid(engine: HandOffEngine, layer_name: str, block_id: int, seen) -> bool:
-    """Whether another group's layer that views the same memory holds this block."""
-    address = engine.handoff.kv_caches[layer_name].data_ptr()
-    return any(
-        engine.handoff.kv_caches[other].data_ptr() == address and b == block_id for other, b in seen
-    )
+    return stored_and_clobbered(HandOffEngine(handoff))
 
 
 @pytest.mark.parametrize("setup", CONNECTORS)
@@ -135,7 +92,7 @@ LAYOUT_CASES = [
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("case", LAYOUT_CASES, ids=case_id)
 def test_every_layout_vllm_resolves_loads_back_byte_exactly(tiny_model, case, layout, setup):
-    declared = backend(case[0]).kv_cache_layouts
+    declared = backends.backend(case[0]).kv_cache_layouts
     if declared is not None and layout not in declared:
         # vLLM 0.34's FlashInfer names no LHBNC page: vLLM refuses the setting outright.
         with pytest.raises(ValueError, match=f"VLLM_KV_CACHE_LAYOUT={layout} does not satisfy"):
