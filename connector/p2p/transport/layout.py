@@ -121,8 +121,24 @@ class KVLayout:
         return self.geometry.descriptors(per_block, self.device_id)
 
     def registration_regions(self) -> list[tuple[int, int]]:
-        """Disjoint (addr, length) spans covering every block: what to register with NIXL."""
-        return self.geometry.registration_regions()
+        """Disjoint (addr, length) spans covering every block: what to register with NIXL.
+
+        Layers' spans that only touch stay apart: vLLM 0.34's extensible KV cache backs each
+        layer's segment with a physical allocation of its own, and one registration may not
+        span two (UCX cannot register such a range). Overlapping spans (KV cache groups
+        overlaid on one memory) are one region; so is a block-outer cache (one allocation).
+        """
+        if self.block_runs:
+            return self.geometry.registration_regions()
+        span = (self.num_blocks - 1) * self.block_stride_bytes + self.page_bytes
+        regions: list[tuple[int, int]] = []
+        for start in sorted(set(self.layer_base_addrs)):
+            if regions and start < sum(regions[-1]):
+                first = regions[-1][0]
+                regions[-1] = (first, max(sum(regions[-1]), start + span) - first)
+            else:
+                regions.append((start, span))
+        return regions
 
     def to_wire(self) -> dict[str, Any]:
         """A JSON-able dict; `from_wire` is its strict inverse."""
