@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--label",
         type=label,
-        default="",
+        default=None,  # argparse type-checks a string default: "" would be refused
         help="a run on another model: its ratios are recorded as <figure>_LABEL (mid_model for "
         "the mid model), beside the tiny model's, and the span costs are not recorded again",
     )
@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         "| --- | --- | --- | --- | --- | --- |"
     )
     for mode, engines in table:
-        summarize(mode, engines, args.label)
+        summarize(mode, engines, args.label or "")
     costs = span_costs_us()
     print(
         f"\nmedian cost of one span: {costs['span_cost_us']:.1f} us (generic); SDK bare "
