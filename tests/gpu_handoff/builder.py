@@ -17,9 +17,10 @@ Stable API (other connectors' hand-off tests use it): `build_worker_kv_caches(..
 from __future__ import annotations
 
 import copy
+import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import torch
 
@@ -37,6 +38,12 @@ if TYPE_CHECKING:
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
 
 __all__ = ["KV_DTYPES", "LAYER_NAME", "MODEL_KINDS", "HandOff", "build_worker_kv_caches"]
+
+BLOCK_SIZES: Final = (16, 64, 128, 256)
+"""KV block sizes the suites cover (256 splits into kernel blocks for every backend that has
+them; 16 is the smallest most take whole)."""
+BLOCK_SIZES_ENV: Final = "KVSCOPE_HANDOFF_BLOCK_SIZES"
+"""Narrows BLOCK_SIZES for a shorter run (the vLLM 0.34 lane runs "256")."""
 
 
 @dataclass(frozen=True)
@@ -162,14 +169,19 @@ def runner_kernel_block_sizes(plan: EnginePlan, runner_config: KVCacheConfig) ->
 
 
 def handoff_cases(
-    block_sizes: tuple[int, ...] = (16, 64, 128, 256),
+    block_sizes: tuple[int, ...] | None = None,
     dtypes: tuple[str, ...] = KV_DTYPES,
     backends: tuple[BackendDecl, ...] = CUDA_BACKENDS,
 ) -> list[tuple[str, str, int, str]]:
     """(backend, kind, block size, KV dtype) for every combination vLLM itself would start:
     the backend serves the kind and dtype, and some kernel block size of it divides the block
-    (`backends`: the installed release's table, or another release's)."""
+    (`backends`: the installed release's table, or another release's; `block_sizes`: by
+    default BLOCK_SIZES, or KVSCOPE_HANDOFF_BLOCK_SIZES, e.g. "256", where it is set)."""
     from vllm.v1.worker.utils import select_common_block_size
+
+    if block_sizes is None:
+        chosen = os.environ.get(BLOCK_SIZES_ENV)
+        block_sizes = tuple(int(size) for size in chosen.split(",")) if chosen else BLOCK_SIZES
 
     cases = []
     for decl in backends:

@@ -7,7 +7,7 @@ README holds exactly this between its markers.
 from typing import Final
 
 from tests.gpu_handoff.backends import BackendDecl, declarations
-from tests.gpu_handoff.builder import KV_DTYPES, handoff_cases
+from tests.gpu_handoff.builder import BLOCK_SIZES, KV_DTYPES, handoff_cases
 
 START: Final = "<!-- cuda-backends:start (python -m tests.gpu_handoff.readme_table) -->"
 """The line before the generated table in README.md."""
@@ -27,7 +27,7 @@ def render(release: str = "0.32") -> str:
     from vllm.v1.worker.utils import select_common_block_size
 
     backends = declarations(release)
-    cases = handoff_cases(backends=backends)
+    cases = handoff_cases(BLOCK_SIZES, backends=backends)
     rows = [
         START,
         "| Backend | Model kinds | Kernel blocks (Hopper) | KV blocks tested | KV dtypes"
