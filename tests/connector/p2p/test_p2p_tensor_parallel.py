@@ -20,6 +20,9 @@ class FakeTransport:
     def __init__(self) -> None:
         self.peers: list[KVLayout] = []
 
+    def bind_thread(self) -> None:
+        """Host memory: no CUDA device to set on the handshake threads."""
+
     def add_peer(self, agent_metadata: bytes, layout: KVLayout) -> str:
         self.peers.append(layout)
         return f"agent-rank{layout.tp_rank}"
