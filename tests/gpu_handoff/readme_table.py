@@ -4,9 +4,10 @@
 README holds exactly this between its markers.
 """
 
+from collections.abc import Callable
 from typing import Final
 
-from tests.gpu_handoff.backends import BackendDecl, declarations
+from tests.gpu_handoff.backends import RELEASES, BackendDecl, declarations
 from tests.gpu_handoff.builder import BLOCK_SIZES, KV_DTYPES, handoff_cases
 
 START: Final = "<!-- cuda-backends:start (python -m tests.gpu_handoff.readme_table) -->"
@@ -22,11 +23,13 @@ KIND_NAMES: Final = {
 """How the table names the builder's model kinds."""
 
 
-def render(release: str = "0.32") -> str:
-    """The table of `release`'s declarations, one row per backend, between START and END."""
+def render() -> str:
+    """The table, one row per backend, between START and END: the newest release's declarations,
+    and a field a release declares otherwise written per release."""
     from vllm.v1.worker.utils import select_common_block_size
 
-    backends = declarations(release)
+    by_release = {release: declarations(release) for release in RELEASES}
+    backends = by_release[RELEASES[-1]]
     cases = handoff_cases(BLOCK_SIZES, backends=backends)
     rows = [
         START,
@@ -42,7 +45,7 @@ def render(release: str = "0.32") -> str:
         rows.append(
             f"| {decl.name} | {', '.join(KIND_NAMES[k] for k in decl.kinds)} |"
             f" {', '.join(str(s) for s in decl.kernel_block_sizes)} | {tested} |"
-            f" {_dtypes(decl)} | {_layouts(decl)} |"
+            f" {_dtypes(decl)} | {_per_release(decl.name, by_release, _layouts)} |"
         )
     return "\n".join([*rows, END])
 
@@ -53,6 +56,21 @@ def _block(size: int, kernel: int) -> str:
 
 def _dtypes(decl: BackendDecl) -> str:
     return ", ".join(f"**{d}**" if d in KV_DTYPES else d for d in decl.kv_cache_dtypes)
+
+
+def _per_release(
+    name: str,
+    by_release: dict[str, tuple[BackendDecl, ...]],
+    show: Callable[[BackendDecl], str],
+) -> str:
+    """`show` of the backend once where every release agrees, else per release ("0.32: ...")."""
+    shown = {
+        release: show(next(d for d in decls if d.name == name))
+        for release, decls in by_release.items()
+    }
+    if len(set(shown.values())) == 1:
+        return next(iter(shown.values()))
+    return "; ".join(f"{release}: {text}" for release, text in shown.items())
 
 
 def _layouts(decl: BackendDecl) -> str:
