@@ -27,7 +27,6 @@ from kvscope.connector.common.kv_cache_access import configured_access
 from kvscope.connector.plugin import names_of
 from kvscope.connector.traced_stats import (
     TracedPromMetrics,
-    TracedStats,
     rebuild_stats,
     traced_stats,
 )
@@ -81,6 +80,47 @@ class TracedBase(InstrumentedConnector):
         config (the factory also knows a stock LMCacheMPConnector's legacy CUDA IPC)."""
         return configured_access(cls.inner_transfer_config(kv_transfer_config))
 
+    # --- the wrapped connector as code that holds the wrapper sees it ------------------------
+    # A transparent proxy, as wrapt's ObjectProxy is to OpenTelemetry's instrumentations: what
+    # checks the connector's class (isinstance(scheduler.connector, OffloadingConnector), vLLM's
+    # own _find_simple_cpu_offload_connector) and what reads an attribute the connector's API
+    # does not name (a connector's own state, its connector_scheduler) gets the wrapped
+    # connector's. type(), the API's members and every hook stay the wrapper's.
+
+    @property  # type: ignore[misc]  # isinstance() reads __class__ where type() does not match
+    def __class__(self) -> type:
+        inner = self.__dict__.get("_inner")
+        return type(self) if inner is None else type(inner)
+
+    def __getattr__(self, name: str) -> Any:
+        """An attribute neither the wrapper nor vLLM's base class has: the wrapped connector's
+        (dunder names excepted, so copy and pickle see the wrapper's own protocol)."""
+        inner = self.__dict__.get("_inner")
+        if inner is None or (name.startswith("__") and name.endswith("__")):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(inner, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Setting an attribute the wrapped connector has and the wrapper does not (a test's or
+        a tool's reach into the connector's state) sets the wrapped connector's."""
+        inner = self.__dict__.get("_inner")
+        if (
+            inner is not None
+            and name not in self.__dict__
+            and not hasattr(type(self), name)
+            and hasattr(inner, name)
+        ):
+            setattr(inner, name, value)
+        else:
+            super().__setattr__(name, value)
+
+    @property
+    def _connectors(self) -> list[KVConnectorBase_V1]:
+        """The wrapped connector's children, if it has any (vLLM's MultiConnector): what
+        vLLM's _find_simple_cpu_offload_connector walks; the wrapper itself answers its
+        isinstance for the connector it wraps."""
+        return getattr(self._inner, "_connectors", None) or []
+
     def build_inner(self, vllm_config: "VllmConfig", role: KVConnectorRole, kv_cache_config):
         inner_config = self.inner_vllm_config(vllm_config)
         inner_class = KVConnectorFactory.get_connector_class(inner_config.kv_transfer_config)
@@ -88,14 +128,24 @@ class TracedBase(InstrumentedConnector):
 
     # --- stats: the logger process knows only this class, not the one it wraps ---------------
 
-    def get_kv_connector_stats(self) -> TracedStats | None:
+    stats_named: bool = True
+    """Whether the stats carry the wrapped class's name (TracedStats): where this class alone
+    cannot say which class rebuilds them. A class made for one connector (traced_as) knows it
+    and hands on the connector's own stats, so that SchedulerStats holds the bare payload."""
+
+    def get_kv_connector_stats(self) -> Any:
         stats = super().get_kv_connector_stats()
-        return None if stats is None else traced_stats(stats, type(self._inner))
+        if stats is None or not self.stats_named:
+            return stats
+        return traced_stats(stats, type(self._inner))
 
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None):
-        """The wrapped class's own stats object, rebuilt from TracedStats.to_dict() by that
-        class: vLLM's logger then aggregates, reduces and logs exactly what it would bare."""
+        """The wrapped class's own stats object, rebuilt by that class from its payload (named
+        in TracedStats.to_dict() where it must be): vLLM's logger then aggregates, reduces and
+        logs exactly what it would bare."""
+        if not cls.stats_named:
+            return super().build_kv_connector_stats(data)
         return rebuild_stats(data)
 
     @classmethod
@@ -103,8 +153,8 @@ class TracedBase(InstrumentedConnector):
         inner = super().build_prom_metrics(
             vllm_config, metric_types, labelnames, per_engine_labelvalues
         )
-        if inner is None:
-            return None
+        if inner is None or not cls.stats_named:
+            return inner
         labels = (labelnames, per_engine_labelvalues)
         return TracedPromMetrics(vllm_config, metric_types, *labels, inner)
 

@@ -33,6 +33,7 @@ class TracedAs(TracedBase):
     """TracedConnector over one connector fixed by its class (see traced_class)."""
 
     wrapped_name: str = ""  # the connector's name as kv_connector gives it
+    stats_named = False  # the class rebuilds its connector's stats: they pass as they are
 
     @classmethod
     def _inner_transfer_config(cls, extra_config: dict[str, Any], outer=None) -> KVTransferConfig:

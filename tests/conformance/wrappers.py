@@ -132,8 +132,8 @@ def unwrap(wrapper: str, name: str, answer: Any, child_name: str) -> Any:
     if name == "build_connector_meta":
         trace, answer = trace_of(answer)  # every wrapper traces: the step's trace rides on it
         assert trace is not None, "the wrapper's metadata carries no trace"
-    if wrapper in TRACED and name == "get_kv_connector_stats":
-        return answer.inner
+    if wrapper == "traced" and name == "get_kv_connector_stats":
+        return answer.inner  # traced_as hands on the connector's own stats
     if wrapper == "multi" and name in ("build_connector_meta", "build_connector_worker_meta"):
         return answer.children[0]
     if wrapper == "multi" and name == "get_kv_connector_stats":
