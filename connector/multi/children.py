@@ -65,8 +65,9 @@ def check_child(index: int, config: Any, outer_role: str | None) -> None:
         raise ValueError(f"{label}: needs kv_connector, the connector's class name")
     role = config.get("kv_role")
     # Children run in the Multi's engine, on its side of a P/D pair: another role would make
-    # a child produce or consume KV the engine does not.
-    if role is not None and outer_role is not None and role != outer_role:
+    # a child produce or consume KV the engine does not. kv_both fits either side (vLLM's own
+    # configs give a MultiConnector's children kv_both under a consumer or producer Multi).
+    if role is not None and outer_role is not None and role not in (outer_role, "kv_both"):
         raise ValueError(
             f"{label}: kv_role {role!r} differs from the KvscopeMultiConnector's kv_role "
             f"{outer_role!r}; set the child's kv_role to {outer_role!r} or leave it out "

@@ -15,7 +15,7 @@ each child's spans nested under the Multi span of that hook.
     }
 
 A child is in vLLM's MultiConnector format (any KVTransferConfig field, plus kvscope's "name");
-what it leaves out it inherits from the Multi, whose kv_role it must share.
+what it leaves out it inherits from the Multi, whose kv_role it must share (or be kv_both).
 """
 
 from typing import Any

@@ -95,6 +95,17 @@ def test_a_child_with_another_kv_role_is_refused_with_what_to_do():
     assert "leave it out" in message
 
 
+@pytest.mark.parametrize("outer_role", ["kv_producer", "kv_consumer"])
+def test_a_kv_both_child_fits_either_side_as_in_vllms_multi_connector(outer_role):
+    config = KVTransferConfig(
+        kv_connector="KvscopeMultiConnector",
+        kv_role=outer_role,
+        kv_connector_extra_config={"connectors": [{**NIXL, "kv_role": "kv_both"}]},
+    )
+    (child,) = child_configs(config.kv_connector_extra_config, outer_role)
+    assert child["kv_role"] == "kv_both"
+
+
 def test_unknown_keys_are_refused_naming_them_and_the_accepted_ones():
     with pytest.raises(ValueError) as refused:
         parsed(outer({"kv_connector": "NixlConnector", "kv_rol": "kv_both", "size": 1}))
