@@ -83,9 +83,9 @@ class TracedBase(InstrumentedConnector):
     # --- the wrapped connector as code that holds the wrapper sees it ------------------------
     # A transparent proxy, as wrapt's ObjectProxy is to OpenTelemetry's instrumentations: what
     # checks the connector's class (isinstance(scheduler.connector, OffloadingConnector), vLLM's
-    # own _find_simple_cpu_offload_connector) and what reads an attribute the connector's API
-    # does not name (a connector's own state, its connector_scheduler) gets the wrapped
-    # connector's. type(), the API's members and every hook stay the wrapper's.
+    # own _find_simple_cpu_offload_connector) and what reads a public attribute the connector's
+    # API does not name (a connector's own state, its connector_scheduler) gets the wrapped
+    # connector's. type(), private names, the API's members and every hook stay the wrapper's.
 
     @property  # type: ignore[misc]  # isinstance() reads __class__ where type() does not match
     def __class__(self) -> type:
@@ -93,19 +93,21 @@ class TracedBase(InstrumentedConnector):
         return type(self) if inner is None else type(inner)
 
     def __getattr__(self, name: str) -> Any:
-        """An attribute neither the wrapper nor vLLM's base class has: the wrapped connector's
-        (dunder names excepted, so copy and pickle see the wrapper's own protocol)."""
+        """A public attribute neither the wrapper nor vLLM's base class has: the wrapped
+        connector's. Private names stay each object's own (the wrapper's state is never the
+        wrapped connector's, whatever the two call it), and so do dunders (copy, pickle)."""
         inner = self.__dict__.get("_inner")
-        if inner is None or (name.startswith("__") and name.endswith("__")):
+        if inner is None or name.startswith("_"):
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
         return getattr(inner, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        """Setting an attribute the wrapped connector has and the wrapper does not (a test's or
-        a tool's reach into the connector's state) sets the wrapped connector's."""
+        """Setting a public attribute the wrapped connector has and the wrapper does not (a
+        test's or a tool's reach into the connector's state) sets the wrapped connector's."""
         inner = self.__dict__.get("_inner")
         if (
             inner is not None
+            and not name.startswith("_")
             and name not in self.__dict__
             and not hasattr(type(self), name)
             and hasattr(inner, name)
