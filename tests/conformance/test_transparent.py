@@ -1,7 +1,8 @@
 """The traced wrappers present the connector they wrap to code that holds them, as wrapt's
 ObjectProxy does for OpenTelemetry's instrumentations: isinstance answers for the wrapped class,
-an attribute outside vLLM's connector API is read from and written to the wrapped connector;
-type(), the API's members and the hooks stay the wrapper's. The Multi is not its child."""
+a public attribute outside vLLM's connector API is read from and written to the wrapped
+connector; private names, type(), the API's members and the hooks stay the wrapper's. The Multi
+is not its child."""
 
 import copy
 
@@ -35,6 +36,10 @@ def test_what_the_api_does_not_name_is_the_wrapped_connectors(wrapper):
     assert not hasattr(inner, "added_here")
     with pytest.raises(AttributeError, match="no attribute 'missing'"):
         _ = connector.missing
+    inner._private_state = 1  # private names stay each object's own
+    assert getattr(connector, "_private_state", None) is None
+    connector._private_state = 2
+    assert inner._private_state == 1
 
 
 @pytest.mark.parametrize("wrapper", TRACED)
