@@ -70,8 +70,8 @@ def test_vllm_finds_a_simple_cpu_offload_connector_inside_either_wrapper(wrapper
     # The traced wrapper answers isinstance as the connector it wraps and forwards what is
     # asked next; the Multi is walked to its child.
     assert found is (connector if wrapper == "traced" else inner)
-    if hasattr(inner, "get_aligned_num_cpu_blocks"):  # vLLM 0.33 and later
-        assert found.get_aligned_num_cpu_blocks() == inner.get_aligned_num_cpu_blocks()
+    if hasattr(inner, "get_aligned_num_cpu_blocks"):  # vLLM 0.33 and later: asked next
+        assert found.get_aligned_num_cpu_blocks.__self__ is inner
 
 
 def test_the_multi_under_vllms_name_is_kvscopes_and_its_children_are_seen():
