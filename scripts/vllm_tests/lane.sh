@@ -33,6 +33,7 @@ FILES=(${KVSCOPE_VLLM_TESTS_FILES:-$(grep -v '^#' "$HERE/files-$VERSION.txt")})
 run() {  # run NAME [WRAP]
   local plugin=(-p kvscope_sample -p kvscope_cpu_device)
   if [ -n "${2:-}" ]; then plugin+=(-p kvscope_wrap); fi
+  rm -f "$OUT/$1.xml"  # a run that writes none fails the comparison, never compares an old one
   (cd "$ROOT" && HF_HUB_OFFLINE=1 VLLM_MODEL_REDIRECT_PATH="$OUT/redirect.json" \
     PYTHONPATH="$CACHE/deps:$HERE" KVSCOPE_VLLM_TESTS="$ROOT/tests" KVSCOPE_VLLM_TESTS_WRAP="${2:-}" \
     KVSCOPE_VLLM_TESTS_CASES="${KVSCOPE_VLLM_TESTS_CASES:-1}" \
