@@ -7,7 +7,6 @@ and malformed JSON headers (side_channel_frames says how many cases; KVSCOPE_FUZ
 
 import json
 import threading
-import time
 
 import pytest
 from hypothesis import given, settings
@@ -133,9 +132,9 @@ def test_wrong_version_flags_and_sizes_are_refused_before_any_body_is_read(
         header_len = header_len if header_len > MAX_HEADER_BYTES else header_len % 2**10
         body_len = body_len or (1 if header_len <= MAX_HEADER_BYTES else 0)
         raw, reason = PREFIX.pack(MAGIC, PROTOCOL_VERSION, 0, header_len, body_len), "too large"
-    started = time.monotonic()
+    # The client half-closes after the prefix: a server that waited for the rest would answer
+    # "connection closed after", so the reason alone says it refused from the prefix.
     assert_refused(server, raw, reason)
-    assert time.monotonic() - started < 1.0  # refused from the prefix, not after a timeout
 
 
 def test_the_server_keeps_serving_many_good_peers_after_the_fuzzing(server, peer_info):
