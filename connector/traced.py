@@ -104,17 +104,16 @@ class TracedBase(InstrumentedConnector):
     def __setattr__(self, name: str, value: Any) -> None:
         """Setting a public attribute the wrapped connector has and the wrapper does not (a
         test's or a tool's reach into the connector's state) sets the wrapped connector's."""
+        # Private names first and without a lookup: the hooks set the wrapper's own state (the
+        # quiet-step flag) every step.
+        if name.startswith("_") or name in self.__dict__:
+            object.__setattr__(self, name, value)
+            return
         inner = self.__dict__.get("_inner")
-        if (
-            inner is not None
-            and not name.startswith("_")
-            and name not in self.__dict__
-            and not hasattr(type(self), name)
-            and hasattr(inner, name)
-        ):
+        if inner is not None and not hasattr(type(self), name) and hasattr(inner, name):
             setattr(inner, name, value)
         else:
-            super().__setattr__(name, value)
+            object.__setattr__(self, name, value)
 
     @property
     def _connectors(self) -> list[KVConnectorBase_V1]:
