@@ -6,7 +6,8 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Query
 
 from kvscope.backend.deps import SessionDep, TokenDep
-from kvscope.backend.queries.plan.report import FACTORS, SizingPublic, sizing
+from kvscope.backend.queries.plan.report import FACTORS, sizing
+from kvscope.backend.queries.plan.schemas import SizingPublic
 from kvscope.backend.routes.paging import WindowS
 
 router = APIRouter(prefix="/api/v1", tags=["plan"], dependencies=[TokenDep])
@@ -15,7 +16,8 @@ router = APIRouter(prefix="/api/v1", tags=["plan"], dependencies=[TokenDep])
 @router.get(
     "/plan",
     response_model=SizingPublic,
-    summary="Host pool sizing: hit tokens and time saved at other sizes and policies",
+    summary="Host pool sizing: hit tokens, time saved and TTFT at other sizes and policies, the "
+    "infinite-pool ceiling and the knee",
 )
 def plan(
     session: SessionDep,
@@ -24,7 +26,10 @@ def plan(
         str | None, Query(description="comma-separated multiples of today's pool size")
     ] = None,
 ):
-    """Each engine's recorded lookups and stores replayed at each size under each policy."""
+    """Each engine's recorded lookups and stores replayed at each size under each policy, at a
+    pool that never evicts (the ceiling) and, per policy, at the smallest pool within 1% of it
+    (the knee, found to size_step_blocks). Cost: about 2 log2(256) replays per policy beyond
+    the sizes asked, each linear in the window's pool events."""
     factors = _factors(sizes) if sizes else FACTORS
     until_ns = time.time_ns()
     since_ns = until_ns - int(window * 1e9)

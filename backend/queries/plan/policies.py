@@ -1,7 +1,9 @@
-"""Eviction policies a replayed host pool can use: the pool's own LRU with pins, and 2Q."""
+"""Eviction policies a replayed host pool can use: the pool's own LRU with pins, 2Q, S3-FIFO."""
 
 from collections import OrderedDict
 from typing import Protocol
+
+from kvscope.backend.queries.plan.s3fifo import S3FIFO
 
 
 class Policy(Protocol):
@@ -135,5 +137,5 @@ class TwoQ:
         return False
 
 
-POLICIES: dict[str, type] = {"lru": PoolLRU, "2q": TwoQ}
+POLICIES: dict[str, type] = {"lru": PoolLRU, "2q": TwoQ, "s3fifo": S3FIFO}
 """The policies by name; 'lru' is the pool's own."""

@@ -1,6 +1,6 @@
 """Replays one engine's recorded pool accesses against a pool of another size and policy."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvscope.backend.queries.plan.policies import POLICIES, Policy
 from kvscope.backend.queries.plan.stream import EngineStream
@@ -8,13 +8,18 @@ from kvscope.backend.queries.plan.stream import EngineStream
 
 @dataclass(frozen=True)
 class Outcome:
-    """What a replayed pool would have served: hit and asked tokens over every lookup."""
+    """What a replayed pool would have served: hit and asked tokens over every lookup; the
+    lookups that stopped at a block still being stored (counted as the misses they are) and the
+    hit tokens those stores in flight cost them; each request's hit tokens at its last lookup."""
 
     policy: str
     pool_blocks: int
     hit_tokens: int
     asked_tokens: int
     evicted_blocks: int
+    in_flight_lookups: int = 0
+    in_flight_tokens: int = 0
+    hits_by_request: dict[str, int] = field(default_factory=dict, compare=False)
 
     @property
     def pool_hit_rate(self) -> float:
@@ -31,21 +36,29 @@ def replay(stream: EngineStream, policy_name: str, pool_blocks: int) -> Outcome:
     after its lookup, a request reserves what it asked beyond its hit; the blocks it stored
     in the recording are reserved at their commit. Reserved blocks are pinned and invisible
     to lookups until the next commit reported, and a store stops at the first block that gets
-    no place. At a smaller pool a block found today must be stored; at a larger one a stored
-    block may already be there. The recorded evictions are the recorded pool's (compared with
-    the replay's at today's size); the replay makes its own.
+    no place; a lookup that reaches a block being written stops there, a miss (counted in
+    in_flight_lookups, with the tokens it would have hit once the writes ended in
+    in_flight_tokens). At a smaller pool a block found today must be stored; at a larger one a
+    stored block may already be there. The recorded evictions are the recorded pool's
+    (compared with the replay's at today's size); the replay makes its own.
     """
     pool: Policy = POLICIES[policy_name](pool_blocks)
     pending: dict[str, tuple[str, ...]] = {}  # keys asked beyond the hit, not stored yet
     pinned: dict[str, tuple[str, ...]] = {}
     writing: dict[str, int] = {}  # reserved, being copied: invisible and not evictable
-    hit_blocks = asked_blocks = 0
+    hit_blocks = asked_blocks = in_flight_lookups = in_flight_blocks = 0
+    hits_by_request: dict[str, int] = {}
     for access in stream.accesses:
         if access.kind == "lookup":
             _unpin(pool, pinned, access.req_id)
             hit = _longest_prefix(pool, writing, access.keys)
             hit_blocks += len(hit)
             asked_blocks += len(access.keys)
+            once_written = len(_longest_prefix(pool, {}, access.keys)) - len(hit)
+            in_flight_lookups += once_written > 0
+            in_flight_blocks += once_written
+            if access.req_id is not None:
+                hits_by_request[access.req_id] = len(hit) * stream.block_size
             for key in hit:
                 pool.hit(key)
                 pool.pin(key)
@@ -68,6 +81,9 @@ def replay(stream: EngineStream, policy_name: str, pool_blocks: int) -> Outcome:
         hit_blocks * stream.block_size,
         asked_blocks * stream.block_size,
         pool.evicted,
+        in_flight_lookups,
+        in_flight_blocks * stream.block_size,
+        hits_by_request,
     )
 
 
@@ -75,6 +91,16 @@ def measured(stream: EngineStream) -> tuple[int, int]:
     """Today's hit tokens as the connector answered its lookups, and the tokens they asked."""
     lookups = [a for a in stream.accesses if a.kind == "lookup"]
     return sum(a.hit_tokens for a in lookups), sum(len(a.keys) for a in lookups) * stream.block_size
+
+
+def measured_by_request(stream: EngineStream) -> dict[str, int]:
+    """Each request's hit tokens at its last lookup, as the connector answered it."""
+    return {a.req_id: a.hit_tokens for a in stream.accesses if a.kind == "lookup" and a.req_id}
+
+
+def distinct_blocks(stream: EngineStream) -> int:
+    """Blocks the stream ever asked or stored: a pool this large never evicts."""
+    return len({key for access in stream.accesses for key in access.keys})
 
 
 def recorded_evictions(stream: EngineStream) -> int:
