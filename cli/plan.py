@@ -7,7 +7,9 @@ import httpx
 
 def add_parser(commands) -> None:
     plan = commands.add_parser(
-        "plan", help="replay the host pool's traffic at other sizes and eviction policies"
+        "plan",
+        help="replay the host pool's traffic at other sizes and eviction policies: hit rate, "
+        "predicted TTFT, the infinite-pool ceiling and the smallest size within 1%% of it",
     )
     plan.add_argument("--backend", default="http://127.0.0.1:4318", help="backend URL")
     plan.add_argument("--token", help="bearer token, if the backend wants one")
@@ -45,24 +47,53 @@ def run_plan(args) -> int:
 
 
 def format_engine(engine: dict) -> str:
-    """One engine's table: a line per policy and size."""
+    """One engine's sizing: today, its ceiling, each policy's knee, a line per policy and size."""
     load, prefill = engine["load_tokens_per_s"], engine["prefill_tokens_per_s"]
+    ceiling = engine["ceiling"]
     lines = [
         f"engine {engine['engine_id']}: pool {engine['pool_blocks']} blocks of "
         f"{engine['block_size']} tokens, {engine['lookups']} lookups asked "
         f"{engine['asked_tokens']} tokens, {engine['measured_hit_tokens']} hit today",
-        f"  load {_rate(load)} tokens/s, prefill {_rate(prefill)} tokens/s",
-        f"  {'policy':<6} {'size':>6} {'blocks':>7} {'hit tokens':>10} {'pool hit':>8} "
-        f"{'saved s':>9} {'evicted':>7}",
+        f"  load {_rate(load)} tokens/s, prefill {_rate(prefill)} tokens/s; " + _today_ttft(engine),
+        f"  ceiling (a pool that never evicts): {ceiling['pool_blocks']} blocks, "
+        f"{ceiling['hit_tokens']} hit tokens ({ceiling['pool_hit_rate']:.1%}); "
+        f"{ceiling['in_flight_lookups']} lookups found a block still being stored, a miss "
+        f"({ceiling['in_flight_tokens']} tokens)",
+        f"  the knee: the smallest pool within 1% of the ceiling, to a size step of "
+        f"{engine['size_step_blocks']} blocks",
     ]
+    for knee in engine["knees"]:
+        lines.append(
+            f"  knee {knee['policy']:<6} {knee['pool_blocks']:>7} blocks ({knee['factor']:.3g}x) "
+            f"{knee['hit_tokens']:>10} hit tokens {knee['pool_hit_rate']:>6.1%}  TTFT "
+            f"{_ms(knee['predicted_ttft_ms_p50'])} / {_ms(knee['predicted_ttft_ms_p95'])}"
+        )
+    lines.append(
+        f"  {'policy':<6} {'size':>6} {'blocks':>7} {'hit tokens':>10} {'pool hit':>8} "
+        f"{'saved s':>9} {'evicted':>7} {'in flight':>9} {'TTFT p50':>9} {'TTFT p95':>9}"
+    )
     for row in engine["rows"]:
         saved = "n/a" if row["seconds_saved"] is None else f"{row['seconds_saved']:.3f}"
         lines.append(
             f"  {row['policy']:<6} {row['factor']:>5g}x {row['pool_blocks']:>7} "
             f"{row['hit_tokens']:>10} {row['pool_hit_rate']:>8.1%} {saved:>9} "
-            f"{row['evicted_blocks']:>7}"
+            f"{row['evicted_blocks']:>7} {row['in_flight_lookups']:>9} "
+            f"{_ms(row['predicted_ttft_ms_p50']):>9} {_ms(row['predicted_ttft_ms_p95']):>9}"
         )
     return "\n".join(lines)
+
+
+def _today_ttft(engine: dict) -> str:
+    if not engine["priced_requests"]:
+        return "no measured TTFT (vLLM's llm_request spans) to predict TTFT from"
+    return (
+        f"TTFT today p50 {_ms(engine['measured_ttft_ms_p50'])}, p95 "
+        f"{_ms(engine['measured_ttft_ms_p95'])} over {engine['priced_requests']} requests"
+    )
+
+
+def _ms(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1f} ms"
 
 
 def _rate(rate: float | None) -> str:

@@ -2,6 +2,7 @@
 
 from kvscope.backend.queries.plan.policies import PoolLRU, TwoQ
 from kvscope.backend.queries.plan.replay import replay
+from kvscope.backend.queries.plan.s3fifo import S3FIFO
 from kvscope.backend.queries.plan.stream import Access, EngineStream
 
 
@@ -32,6 +33,40 @@ def test_2q_keeps_blocks_used_twice_through_a_scan():
             pool.insert(f"s{scan}")
     assert all(key in two_q for key in ("h1", "h2", "h3"))
     assert not any(key in lru for key in ("h1", "h2", "h3"))
+
+
+def test_s3fifo_keeps_blocks_used_twice_through_a_scan_of_blocks_used_once():
+    """The paper's claim: one-hit wonders leave from the small FIFO; a block hit once since it
+    came in moves to the main FIFO, where a scan never reaches it."""
+    lru, s3fifo = PoolLRU(20), S3FIFO(20)
+    for pool in (lru, s3fifo):
+        for key in ("h1", "h2", "h3"):
+            pool.insert(key)
+            pool.hit(key)  # a lookup found it: used twice
+        for scan in range(60):
+            pool.insert(f"s{scan}")
+    assert all(key in s3fifo for key in ("h1", "h2", "h3"))
+    assert not any(key in lru for key in ("h1", "h2", "h3"))
+    # The scan's own blocks are gone quickly: of 60 only the pool's room minus the hot ones.
+    assert sum(f"s{scan}" in s3fifo for scan in range(60)) == 17
+    # A scanned block stored again soon after it left (its key still a ghost) goes to the main
+    # FIFO: the next scan leaves it too.
+    assert "s42" not in s3fifo and s3fifo.insert("s42")
+    for scan in range(60, 90):
+        s3fifo.insert(f"s{scan}")
+    assert all(key in s3fifo for key in ("h1", "h2", "h3", "s42"))
+
+
+def test_s3fifo_never_evicts_a_pinned_block_and_refuses_when_all_are():
+    pool = S3FIFO(2)
+    assert pool.insert("a") and pool.insert("b")
+    pool.pin("a")
+    assert pool.insert("c")  # a, the oldest, is leased: b goes instead
+    assert "a" in pool and "b" not in pool and "c" in pool
+    pool.pin("c")
+    assert not pool.insert("d")
+    pool.unpin("a")
+    assert pool.insert("d") and "a" not in pool and pool.evicted == 2
 
 
 def _stream(accesses: list[Access], pool_blocks: int = 2) -> EngineStream:
