@@ -19,6 +19,7 @@ from kvscope.backend.kv_events import service as kv_events_service
 from kvscope.backend.kv_events.metrics import KVEventsCollector
 from kvscope.backend.live import Hub
 from kvscope.backend.metrics import AccountingCollector, RecomputeCollector
+from kvscope.backend.miss_metrics import MissCollector
 from kvscope.backend.routes import (
     accounting,
     blocks,
@@ -29,6 +30,7 @@ from kvscope.backend.routes import (
     kv_events,
     leases,
     metrics,
+    misses,
     plan,
     recomputes,
     requests,
@@ -58,6 +60,7 @@ ROUTERS = (
     kv_events,
     accounting,
     plan,
+    misses,
 )
 
 
@@ -102,6 +105,9 @@ def create_app(settings: Settings | None = None, grpc_host: str | None = None) -
     app.state.ingest = Pipeline(engine, settings, app.state.hub, ws.make_publisher(app))
     app.state.ingest.metrics.registry.register(RecomputeCollector(engine, failures.incidents_in))
     app.state.ingest.metrics.registry.register(AccountingCollector(engine))
+    app.state.ingest.metrics.registry.register(
+        MissCollector(engine, settings.miss_metrics_settle_s)
+    )
     app.state.kv_events = None
     app.state.ingest.metrics.registry.register(
         KVEventsCollector(engine, lambda: app.state.kv_events)

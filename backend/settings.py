@@ -42,6 +42,9 @@ class Settings(BaseSettings):
     retention_interval_s: float = 10.0
     # A seq hole younger than this may be spans still open or in flight, not lost ones.
     gap_grace_s: float = 30.0
+    # A request's miss reasons are counted in /metrics this long after it ended (its workers'
+    # failure reports come in other batches).
+    miss_metrics_settle_s: float = Field(30.0, ge=0)
     # A process that reported telemetry and then was silent this long is gone ('engine lost'):
     # three of its 10 s telemetry intervals.
     engine_lost_after_s: float = Field(30.0, gt=0)

@@ -18,6 +18,11 @@ def keep(name: str, attributes: dict[str, Any]) -> None:
         buffer.append((name, attributes, time.time_ns()))
 
 
+def collecting() -> bool:
+    """Whether a caller keeps what hooks report while no span records (see keep)."""
+    return _buffer.get() is not None
+
+
 def call_buffered(call, *args: Any, **kwargs: Any) -> tuple[Any, Kept]:
     """Runs call and returns (its result, the events it kept while no span was recording)."""
     events: Kept = []

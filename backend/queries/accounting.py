@@ -48,6 +48,7 @@ class RequestAccount(BaseModel):
     vllm_local_cached: int | None = Field(description="vLLM's own count, if reported")
     vllm_external_cached: int | None = Field(description="vLLM's own count, if reported")
     violation: str | None
+    lookup_ns: int = Field(description="when the lookup vLLM scheduled the request by decided")
 
 
 class EngineAccount(BaseModel):
@@ -108,16 +109,9 @@ def accounting(
 ) -> AccountingPublic:
     """Every request that ended in [since_ns, until_ns) (None: unbounded) with a known prompt
     length and a decided lookup, accounted; totals per engine."""
-    requests = _ended(connection, since_ns, until_ns)
-    lookups = _lookups(connection, since_ns, until_ns)
-    cached = _vllm_cached(connection, since_ns, until_ns)
     engines: dict[str, _Engine] = {}
     bad: list[RequestAccount] = []
-    for row in requests:
-        key = (row.engine_id, row.request_id)
-        found = _account_of(row, lookups.get(key, []), cached.get(key, []))
-        if found is None:
-            continue
+    for found in request_accounts(connection, since_ns, until_ns):
         total = engines.setdefault(found.engine_id, _Engine())
         total.requests += 1
         total.prompt += found.prompt_tokens
@@ -136,6 +130,21 @@ def accounting(
         violations=bad[:MAX_VIOLATIONS],
         violations_total=len(bad),
     )
+
+
+def request_accounts(
+    connection: Connection, since_ns: int | None, until_ns: int | None
+) -> list[RequestAccount]:
+    """The accounts of the requests that ended in [since_ns, until_ns), in end order."""
+    lookups = _lookups(connection, since_ns, until_ns)
+    cached = _vllm_cached(connection, since_ns, until_ns)
+    found = []
+    for row in _ended(connection, since_ns, until_ns):
+        key = (row.engine_id, row.request_id)
+        account = _account_of(row, lookups.get(key, []), cached.get(key, []))
+        if account is not None:
+            found.append(account)
+    return found
 
 
 def _public(engine_id: str, total: _Engine) -> EngineAccount:
@@ -199,6 +208,7 @@ def _account_of(row, lookups: list[_Lookup], cached: list[tuple[int, str, int]])
         vllm_local_cached=vllm_cached[0] if vllm_cached else None,
         vllm_external_cached=vllm_cached[1] if vllm_cached else None,
         violation=violation,
+        lookup_ns=first.time_ns,
     )
 
 

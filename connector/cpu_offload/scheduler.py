@@ -10,12 +10,17 @@ from kvscope.connector.cpu_offload.faults import FaultInjector
 from kvscope.connector.cpu_offload.groups import KVGroups
 from kvscope.connector.cpu_offload.hit_leases import HitLeases
 from kvscope.connector.cpu_offload.hits import GroupBlock, plan_hit, request_blocks
-from kvscope.connector.cpu_offload.host_pool import HostBlockPool, KVNamespace
+from kvscope.connector.cpu_offload.host_pool import BlockState, HostBlockPool, KVNamespace
 from kvscope.connector.cpu_offload.kv_events import HostTierEvents
 from kvscope.connector.cpu_offload.leases import LeaseTable
 from kvscope.connector.cpu_offload.metadata import BlockTransfer, OffloadMetadata, OffloadWorkerMeta
 from kvscope.connector.cpu_offload.request_state import LoadPhase, RequestState
-from kvscope.connector.cpu_offload.span_attributes import looked_up
+from kvscope.connector.cpu_offload.span_attributes import (
+    content_hashes,
+    looked_up,
+    lookup_skipped,
+    recording,
+)
 from kvscope.connector.cpu_offload.stats import PoolGauges, Samples, SchedulerCounters
 from kvscope.connector.cpu_offload.stores import StorePlanner, block_ids_by_group
 from kvscope.traces.outcomes import RECOMPUTED
@@ -98,10 +103,12 @@ class OffloadScheduler:
         if end <= start:
             return 0, False
         if not self.health.admit(req_id):  # a sick pool: recompute now, not after a timeout
+            lookup_skipped("tier_bypassed")
             return 0, False
         hit = self._plan_hit(request, start, end)
-        looked_up([b.key for b in hit], self.block_size, self.pool.num_blocks)
         lease = self.hit_leases.take(req_id, hit)
+        if recording():
+            self._looked_up(request, hit, len(lease.host_block_ids) if lease else 0, start, end)
         # The pool leases the committed prefix of what it was asked (all of a multi-group plan).
         hit = hit[: len(lease.host_block_ids)] if lease else ()
         hit_end = max(b.index for b in hit) + 1 if hit else start
@@ -115,6 +122,26 @@ class OffloadScheduler:
         self.hit_leases.acquired(state)
         self.stats.hit_tokens += num_tokens
         return num_tokens, True
+
+    def _looked_up(
+        self, request: "Request", asked: tuple[GroupBlock, ...], leased: int, start: int, end: int
+    ) -> None:
+        """The lookup's event: what it asked, each block's content, and whether the first
+        block it missed was being written (a store still copying it) or absent."""
+        first_miss_state = None
+        if leased < len(asked):
+            state = self.pool.state_of(asked[leased].key)
+            first_miss_state = "writing" if state is BlockState.RESERVED else "absent"
+        contents = content_hashes(request.prompt_token_ids or (), self.block_size, start, end)
+        if len(asked) != len(contents):  # a multi-group plan: its blocks are not one per index
+            contents = []
+        looked_up(
+            [b.key for b in asked],
+            self.block_size,
+            self.pool.num_blocks,
+            contents,
+            first_miss_state,
+        )
 
     def _plan_hit(self, request: "Request", start: int, end: int) -> tuple[GroupBlock, ...]:
         """The blocks of every group to lease for the longest hit of blocks [start, end)."""

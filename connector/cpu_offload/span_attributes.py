@@ -1,10 +1,14 @@
 """Span event attributes of the offload scheduler half's blocks, leases and lookups."""
 
+from collections.abc import Sequence
 from typing import Any
+
+from opentelemetry import trace
 
 from kvscope.connector.cpu_offload.leases import Lease
 from kvscope.traces import names
 from kvscope.traces.attributes import compact_hash
+from kvscope.traces.buffer import collecting
 from kvscope.traces.events import add_event
 
 
@@ -32,8 +36,15 @@ def lease_attributes(lease: Lease, timeout_s: float, group_ids: list[int]) -> di
     }
 
 
-def looked_up(keys: list[bytes], block_size: int, pool_blocks: int) -> None:
-    """The event of what a lookup asked the pool, in order, with the block and pool sizes."""
+def looked_up(
+    keys: list[bytes],
+    block_size: int,
+    pool_blocks: int,
+    content_hashes: list[str],
+    first_miss_state: str | None,
+) -> None:
+    """The event of what a lookup asked the pool, in order, with the block and pool sizes, each
+    block's content hash and the state of the first block not hit."""
     add_event(
         names.EVENT_BLOCK_LOOKED_UP,
         **{
@@ -41,5 +52,32 @@ def looked_up(keys: list[bytes], block_size: int, pool_blocks: int) -> None:
             names.BLOCK_COUNT: len(keys),
             names.BLOCK_SIZE: block_size,
             names.HOST_POOL_BLOCKS: pool_blocks,
+            names.BLOCK_CONTENT_HASHES: content_hashes,
+            names.LOOKUP_FIRST_MISS_STATE: first_miss_state,
         },
     )
+
+
+def lookup_skipped(reason: str) -> None:
+    """Marks the lookup span as one that asked no tier, and why."""
+    span = trace.get_current_span()
+    if span.is_recording():
+        span.set_attribute(names.LOOKUP_SKIPPED, reason)
+
+
+def recording() -> bool:
+    """Whether what the hook being run reports is kept (a span records, or a caller keeps its
+    events for one): what is costly to say is said only then."""
+    return trace.get_current_span().is_recording() or collecting()
+
+
+def content_hashes(token_ids: Sequence[int], block_size: int, start: int, end: int) -> list[str]:
+    """Blocks [start, end)'s content hashes: each chains the hash of the blocks before it with
+    its own token ids, and nothing else (vLLM's block hashes add the cache salt, the LoRA
+    adapter and multimodal inputs). Python hashes ints and tuples the same in every process."""
+    chained, found = 0, []
+    for index in range(end):
+        chained = hash((chained, tuple(token_ids[index * block_size : (index + 1) * block_size])))
+        if index >= start:
+            found.append(f"{chained & 0xFFFFFFFFFFFFFFFF:016x}")
+    return found

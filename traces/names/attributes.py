@@ -116,6 +116,21 @@ TOKENS_VLLM_EXTERNAL_CACHED: Final = "kvscope.tokens.vllm_external_cached"
 """As TOKENS_VLLM_LOCAL_CACHED: the external (connector) tokens vLLM counts for it."""
 
 
+# --- Lookups: why blocks missed (backend/queries/misses/) -----------------------------------
+
+BLOCK_CONTENT_HASHES: Final = "kvscope.blocks.content_hashes"
+"""On a looked_up event, pairwise with BLOCK_HASHES: a hash of the prompt's tokens up to and
+including each block, without vLLM's extra keys (cache salt, LoRA adapter, multimodal inputs).
+One content hash under two block hashes: the same tokens were stored under another key."""
+
+LOOKUP_FIRST_MISS_STATE: Final = "kvscope.lookup.first_miss_state"
+"""On a looked_up event: the host pool's state of the first block asked and not hit, 'writing'
+(a store was still copying it) or 'absent'; unset when every block asked was hit."""
+
+LOOKUP_SKIPPED: Final = "kvscope.lookup.skipped"
+"""On a lookup span that asked no tier: why, 'tier_bypassed' (the tier's loads kept failing)."""
+
+
 # --- Blocks, layers ---------------------------------------------------------------------------
 
 BLOCK_IDS: Final = "kvscope.blocks.ids"
@@ -188,6 +203,33 @@ TRANSFER_OK: Final = "kvscope.transfer.ok"
 """False when the transfer failed."""
 
 
+# --- Transport: what NIXL and UCX really used for a P2P read ----------------------------------
+
+TRANSPORT_BACKEND: Final = "kvscope.transport.backend"
+"""The NIXL backend that ran the read, as NIXL's query_xfer_backend says ('UCX'), or 'unknown'."""
+
+TRANSPORT_UCX_LANES: Final = "kvscope.transport.ucx_lanes"
+"""UCX transport/device pairs UCX selected for the read's bytes (['cma/memory']); [] if unknown."""
+
+TRANSPORT_UCX_CONTROL_LANES: Final = "kvscope.transport.ucx_control_lanes"
+"""UCX transport/device pairs of NIXL's notifications (UCX active messages, e.g. ['tcp/lo'])."""
+
+TRANSPORT_UCX_SCOPE: Final = "kvscope.transport.ucx_scope"
+"""UCX's endpoint scope: 'intra-node' (peer on this host), 'inter-node', or 'unknown'."""
+
+TRANSPORT_MEMORY: Final = "kvscope.transport.memory"
+"""NIXL memory kind on both sides of the read: 'DRAM' (host) or 'VRAM' (GPU)."""
+
+TRANSPORT_WINDOW: Final = "kvscope.transport.window"
+"""Which one window the read's bytes and time share: 'post_to_done' (post .. first seen DONE)."""
+
+TRANSPORT_NIXL_BYTES: Final = "kvscope.transport.nixl_bytes"
+"""Bytes NIXL's own telemetry counted for the read (equal to kvscope.transfer.bytes when right)."""
+
+TRANSPORT_NIXL_XFER_US: Final = "kvscope.transport.nixl_xfer_us"
+"""NIXL's own post-to-completion time of the read, in microseconds."""
+
+
 # --- Leases -----------------------------------------------------------------------------------
 
 LEASE_ID: Final = "kvscope.lease.id"
@@ -201,6 +243,23 @@ LEASE_OUTCOME: Final = "kvscope.lease.outcome"
 
 LEASE_HOLDER: Final = "kvscope.lease.holder"
 """Request id holding the lease."""
+
+
+# --- Load convoys (connector/cpu_offload/convoys.py) ------------------------------------------
+
+CONVOY_LEADER: Final = "kvscope.convoy.leader"
+"""On a load_convoy point: the request whose load of the same host blocks this one queued behind
+(the first of them, when several were ahead)."""
+
+CONVOY_LOADS_AHEAD: Final = "kvscope.convoy.loads_ahead"
+"""On a load_convoy point: loads of some of the same host blocks still queued or copying when
+this one was submitted."""
+
+CONVOY_SHARED_BLOCKS: Final = "kvscope.convoy.shared_blocks"
+"""On a load_convoy point: this load's host blocks that the loads ahead of it also read."""
+
+CONVOY_WAIT_MS: Final = "kvscope.convoy.wait_ms"
+"""On a load_convoy point: milliseconds from the load's submission to the start of its copy."""
 
 
 # --- Failures ---------------------------------------------------------------------------------
