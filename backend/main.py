@@ -38,6 +38,7 @@ from kvscope.backend.routes import (
     streams,
     tiers,
     transfers,
+    transport,
     ws,
 )
 from kvscope.backend.settings import Settings, check_bind_is_safe, get_settings
@@ -61,6 +62,7 @@ ROUTERS = (
     accounting,
     plan,
     misses,
+    transport,
 )
 
 

@@ -60,6 +60,9 @@ class Settings(BaseSettings):
     # empty: none), compared with the spans at /api/v1/kv-events/divergence.
     kv_events: str = Field("", validation_alias="KVSCOPE_KV_EVENTS")
     kv_events_topic: str = "kv-events"
+    # Overrides of the expected and line rate of P2P transports, JSON {"tcp": [1.0, 25.0], ...}
+    # in GB/s (defaults and families: backend/queries/transport_rates.py).
+    transport_rates: str = ""
 
     def resolved_ingest_workers(self) -> int:
         if self.ingest_workers is not None:

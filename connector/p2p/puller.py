@@ -15,7 +15,11 @@ from kvscope.connector.common.stats_schema import Samples
 from kvscope.connector.p2p.config import P2PConfig
 from kvscope.connector.p2p.metadata import BlockPull, BlockRelease, done_notif
 from kvscope.connector.p2p.stats import ReadCounters
-from kvscope.connector.p2p.trace_spans import pulled_block_attributes, record_handshake
+from kvscope.connector.p2p.trace_spans import (
+    pulled_block_attributes,
+    record_handshake,
+    transport_attributes,
+)
 from kvscope.connector.p2p.transport.nixl_transport import NixlTransport
 from kvscope.connector.p2p.transport.results import TransferResult, TransportError
 from kvscope.connector.p2p.transport.side_channel import PeerInfo, fetch_peer_info
@@ -236,8 +240,10 @@ class BlockPuller:
         cause = result.cause or None
         if cause is None and self._time_left(pull) < 0:
             cause = "lease expired during the read: the prefill side may have freed the blocks"
-        end = time.monotonic()
+        # The read's own window (post .. seen over), not this poll's: bytes and time agree.
+        end = result.ended_s or time.monotonic()
         descriptors = result.descriptors
+        lanes = self.transport.read_lanes()
         record_transfer(
             pull.req_id,
             "p2p_read",
@@ -247,6 +253,7 @@ class BlockPuller:
             error=cause,
             **{names.TRANSFER_PEER: pull.remote.engine_id, names.TRANSFER_DESCRIPTORS: descriptors},
             **pulled_block_attributes(pull),
+            **transport_attributes(result, lanes, self.transport.layout.memory_kind),
         )
         if cause is not None:
             kind = "lease_expired" if "lease expired" in cause else "read_failed"

@@ -4,6 +4,8 @@ and the block attributes its lease and load events carry."""
 from typing import Any
 
 from kvscope.connector.p2p.metadata import BlockPull
+from kvscope.connector.p2p.transport.results import TransferResult
+from kvscope.connector.p2p.transport.ucx_lanes import UNKNOWN, ReadLanes
 from kvscope.traces import names
 from kvscope.traces.events import record_timed_span
 
@@ -35,4 +37,21 @@ def pulled_block_attributes(pull: BlockPull) -> dict:
     if len(pull.local_block_ids) > 1:
         attributes[names.KV_CACHE_GROUP_IDS] = pull.group_of_blocks
         attributes[names.KV_CACHE_GROUP_COUNT] = len(pull.local_block_ids)
+    return attributes
+
+
+def transport_attributes(result: TransferResult, lanes: ReadLanes, memory: str) -> dict:
+    """What NIXL and UCX said they used for one read, and the one window its bytes and time
+    come from (kvscope.transport.*)."""
+    attributes: dict = {
+        names.TRANSPORT_BACKEND: result.nixl.backend if result.nixl else UNKNOWN,
+        names.TRANSPORT_UCX_LANES: list(lanes.data),
+        names.TRANSPORT_UCX_CONTROL_LANES: list(lanes.control),
+        names.TRANSPORT_UCX_SCOPE: lanes.scope,
+        names.TRANSPORT_MEMORY: memory,
+        names.TRANSPORT_WINDOW: "post_to_done",
+    }
+    if result.nixl is not None and result.nixl.total_bytes is not None:
+        attributes[names.TRANSPORT_NIXL_BYTES] = result.nixl.total_bytes
+        attributes[names.TRANSPORT_NIXL_XFER_US] = result.nixl.xfer_us
     return attributes

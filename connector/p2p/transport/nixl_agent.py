@@ -11,8 +11,9 @@ from typing import Any, Final
 
 import torch
 
+from kvscope.connector.p2p.transport import ucx_lanes
 from kvscope.connector.p2p.transport.layout import KVLayout
-from kvscope.connector.p2p.transport.results import PeerRejectedError
+from kvscope.connector.p2p.transport.results import NixlReadFacts, PeerRejectedError
 
 logger = logging.getLogger(__name__)
 
@@ -60,12 +61,15 @@ def new_agent(engine_id: str, tp_rank: int) -> tuple[Any, str]:
     """A UCX agent without NIXL's progress thread (it spins a whole core even when idle).
 
     NIXL serialises the agent's own calls (STRICT): handshakes add peers from a background
-    thread while the engine and poller threads read and progress."""
+    thread while the engine and poller threads read and progress. NIXL's per-transfer
+    telemetry is on (read_facts), and UCX is asked for its protocol tables (ucx_lanes)."""
     api = load_nixl_api()
+    ucx_lanes.prepare_before_agent()
     # Unique per process start: loading bad metadata under a name poisons that name in peers.
     name = f"kvscope-{engine_id}-tp{tp_rank}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     config = api.nixl_agent_config(
         enable_prog_thread=False,
+        capture_telemetry=True,
         backends=["UCX"],
         sync_mode=api.nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT,
     )
@@ -108,6 +112,20 @@ def prepare_peer(
             f"({type(exc).__name__}: {exc}): handshake again with a live peer"
         ) from None
     return name, remote_dlist
+
+
+def read_facts(agent: Any, handle: Any) -> NixlReadFacts:
+    """NIXL's own word on a completed transfer: its backend and telemetry ('unknown' and None
+    for what it would not say; never raises)."""
+    try:
+        backend = str(agent.query_xfer_backend(handle))
+    except Exception:
+        backend = ucx_lanes.UNKNOWN
+    try:
+        telemetry = agent.get_xfer_telemetry(handle)
+        return NixlReadFacts(backend, int(telemetry.totalBytes), int(telemetry.xferDuration))
+    except Exception:
+        return NixlReadFacts(backend)
 
 
 def as_str(name: str | bytes) -> str:

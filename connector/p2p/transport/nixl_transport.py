@@ -19,6 +19,7 @@ from kvscope.connector.p2p.transport.nixl_agent import (
     as_str,
     new_agent,
     prepare_peer,
+    read_facts,
     register_layout,
     try_cleanup,
 )
@@ -35,6 +36,7 @@ from kvscope.connector.p2p.transport.results import (
     describe_failure,
 )
 from kvscope.connector.p2p.transport.side_channel import PeerInfo
+from kvscope.connector.p2p.transport.ucx_lanes import ReadLanes, read_lanes
 
 logger = logging.getLogger(__name__)
 
@@ -167,6 +169,9 @@ class NixlTransport:
             if state == "PROC":
                 self._reads.inflight[xfer.xfer_id] = xfer
             else:
+                if state == "DONE" and xfer.handle is not None:
+                    xfer.ended = time.monotonic()
+                    xfer.nixl = read_facts(self._agent, xfer.handle)
                 self._finish(
                     xfer, "" if state == "DONE" else f"NIXL could not post the read: {state}"
                 )
@@ -190,6 +195,10 @@ class NixlTransport:
             notif_msg,
             self.layout.bytes_per_block,
         )
+
+    def read_lanes(self) -> ReadLanes:
+        """The UCX lanes this agent's reads use, as UCX itself reported choosing them."""
+        return read_lanes(self.agent_name, self.layout.memory_kind)
 
     def poll(self) -> list[TransferResult]:
         """Transfers that finished or failed since the last call."""

@@ -14,7 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvscope.connector.p2p.transport import nixl_agent
-from kvscope.connector.p2p.transport.results import TransferResult, describe_failure
+from kvscope.connector.p2p.transport.results import (
+    NixlReadFacts,
+    TransferResult,
+    describe_failure,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +34,8 @@ class Inflight:
     started: float = 0.0  # monotonic
     deadline: float = 0.0  # monotonic
     cause: str = ""  # why it failed, once it has ended
+    ended: float = 0.0  # monotonic: when it was first seen over (before NIXL released it)
+    nixl: NixlReadFacts | None = None  # read from NIXL while it still held the handle
 
 
 class ReadBook:
@@ -52,6 +58,8 @@ class ReadBook:
         except Exception as exc:
             return self.end(xfer, describe_failure(exc, xfer.peer))
         if state == "DONE":
+            xfer.ended = time.monotonic()  # the same read's end, before the release's own time
+            xfer.nixl = nixl_agent.read_facts(agent, xfer.handle)
             return self.end(xfer, "")
         if state != "PROC":
             return self.end(xfer, f"NIXL reported the read from peer {xfer.peer} as {state}")
@@ -104,13 +112,16 @@ class ReadBook:
         self.releasing.clear()
 
     def _publish(self, xfer: Inflight, cause: str) -> None:
-        duration_s = time.monotonic() - xfer.started if xfer.started else 0.0
+        """Bytes and time of one window: this read's post to when it was first seen over."""
+        ended = xfer.ended or time.monotonic()
         self.results[xfer.xfer_id] = TransferResult(
             xfer.xfer_id,
             xfer.peer,
             xfer.num_blocks,
             xfer.nbytes,
-            duration_s,
+            ended - xfer.started if xfer.started else 0.0,
             cause,
             xfer.descriptors,
+            ended,
+            xfer.nixl,
         )

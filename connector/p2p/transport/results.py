@@ -14,6 +14,15 @@ class PeerRejectedError(TransportError):
 
 
 @dataclass(frozen=True)
+class NixlReadFacts:
+    """What NIXL itself said of one completed read: its backend, and its own telemetry."""
+
+    backend: str  # nixl_agent.query_xfer_backend, e.g. 'UCX'; 'unknown' if NIXL did not say
+    total_bytes: int | None = None  # get_xfer_telemetry().totalBytes; None without telemetry
+    xfer_us: int | None = None  # NIXL's post-to-completion time of the read
+
+
+@dataclass(frozen=True)
 class TransferResult:
     """How one read_blocks call ended; `cause` is empty exactly when it succeeded."""
 
@@ -24,6 +33,8 @@ class TransferResult:
     duration_s: float
     cause: str = ""
     descriptors: int = 0  # NIXL descriptors it moved: blocks x (1, or layers)
+    ended_s: float = 0.0  # monotonic: when the read was seen over; minus duration_s, its post
+    nixl: NixlReadFacts | None = None  # None when NIXL never ran it (or it failed)
 
     @property
     def ok(self) -> bool:
