@@ -6,6 +6,8 @@ from dataclasses import dataclass
 import torch
 
 from kvscope.connector.cpu_offload.config import OffloadConfig
+from kvscope.connector.cpu_offload.convoy_events import convoy_recorded
+from kvscope.connector.cpu_offload.convoys import LoadConvoys
 from kvscope.connector.cpu_offload.copy.engine import CopyResult, Direction
 from kvscope.connector.cpu_offload.copy.factory import make_copy_engine
 from kvscope.connector.cpu_offload.copy.host_buffer import BlockLayout, HostBuffer, find_block_dim
@@ -60,6 +62,7 @@ class OffloadWorker:
         self._load_errors: set[int] = set()
         self._failed_loads: set[str] = set()  # request ids, for vLLM's failed_recving
         self._meta = OffloadWorkerMeta()
+        self.convoys = LoadConvoys()  # loads queued behind loads of the same host blocks
         # Failed loads are counted once, by the scheduler half, when every rank reported.
         self.stats = WorkerCounters()
         self.samples = Samples()  # per-copy durations and sizes for the stats' histograms
@@ -107,6 +110,7 @@ class OffloadWorker:
             )
             deadline = time.monotonic() + self.config.load_timeout_s
             self._pending[job_id] = PendingCopy(transfer, Direction.LOAD, deadline)
+            self.convoys.submitted(job_id, transfer)
 
     def start_stores(self, metadata: OffloadMetadata) -> None:
         """After the forward: the blocks' data is final (on CUDA the copy stream waits for it)."""
@@ -151,6 +155,12 @@ class OffloadWorker:
             outcomes[transfer.transfer_id] = 1
             return
         recving.add(transfer.req_id)
+        started_at = result.finished_at - result.duration_s
+        convoy = self.convoys.finished(
+            result.job_id, result.submitted_at, started_at, result.finished_at
+        )
+        if convoy is not None:
+            convoy_recorded(convoy)
         if result.ok and not pending.timed_out:
             self._meta.loads_done[transfer.req_id] = 1
             blocks_loaded(transfer)
@@ -177,6 +187,7 @@ class OffloadWorker:
             pending.timed_out = True
             if self.copies.cancel(job_id):
                 del self._pending[job_id]
+                self.convoys.dropped(job_id)
                 self._fail_load(pending.transfer, "timeout")
                 timed_out.add(pending.transfer.req_id)
         return timed_out

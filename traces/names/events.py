@@ -52,3 +52,12 @@ TIMELINE_POINTS: Final = (
     "finished",  # end of the request_finished hook span
 )
 """The KV timeline points of a request, in their usual order, and where each is read from."""
+
+
+# --- Load convoys -----------------------------------------------------------------------------
+
+LOAD_CONVOY_POINT: Final = "load_convoy"
+"""A timeline point on a SPAN_REQUEST_EVENT spanning the wait of a load that queued behind
+another request's load of the same host blocks (connector/cpu_offload/convoys.py): the point
+is the load's submission, the span's end the start of its copy. Not in TIMELINE_POINTS, which
+every request is expected to show: most requests never wait so."""
