@@ -24,6 +24,7 @@ from kvscope.backend.routes import (
     accounting,
     blocks,
     clocks,
+    convoys,
     failures,
     health,
     ingest,
@@ -63,6 +64,7 @@ ROUTERS = (
     plan,
     misses,
     transport,
+    convoys,
 )
 
 
