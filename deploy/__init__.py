@@ -9,6 +9,7 @@ FILES = (
     "grafana/provisioning/dashboards/kvscope.yml",
     "grafana/provisioning/datasources/prometheus.yml",
     "prometheus/prometheus.yml",
+    "prometheus/alerts.yml",
     "otel-collector/fleet.yaml",
 )
 """Every file shipped here, by its path under deploy/ (docker-compose.yml mounts the same)."""

@@ -33,6 +33,11 @@ if [ "${KVSCOPE_TEST_BROWSER:-0}" = 1 ]; then
   scripts/browser.sh
 fi
 
+# promtool for the alert rules' tests: installed when asked (CI asks), else skipped.
+if [ "${KVSCOPE_TEST_PROMTOOL:-0}" = 1 ]; then
+  scripts/promtool.sh
+fi
+
 # Two workers (xdist), each given whole modules so that a module's engines and servers are
 # shared by its tests: on 2 cores the suite's engines, servers and waits overlap (42 -> 22 min
 # here). Three workers were slower (25 min against 22.8, clean clone, one afternoon): the
