@@ -58,7 +58,8 @@ def format_engine(engine: dict) -> str:
         f"  ceiling (a pool that never evicts): {ceiling['pool_blocks']} blocks, "
         f"{ceiling['hit_tokens']} hit tokens ({ceiling['pool_hit_rate']:.1%}); "
         f"{ceiling['in_flight_lookups']} lookups found a block still being stored, a miss "
-        f"({ceiling['in_flight_tokens']} tokens)",
+        f"({ceiling['in_flight_tokens']} tokens); today the pool recorded "
+        f"{engine['recorded_in_flight_lookups']}",
         f"  the knee: the smallest pool within 1% of the ceiling, to a size step of "
         f"{engine['size_step_blocks']} blocks",
     ]

@@ -85,7 +85,8 @@ def ceiling_sentence(engine: dict) -> str:
         f"Ceiling (a pool that never evicts): {ceiling['pool_blocks']:,} blocks hit "
         f"{ceiling['hit_tokens']:,} tokens ({100 * ceiling['pool_hit_rate']:.1f}% of those "
         f"asked). {ceiling['in_flight_lookups']:,} lookups found a block still being stored "
-        f"and missed it there too ({ceiling['in_flight_tokens']:,} tokens)."
+        f"and missed it there too ({ceiling['in_flight_tokens']:,} tokens); today's pool "
+        f"recorded {engine['recorded_in_flight_lookups']:,}."
     )
 
 

@@ -4,7 +4,7 @@ import pytest
 
 from kvscope.backend.queries.plan.knee import Replays, ceiling, knee
 from kvscope.backend.queries.plan.price import Rates
-from kvscope.backend.queries.plan.replay import replay
+from kvscope.backend.queries.plan.replay import recorded_in_flight, replay
 from kvscope.backend.queries.plan.stream import Access, EngineStream
 from kvscope.backend.queries.plan.ttft import MeasuredTtft, predicted_ttft
 
@@ -57,7 +57,7 @@ def test_a_lookup_that_finds_a_block_still_being_stored_misses_and_is_counted():
         accesses=[
             Access(1, "lookup", "r1", ("a", "b")),
             Access(2, "step", "r1"),  # a and b reserved: being written
-            Access(3, "lookup", "r2", ("a", "b")),  # before r1's commit: a miss
+            Access(3, "lookup", "r2", ("a", "b"), found_writing=True),  # before r1's commit
             Access(4, "store", "r1", ("a", "b")),
             Access(5, "store", "r2", ("a", "b")),
             Access(6, "lookup", "r3", ("a", "b")),
@@ -66,6 +66,7 @@ def test_a_lookup_that_finds_a_block_still_being_stored_misses_and_is_counted():
     outcome = replay(stream, "lru", 4)
     assert outcome.hit_tokens == 2 * BLOCK  # r3 alone
     assert (outcome.in_flight_lookups, outcome.in_flight_tokens) == (1, 2 * BLOCK)
+    assert recorded_in_flight(stream) == 1  # the pool said so too (its first miss: 'writing')
     assert outcome.hits_by_request == {"r1": 0, "r2": 0, "r3": 2 * BLOCK}
 
 

@@ -108,7 +108,8 @@ def test_sizing_names_the_ceiling_and_the_knee_and_plots_hit_rate_and_ttft(page,
     ).wait_for()
     page.get_by_text(
         "Ceiling (a pool that never evicts): 3 blocks hit 64 tokens (40.0% of those asked). "
-        "0 lookups found a block still being stored and missed it there too (0 tokens)."
+        "0 lookups found a block still being stored and missed it there too (0 tokens); "
+        "today's pool recorded 0."
     ).wait_for()
     page.get_by_text(
         "Knee (the smallest pool within 1% of the ceiling, to a size step of 1 block): "

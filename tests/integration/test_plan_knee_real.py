@@ -103,7 +103,8 @@ def test_the_ceiling_is_every_repeat_hit(engine):
     assert engine["measured_hit_tokens"] == repeats  # today's pool holds the workload
     ceiling = engine["ceiling"]
     assert ceiling["hit_tokens"] == repeats and ceiling["pool_blocks"] == WORKING_SET
-    assert ceiling["in_flight_lookups"] == 0  # one request at a time: no store in flight
+    # One request at a time: no lookup meets a store in flight, in the pool or its replay.
+    assert ceiling["in_flight_lookups"] == engine["recorded_in_flight_lookups"] == 0
 
 
 def test_the_lru_knee_is_the_working_set_within_one_size_step(engine):

@@ -98,6 +98,11 @@ def measured_by_request(stream: EngineStream) -> dict[str, int]:
     return {a.req_id: a.hit_tokens for a in stream.accesses if a.kind == "lookup" and a.req_id}
 
 
+def recorded_in_flight(stream: EngineStream) -> int:
+    """Lookups the pool itself answered with a block still being stored as the first miss."""
+    return sum(a.found_writing for a in stream.accesses if a.kind == "lookup")
+
+
 def distinct_blocks(stream: EngineStream) -> int:
     """Blocks the stream ever asked or stored: a pool this large never evicts."""
     return len({key for access in stream.accesses for key in access.keys})

@@ -12,6 +12,7 @@ from kvscope.backend.queries.plan.replay import (
     measured,
     measured_by_request,
     recorded_evictions,
+    recorded_in_flight,
 )
 from kvscope.backend.queries.plan.stream import EngineStream, read_streams
 from kvscope.backend.queries.plan.ttft import MeasuredTtft, measured_ttft, predicted_ttft
@@ -70,6 +71,7 @@ def _engine(
         asked_tokens=asked_tokens,
         measured_hit_tokens=hit_tokens,
         recorded_evicted_blocks=recorded_evictions(stream),
+        recorded_in_flight_lookups=recorded_in_flight(stream),
         load_tokens_per_s=rates.load_tokens_per_s,
         prefill_tokens_per_s=rates.prefill_tokens_per_s,
         priced_requests=len(today.ttft_ms),

@@ -55,6 +55,10 @@ class EngineSizing(BaseModel):
     asked_tokens: int
     measured_hit_tokens: int
     recorded_evicted_blocks: int
+    recorded_in_flight_lookups: int = Field(
+        description="lookups whose first miss the pool recorded as a block still being stored "
+        "(compare with the replay's in_flight_lookups at today's size)"
+    )
     load_tokens_per_s: float | None
     prefill_tokens_per_s: float | None
     priced_requests: int = Field(description="requests of these lookups with a measured TTFT")

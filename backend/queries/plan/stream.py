@@ -39,6 +39,7 @@ class Access:
     req_id: str | None
     keys: tuple[str, ...] = ()
     hit_tokens: int = 0  # a lookup's answer as the connector measured it
+    found_writing: bool = False  # a lookup whose first block not hit was still being stored
 
 
 @dataclass
@@ -95,13 +96,13 @@ def _access(stream: EngineStream, event: dict, span_attributes: dict, request_id
         return None
     keys = tuple(str(key) for key in attributes.get(names.BLOCK_HASHES) or ())
     req_id = attributes.get(names.REQUEST_ID) or attributes.get(names.LEASE_HOLDER) or request_id
-    hit_tokens = 0
+    hit_tokens, found_writing = 0, False
     if kind == "lookup":
+        found_writing = attributes.get(names.LOOKUP_FIRST_MISS_STATE) == "writing"
         stream.block_size = int(attributes.get(names.BLOCK_SIZE) or stream.block_size)
         stream.pool_blocks = int(attributes.get(names.HOST_POOL_BLOCKS) or stream.pool_blocks)
         hit_tokens = int(span_attributes.get(names.TOKENS_EXTERNAL_HIT) or 0)
     elif kind in ("store", "evict") and not keys:
         return None
-    return Access(
-        int(event["time_ns"]), kind, None if req_id is None else str(req_id), keys, hit_tokens
-    )
+    req_id = None if req_id is None else str(req_id)
+    return Access(int(event["time_ns"]), kind, req_id, keys, hit_tokens, found_writing)
