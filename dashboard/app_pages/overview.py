@@ -4,7 +4,7 @@ import time
 
 import streamlit as st
 
-from kvscope.dashboard import client, ui
+from kvscope.dashboard import client, transport_sections, ui
 from kvscope.dashboard.charts import accounting as accounting_charts
 from kvscope.dashboard.charts import health
 from kvscope.dashboard.charts import overview as charts
@@ -150,6 +150,7 @@ def overview(version: int) -> None:
     tiers(version)
     silent_recomputes(version)
     token_accounting(version)
+    transport_sections.transport_warnings(version, window_s)
     over_time(client.series(version, window_s))
     left, right = st.columns(2)
     with left:

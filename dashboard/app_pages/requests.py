@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from kvscope.dashboard import client, ui
+from kvscope.dashboard import client, transport_sections, ui
 from kvscope.dashboard.charts import health, tables, timeline
 from kvscope.dashboard.charts.format import clock
 from kvscope.dashboard.settings import get_settings, jaeger_trace_url
@@ -107,5 +107,6 @@ def request_page(version: int) -> None:
     request_header(detail["request"])
     ui.certainty_warning(detail["certainty"])
     ttft_breakdown(detail)
+    transport_sections.request_transport(version, detail["request"])
     gantt(version, detail)
     transfers_and_failures(detail)
