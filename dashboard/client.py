@@ -195,3 +195,26 @@ def accounting(version: int, window_s: float) -> dict | None:
     """Token accounting per engine and the requests whose tokens do not add up (None from a
     backend without the route)."""
     return _or_none_if_missing("/api/v1/stats/accounting", window_s=window_s)
+
+
+@st.cache_data(ttl=CACHE_TTL_S, show_spinner=False, max_entries=64)
+def misses(version: int, window_s: float) -> dict | None:
+    """Why prompt tokens missed the tiers, per engine (None from a backend without the route)."""
+    return _or_none_if_missing("/api/v1/stats/misses", window_s=window_s)
+
+
+@st.cache_data(ttl=CACHE_TTL_S, show_spinner=False, max_entries=64)
+def tier_alarms(version: int, window_s: float) -> dict | None:
+    """The host tiers' alarms and reuse figures (None from a backend without the route)."""
+    return _or_none_if_missing("/api/v1/stats/tier-alarms", window_s=window_s)
+
+
+@st.cache_data(ttl=CACHE_TTL_S, show_spinner=False, max_entries=256)
+def request_misses(version: int, request_key: int) -> dict | None:
+    """One request's missed tokens by reason (None: not accounted yet, or still running)."""
+    try:
+        return _or_none_if_missing(f"/api/v1/requests/{request_key}/misses")
+    except httpx.HTTPStatusError as error:
+        if error.response.status_code == 409:
+            return None
+        raise

@@ -7,6 +7,7 @@ import streamlit as st
 from kvscope.dashboard import client, transport_sections, ui
 from kvscope.dashboard.charts import accounting as accounting_charts
 from kvscope.dashboard.charts import health
+from kvscope.dashboard.charts import misses as misses_charts
 from kvscope.dashboard.charts import overview as charts
 from kvscope.dashboard.charts import recomputes as recompute_charts
 from kvscope.dashboard.charts import series as series_charts
@@ -136,6 +137,20 @@ def token_accounting(version: int) -> None:
     st.markdown(accounting_charts.violations_table(found, labels))
 
 
+def miss_reasons(version: int) -> None:
+    """Why prompt tokens missed the tiers, per engine; a host tier's alarm said in words."""
+    labels = client.engine_labels(version)
+    for sentence in misses_charts.alarm_sentences(client.tier_alarms(version, max(window_s, 600))):
+        st.error(sentence, icon=":material/delete_sweep:")
+    found = client.misses(version, window_s)
+    if found is None or not found["engines"]:
+        return
+    st.subheader("Why tokens missed")
+    if sentence := misses_charts.headline(found, labels):
+        st.warning(sentence, icon=":material/search_off:")
+    st.markdown(misses_charts.engines_table(found, labels))
+
+
 @ui.live
 def overview(version: int) -> None:
     summary = client.summary(version, window_s)
@@ -150,6 +165,7 @@ def overview(version: int) -> None:
     tiers(version)
     silent_recomputes(version)
     token_accounting(version)
+    miss_reasons(version)
     transport_sections.transport_warnings(version, window_s)
     over_time(client.series(version, window_s))
     left, right = st.columns(2)

@@ -4,6 +4,7 @@ import streamlit as st
 
 from kvscope.dashboard import client, transport_sections, ui
 from kvscope.dashboard.charts import health, tables, timeline
+from kvscope.dashboard.charts import misses as misses_charts
 from kvscope.dashboard.charts.format import clock
 from kvscope.dashboard.settings import get_settings, jaeger_trace_url
 
@@ -87,6 +88,20 @@ def mixed_clocks(version: int, engine_ids: set) -> None:
         st.warning(warning, icon=":material/schedule:")
 
 
+def why_missed(version: int, request: dict) -> None:
+    """The request's prompt tokens no tier served, by reason."""
+    found = client.request_misses(version, request["id"])
+    if found is None:
+        return
+    st.markdown(
+        f"**Why tokens missed:** {found['missed_tokens']:,} of {found['prompt_tokens']:,} "
+        f"prompt tokens no tier served"
+    )
+    if found["violation"]:
+        st.error(found["violation"], icon=":material/calculate:")
+    st.markdown(misses_charts.request_table(found))
+
+
 def transfers_and_failures(found: dict) -> None:
     left, right = st.columns(2)
     left.markdown("**Transfers**")
@@ -109,4 +124,5 @@ def request_page(version: int) -> None:
     ttft_breakdown(detail)
     transport_sections.request_transport(version, detail["request"])
     gantt(version, detail)
+    why_missed(version, detail["request"])
     transfers_and_failures(detail)
