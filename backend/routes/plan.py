@@ -28,8 +28,8 @@ def plan(
 ):
     """Each engine's recorded lookups and stores replayed at each size under each policy, at a
     pool that never evicts (the ceiling) and, per policy, at the smallest pool within 1% of it
-    (the knee, found to size_step_blocks). Cost: about 2 log2(256) replays per policy beyond
-    the sizes asked, each linear in the window's pool events."""
+    (the knee, found to size_step_blocks). Cost: at most log2(ceiling's pool) + 8 replays per
+    policy beyond the sizes asked, each linear in the window's pool events."""
     factors = _factors(sizes) if sizes else FACTORS
     until_ns = time.time_ns()
     since_ns = until_ns - int(window * 1e9)

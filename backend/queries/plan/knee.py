@@ -51,12 +51,13 @@ def knee(replays: Replays, policy: str, top: Ceiling) -> Outcome:
 
     Halves the ceiling's pool until a size misses the target, then bisects between that size
     and the last that met it until they are one step apart; the size returned meets it and one
-    step below it does not. At most about 2 log2(ceiling / step) replays. It takes a larger
-    pool never to hit less, which holds for LRU without pins (its stack property) and nearly
-    for the others: a size between the grid's points may hit a little more than the answer.
+    step below it does not. At most log2(ceiling) + 8 replays: the bisection's bracket is at
+    most half the ceiling's pool and the step a 256th of it. It takes a larger pool never to
+    hit less, which holds for LRU without pins (its stack property) and nearly for the others:
+    a size between the grid's points may hit a little more than the answer.
     """
     target = top.target_tokens
-    high, low = top.pool_blocks, 0
+    high = top.pool_blocks
     while high > 1 and replays.at(policy, high // 2).hit_tokens >= target:
         high //= 2
     low = high // 2

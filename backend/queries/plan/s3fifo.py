@@ -68,7 +68,7 @@ class S3FIFO:
     def _evict_small(self) -> bool:
         """The oldest unpinned block hit since it came in moves to the main FIFO; the first
         never hit leaves, its key kept in the ghost FIFO."""
-        for key in [key for key in self._small if key not in self._pins]:
+        while (key := self._oldest_unpinned(self._small)) is not None:
             if self._small.pop(key) > 0:
                 self._main[key] = 0
                 continue
@@ -80,14 +80,17 @@ class S3FIFO:
         return False
 
     def _evict_main(self) -> bool:
-        """Two-bit CLOCK: each pass lowers every unpinned count by one, so at most MAX_FREQ
-        passes go by before a block with count 0 leaves."""
-        for _ in range(MAX_FREQ + 1):
-            for key in [key for key in self._main if key not in self._pins]:
-                if self._main[key] == 0:
-                    del self._main[key]
-                    self.evicted += 1
-                    return True
-                self._main[key] -= 1
-                self._main.move_to_end(key)
+        """Two-bit CLOCK: the oldest unpinned block leaves if its count is 0, else goes back
+        in with its count less one (so this ends within MAX_FREQ + 1 turns of the queue)."""
+        while (key := self._oldest_unpinned(self._main)) is not None:
+            if self._main[key] == 0:
+                del self._main[key]
+                self.evicted += 1
+                return True
+            self._main[key] -= 1
+            self._main.move_to_end(key)
         return False
+
+    def _oldest_unpinned(self, queue: OrderedDict[str, int]) -> str | None:
+        """Reads past the pinned blocks only (a few: those leased or being written)."""
+        return next((key for key in queue if key not in self._pins), None)
