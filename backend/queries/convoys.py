@@ -9,8 +9,10 @@ time-led key: bounded by the window's rows.
 import json
 
 from pydantic import BaseModel, Field
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, select, text
 
+from kvscope.backend.db.models import Request
+from kvscope.backend.db.request_numbers import numbers_of
 from kvscope.traces import names
 
 MAX_ITEMS = 50
@@ -31,11 +33,10 @@ _PER_ENGINE = text(
     f"{_FROM} GROUP BY engine ORDER BY COUNT(*) DESC, engine"
 )
 _NEWEST = text(
-    f"SELECT {_ENGINE}, point.request_id, point.request_no, point.time_ns, "
+    f"SELECT {_ENGINE}, point.request_id, point.time_ns, "
     f"span.end_ns - span.start_ns, span.attributes {_FROM} "
     "ORDER BY point.time_ns DESC LIMIT :limit"
 )
-_REQUEST_ROW = text("SELECT id FROM kv_request WHERE request_no = :no ORDER BY id DESC LIMIT 1")
 
 
 class EngineConvoys(BaseModel):
@@ -98,11 +99,13 @@ def load_convoys(
     )
 
 
-def _item(connection, engine, request_id, request_no, time_ns, wait_ns, attributes) -> ConvoyItem:
+def _item(connection, engine, request_id, time_ns, wait_ns, attributes) -> ConvoyItem:
     found = json.loads(attributes) if isinstance(attributes, str) else dict(attributes or {})
     row_id = None
-    if request_no is not None:
-        row_id = connection.execute(_REQUEST_ROW, {"no": request_no}).scalar()
+    if request_id is not None:  # the worker's points may name no engine: its request's row does
+        numbers = numbers_of(request_id, (engine, ""))
+        query = select(Request.id).where(Request.request_no.in_(numbers))
+        row_id = connection.execute(query.order_by(Request.id.desc()).limit(1)).scalar()
     return ConvoyItem(
         id=row_id,
         engine_id=engine,
