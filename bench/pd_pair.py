@@ -42,6 +42,7 @@ class PDPair:
     # True gives it the setting kvscope's servers use (harness/engine.py ENGINE_ENV).
     stock_uniproc: bool = False
     max_model_len: int | None = None  # over serve_command's 1024 (long prompts, mid model)
+    serve_args: list[str] = field(default_factory=list)  # more `vllm serve` flags for both
     servers: list[ServerProcess] = field(default_factory=list)
 
     def start(self, timeout_s: float = 300) -> "PDPair":
@@ -75,6 +76,7 @@ class PDPair:
         cmd = serve_command(self.model, port, config)
         if self.max_model_len is not None:  # the last one given wins
             cmd += ["--max-model-len", str(self.max_model_len)]
+        cmd += self.serve_args
         if self.cores is not None:
             cmd = ["taskset", "-c", str(self.cores[len(self.servers)]), *cmd]
         return ServerProcess(cmd, port, env, self.workdir / f"{role}.log")

@@ -6,7 +6,7 @@ from pydantic import BaseModel
 from sqlmodel import Session, select
 
 from kvscope.backend.db.models import Request, Span, TimelinePoint, Transfer
-from kvscope.backend.queries.timeline import of_request
+from kvscope.backend.queries.timeline import TTFT_S, _llm_attributes, of_request
 from kvscope.traces import names
 
 MAX_SPANS = 200
@@ -20,10 +20,14 @@ class PdSplit(BaseModel):
     allocation, the step that submits the load); handshake: the side channel and NIXL's
     connection to the peer, when this request paid for it; read: the NIXL reads' own window;
     first_decode_step: the last read's end to the end of the step that computed the first
-    token (the scheduler seeing the load done, the request resumed, one forward)."""
+    token (the scheduler seeing the load done, the request resumed, one forward); server: the
+    rest of vLLM's own TTFT (its llm_request span), outside the engine's timeline: input
+    processing, and the request and its first token passed between API server and engine."""
 
     request_id: str | None
-    ttft_ms: float | None = None  # arrival to the first token's step end, from the spans
+    ttft_ms: float | None = None  # vLLM's own TTFT where it reported one, else engine_ttft_ms
+    engine_ttft_ms: float | None = None  # the engine's arrival to the first token's step end
+    server_ms: float | None = None  # ttft_ms less engine_ttft_ms, with vLLM's TTFT only
     queue_ms: float | None = None
     handshake_ms: float = 0.0
     read_ms: float | None = None
@@ -66,7 +70,11 @@ def split(session: Session, request: Request) -> PdSplit:
         return result
     first_token_ns = min(s.end_ns for s in steps)
     result.first_decode_step_ms = (first_token_ns - read_end) / 1e6
-    result.ttft_ms = (first_token_ns - request.start_ns) / 1e6
+    result.engine_ttft_ms = result.ttft_ms = (first_token_ns - request.start_ns) / 1e6
+    vllm_ttft_s = _llm_attributes(session, request).get(TTFT_S)
+    if isinstance(vllm_ttft_s, int | float):
+        result.ttft_ms = vllm_ttft_s * 1e3
+        result.server_ms = result.ttft_ms - result.engine_ttft_ms
     return result
 
 

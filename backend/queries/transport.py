@@ -140,15 +140,18 @@ def summarize(judged: list[TransportRead], truncated: bool) -> TransportSummary:
     lanes: dict[str, int] = {}
     flags = {flag: 0 for flag in _WORDS}
     flagged: dict[str, list[str]] = {flag: [] for flag in _WORDS}
+    flagged_lanes: dict[str, set[str]] = {flag: set() for flag in _WORDS}
     for read in judged:
         for lane in read.ucx_lanes or ["unknown"]:
             lanes[lane] = lanes.get(lane, 0) + 1
         for flag in read.flags:
             flags[flag] += 1
+            flagged_lanes[flag].update(read.ucx_lanes or ["unknown"])
             if read.request_id and len(flagged[flag]) < 5:
                 flagged[flag].append(read.request_id)
     warnings = [
-        f"P2P transport: {count} of {len(judged)} reads {_WORDS[flag]}."
+        f"P2P transport: {count} of {len(judged)} reads {_WORDS[flag]}; UCX lanes: "
+        f"{', '.join(sorted(flagged_lanes[flag]))}."
         for flag, count in flags.items()
         if count
     ]
