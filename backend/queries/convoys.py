@@ -60,6 +60,7 @@ class ConvoyItem(BaseModel):
     wait_ms: float
     loads_ahead: int | None
     shared_blocks: int | None
+    shared_load: bool = Field(description="held back until the leader's load served it")
 
 
 class ConvoysPublic(BaseModel):
@@ -115,4 +116,5 @@ def _item(connection, engine, request_id, time_ns, wait_ns, attributes) -> Convo
         wait_ms=wait_ns / 1e6,
         loads_ahead=found.get(names.CONVOY_LOADS_AHEAD),
         shared_blocks=found.get(names.CONVOY_SHARED_BLOCKS),
+        shared_load=bool(found.get(names.CONVOY_SHARED_LOAD)),
     )

@@ -8,8 +8,9 @@ from kvscope.traces.spans import get_tracer
 
 
 def convoy_recorded(convoy: LoadConvoy) -> None:
-    """A SPAN_REQUEST_EVENT from the load's submission to the start of its copy; the backend
-    takes its start as the request's load_convoy timeline point."""
+    """A SPAN_REQUEST_EVENT from the load's submission to the start of its copy (a shared
+    load's: from the first lookup held back to the one let through); the backend takes its
+    start as the request's load_convoy timeline point."""
     wait_s = max(convoy.copy_started_at - convoy.submitted_at, 0.0)
     start_ns = monotonic_to_epoch_ns(convoy.submitted_at)
     span = get_tracer().start_span(
@@ -23,6 +24,7 @@ def convoy_recorded(convoy: LoadConvoy) -> None:
             names.CONVOY_LOADS_AHEAD: convoy.loads_ahead,
             names.CONVOY_SHARED_BLOCKS: convoy.shared_blocks,
             names.CONVOY_WAIT_MS: wait_s * 1000,
+            names.CONVOY_SHARED_LOAD: convoy.shared_load,
         },
     )
     span.end(end_time=start_ns + round(wait_s * 1e9))

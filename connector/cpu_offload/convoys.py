@@ -9,25 +9,35 @@ of the same host blocks into N sets of device blocks, through the one copy threa
 submission order. The k-th request's copy waits for the k-1 before it (on the mid model a 2k
 prefix is 64 blocks, ~3 ms a copy: the 16th waited ~45 ms), and each request resumes only
 when its own copy ended. No request waits on another's load directly; it waits behind it.
-
 A request that arrives after a load of its prefix ended hits vLLM's prefix cache instead.
+
+shared_loads.py now holds such requests back until the first load ends, so that one load
+serves them all through vLLM's prefix cache: each waits on another request's load, and that
+wait is recorded the same way (LoadConvoy.shared_load). kv_connector_extra_config
+{"share_loads": false} brings back a load a request.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvscope.connector.cpu_offload.metadata import BlockTransfer
 
 
 @dataclass(frozen=True)
 class LoadConvoy:
-    """A load that was submitted while earlier loads of some of its host blocks had not ended."""
+    """A load that was submitted while earlier loads of some of its host blocks had not ended,
+    or (shared_load) a request held back until another request's load of its blocks ended."""
 
     req_id: str
     leader_req_id: str  # the request of the first of those loads
     loads_ahead: int  # how many of them had not ended when this one was submitted
     shared_blocks: int  # this load's host blocks that those loads also read
-    submitted_at: float  # time.monotonic()
-    copy_started_at: float  # when its own copy began: the wait is the time between
+    submitted_at: float  # time.monotonic(): the wait began (shared: the first lookup held)
+    copy_started_at: float = 0.0  # its own copy began (shared: it was asked again and went on)
+    shared_load: bool = False  # the leader's load served it: no copy of its own
+
+    def ended(self, at: float) -> "LoadConvoy":
+        """A shared load's wait, ended now."""
+        return replace(self, copy_started_at=at, shared_load=True)
 
 
 @dataclass

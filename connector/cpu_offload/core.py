@@ -25,6 +25,7 @@ from kvscope.connector.cpu_offload.layout import preferred_layout
 from kvscope.connector.cpu_offload.metadata import OffloadMetadata
 from kvscope.connector.cpu_offload.replicas import ReplicaGroup
 from kvscope.connector.cpu_offload.scheduler import OffloadScheduler
+from kvscope.connector.cpu_offload.shared_loads import SharedLoads
 from kvscope.connector.cpu_offload.stats import IntervalReporter, OffloadStats
 from kvscope.connector.cpu_offload.worker import OffloadWorker
 from kvscope.traces.outcomes import outcome_of_policy
@@ -83,6 +84,7 @@ class CpuOffloadCore(KVConnectorBase_V1, SupportsHMA):
                 self._kv_transfer_config.kv_load_failure_policy
             )
             self.scheduler.health.engine_id = str(self._kv_transfer_config.engine_id)
+            self.shared_loads = SharedLoads.from_extra_config(self.scheduler, extra)
         else:
             faults.rank = world_rank()
             policy = self._kv_transfer_config.kv_load_failure_policy
@@ -101,8 +103,8 @@ class CpuOffloadCore(KVConnectorBase_V1, SupportsHMA):
 
     def get_num_new_matched_tokens(
         self, request: "Request", num_computed_tokens: int
-    ) -> tuple[int, bool]:
-        return self.scheduler.lookup(request, num_computed_tokens)
+    ) -> tuple[int | None, bool]:
+        return self.shared_loads.lookup(request, num_computed_tokens)
 
     def update_state_after_alloc(
         self, request: "Request", blocks: "KVCacheBlocks", num_external_tokens: int

@@ -1,5 +1,6 @@
-"""Load convoys on a real engine: requests sharing a prefix in the host pool each load it, queued
-behind the first; each wait is on its request's timeline and counted per engine by the API."""
+"""Load convoys on a real engine: requests sharing a prefix in the host pool wait for one load of
+it (or, with share_loads off, each load it, queued behind the first); each wait is on its
+request's timeline and counted per engine by the API."""
 
 import time
 
@@ -31,11 +32,9 @@ def convoy_spans(spans) -> list:
     ]
 
 
-def test_loads_of_one_prefix_queue_behind_the_first_and_the_api_counts_them(
-    tiny_model, oracle, spans, backend
-):
-    expected = oracle.tokens(BASELINE)
-    config = offload_config(faults={"load_delay_ms": LOAD_DELAY_MS})
+def burst(tiny_model, spans, **extra) -> tuple[list[list[int]], list, int]:
+    """SHARED together after the first stored their prefix: tokens, spans, blocks loaded."""
+    config = offload_config(faults={"load_delay_ms": LOAD_DELAY_MS}, **extra)
     with in_process_llm(tiny_model, config) as llm:
         greedy_tokens(llm, SHARED[:1])
         offload = scheduler_connector(llm).scheduler
@@ -43,12 +42,42 @@ def test_loads_of_one_prefix_queue_behind_the_first_and_the_api_counts_them(
         step_until_prefix_cache_reset(llm)
         spans()  # only the burst's spans from here
         together = greedy_tokens(llm, SHARED)
-        loaded = offload.stats.loaded_blocks
+        step_until(llm, lambda: not offload.requests)
+        return together, spans(), offload.stats.loaded_blocks
+
+
+def test_one_load_of_a_shared_prefix_serves_every_request_that_waited_for_it(
+    tiny_model, oracle, spans
+):
+    expected = oracle.tokens(BASELINE)
+    together, finished, loaded = burst(tiny_model, spans)
     assert token_mismatches(expected, together) == []
-    finished = spans()
+    convoys = convoy_spans(finished)
+    assert len(convoys) == len(SHARED) - 1, [s.attributes for s in convoys]
+    assert all(s.attributes[names.CONVOY_SHARED_LOAD] for s in convoys)
+    [leader] = {s.attributes[names.CONVOY_LEADER] for s in convoys}
+    [shared_blocks] = {s.attributes[names.CONVOY_SHARED_BLOCKS] for s in convoys}
+    assert loaded == shared_blocks > 0  # the leader's load alone: the others hit vLLM's cache
+    loads = [
+        s
+        for s in finished
+        if s.name == names.SPAN_TRANSFER and s.attributes[names.TRANSFER_DIRECTION] == "load"
+    ]
+    assert [s.attributes[names.REQUEST_ID] for s in loads] == [leader]
+    # Each waited for the leader's copy, which its injected delay kept busy.
+    assert min(s.end_time - s.start_time for s in convoys) >= LOAD_DELAY_MS * 0.9e6
+
+
+def test_loads_of_one_prefix_queue_behind_the_first_and_the_api_counts_them(
+    tiny_model, oracle, spans, backend
+):
+    expected = oracle.tokens(BASELINE)
+    together, finished, loaded = burst(tiny_model, spans, share_loads=False)
+    assert token_mismatches(expected, together) == []
     convoys = convoy_spans(finished)
     # Every request leased and loaded the shared blocks; all but the first queued behind it.
     assert len(convoys) == len(SHARED) - 1, [s.attributes for s in convoys]
+    assert not any(s.attributes[names.CONVOY_SHARED_LOAD] for s in convoys)
     waiting = {s.attributes[names.REQUEST_ID] for s in convoys}
     [leader] = {s.attributes[names.CONVOY_LEADER] for s in convoys}
     assert leader not in waiting and len(waiting) == len(SHARED) - 1
@@ -67,6 +96,7 @@ def test_loads_of_one_prefix_queue_behind_the_first_and_the_api_counts_them(
         assert engine["wait_ms_max"] == pytest.approx(waits_ms[-1], abs=0.01)
         assert {item["leader_request_id"] for item in answer["items"]} == {leader}
         assert {item["request_id"] for item in answer["items"]} == waiting
+        assert not any(item["shared_load"] for item in answer["items"])
         row_id = answer["items"][0]["id"]
         timeline = client.get(f"/api/v1/requests/{row_id}/timeline").json()
     assert names.LOAD_CONVOY_POINT in timeline["first"]

@@ -261,6 +261,11 @@ CONVOY_SHARED_BLOCKS: Final = "kvscope.convoy.shared_blocks"
 CONVOY_WAIT_MS: Final = "kvscope.convoy.wait_ms"
 """On a load_convoy point: milliseconds from the load's submission to the start of its copy."""
 
+CONVOY_SHARED_LOAD: Final = "kvscope.convoy.shared_load"
+"""On a load_convoy point: true when the request was held back until the leader's load ended
+and found the blocks in vLLM's prefix cache (no copy of its own); the wait ran from its first
+lookup held back to the one let through."""
+
 
 # --- Failures ---------------------------------------------------------------------------------
 

@@ -1,0 +1,84 @@
+"""One load of a shared prefix serves every request that asks for it while it is in flight.
+
+Without this, N requests arriving together with one prefix in the host pool each lease and load
+it, queued one behind another on the copy thread (convoys.py). A request whose next block is
+being loaded for another request is told "not yet" (None: vLLM asks again next step). When the
+load ends vLLM caches its blocks in its own prefix cache before it schedules the waiting
+requests (it drains requests holding KV first), so they find the prefix there: one copy for
+all, and they resume in the same step as the request that loaded it. Their wait is a
+load_convoy point whose span lasts it, as a queued copy's is.
+"""
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+from kvscope.connector.cpu_offload.convoy_events import convoy_recorded
+from kvscope.connector.cpu_offload.convoys import LoadConvoy
+
+if TYPE_CHECKING:
+    from vllm.v1.request import Request
+
+    from kvscope.connector.cpu_offload.leases import Lease
+    from kvscope.connector.cpu_offload.scheduler import OffloadScheduler
+
+EXTRA_CONFIG_KEY: Final = "share_loads"
+"""kv_connector_extra_config key: false gives every request a load of its own (the bench's
+convoy arm)."""
+MAX_WAITING: Final = 4096
+"""Requests followed while they wait; one aborted while waiting is never asked again."""
+
+
+class SharedLoads:
+    """Holds a request back while another request's load of its next block is in flight."""
+
+    def __init__(self, scheduler: "OffloadScheduler", enabled: bool = True) -> None:
+        self.scheduler = scheduler
+        # Several KV cache groups (hybrid models) hit per group: left to their own loads.
+        self.enabled = enabled and not scheduler.groups.multi
+        self._waiting: dict[str, _Waiting] = {}
+
+    @classmethod
+    def from_extra_config(
+        cls, scheduler: "OffloadScheduler", extra: dict[str, Any] | None
+    ) -> "SharedLoads":
+        return cls(scheduler, bool((extra or {}).get(EXTRA_CONFIG_KEY, True)))
+
+    def lookup(self, request: "Request", num_computed_tokens: int) -> tuple[int | None, bool]:
+        """The scheduler half's lookup, or (None, False) while another request loads the
+        request's next block."""
+        req_id = str(request.request_id)
+        wanted = self._wanted_keys(request, num_computed_tokens) if self.enabled else []
+        if (leader := self._loading(req_id, wanted[:1])) is not None:
+            if req_id not in self._waiting and len(self._waiting) < MAX_WAITING:
+                shared = len(set(wanted) & set(leader.block_keys))
+                self._waiting[req_id] = _Waiting(leader.req_id, shared, time.monotonic())
+            return None, False
+        if (waited := self._waiting.pop(req_id, None)) is not None:
+            waited_for = LoadConvoy(req_id, waited.leader, 1, waited.shared_blocks, waited.since)
+            convoy_recorded(waited_for.ended(time.monotonic()))
+        return self.scheduler.lookup(request, num_computed_tokens)
+
+    def _wanted_keys(self, request: "Request", num_computed_tokens: int) -> list[bytes]:
+        """Pool keys of the blocks a lookup would ask for (never the last prompt token's)."""
+        block_size = self.scheduler.block_size
+        start = num_computed_tokens // block_size
+        end = (request.num_prompt_tokens - 1) // block_size
+        return self.scheduler.namespace.block_keys(request.block_hashes[start:end])
+
+    def _loading(self, req_id: str, first_key: list[bytes]) -> "Lease | None":
+        """The lease of another request's load in flight that reads first_key's block."""
+        if not first_key:
+            return None
+        for other_id, state in self.scheduler.requests.items():
+            lease = state.lease or state.expired_lease
+            if other_id != req_id and state.loading and lease and first_key[0] in lease.block_keys:
+                return lease
+        return None
+
+
+@dataclass(frozen=True)
+class _Waiting:
+    leader: str
+    shared_blocks: int
+    since: float  # time.monotonic() of the first lookup held back
