@@ -73,7 +73,9 @@ def new_agent(engine_id: str, tp_rank: int) -> tuple[Any, str]:
         backends=["UCX"],
         sync_mode=api.nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT,
     )
-    return api.nixl_agent(name, config), name
+    agent = api.nixl_agent(name, config)
+    ucx_lanes.forward_warnings()  # what UCX said while starting
+    return agent, name
 
 
 def register_layout(agent: Any, layout: KVLayout) -> tuple[Any, dict[bool, Any]]:

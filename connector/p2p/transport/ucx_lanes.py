@@ -113,6 +113,7 @@ def prepare_before_agent() -> None:
                 atexit.register(_remove, path)
             os.environ["UCX_PROTO_INFO"] = "y"
             _log = _UcxLog(path)
+            logger.info("p2p: UCX logs to %s (its protocol tables name each read's lanes)", path)
         except Exception as exc:
             logger.info("p2p: UCX lanes will be unknown: %s", exc)
 
@@ -122,16 +123,28 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
-def read_lanes(agent_name: str, nixl_memory_kind: str) -> ReadLanes:
-    """The lanes UCX selected so far for this agent's reads (call once a read completed)."""
+def forward_warnings() -> bool:
+    """Read what UCX logged since the last call (its warnings go to our log); False if the
+    log cannot be read."""
     if _log is None:
-        return UNKNOWN_LANES
+        return False
     try:
         _log.refresh()
+        return True
+    except Exception as exc:
+        logger.debug("p2p: could not read UCX's log: %s", exc)
+        return False
+
+
+def read_lanes(agent_name: str, nixl_memory_kind: str) -> ReadLanes:
+    """The lanes UCX selected so far for this agent's reads (call once a read completed)."""
+    if _log is None or not forward_warnings():
+        return UNKNOWN_LANES
+    try:
         worker = agent_name[:_WORKER_NAME_CHARS]
         tables = [t for t in _log.parser.tables if t.worker == worker and t.scope != "self"]
     except Exception as exc:
-        logger.debug("p2p: could not read UCX's log: %s", exc)
+        logger.debug("p2p: could not read UCX's tables: %s", exc)
         return UNKNOWN_LANES
     memory = ucx_memory(nixl_memory_kind)
     reads = [t for t in tables if is_read_into(t, memory)]
