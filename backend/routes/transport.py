@@ -10,7 +10,7 @@ from kvscope.backend.deps import SessionDep, SettingsDep, TokenDep
 from kvscope.backend.queries import transport
 from kvscope.backend.queries.pd_split import PdSplit, split
 from kvscope.backend.queries.transport_rates import rates_from
-from kvscope.backend.routes.paging import RowId, SinceNs, UntilNs
+from kvscope.backend.routes.paging import RowId, SinceNs, UntilNs, WindowS
 from kvscope.backend.routes.requests import get_request
 
 router = APIRouter(prefix="/api/v1/transport", tags=["transport"], dependencies=[TokenDep])
@@ -37,7 +37,7 @@ def list_reads(
     settings: SettingsDep,
     since_ns: SinceNs = None,
     until_ns: UntilNs = None,
-    window_s: float = 600.0,
+    window_s: WindowS = 600.0,
     engine_id: str | None = None,
     request_id: str | None = None,
 ):
@@ -54,7 +54,7 @@ def list_reads(
 def read_summary(
     session: SessionDep,
     settings: SettingsDep,
-    window_s: float = 600.0,
+    window_s: WindowS = 600.0,
     engine_id: str | None = None,
 ):
     judged = transport.reads(
