@@ -5,27 +5,26 @@ throughput and TTFT p50/p99 at each burst size, as ratios measured side by side 
         [--bursts 1,4,16] [--repeats 3] [--rounds 2] [--max-tokens 8]
 
 Each round starts one engine per arm, in turn (recompute: no connector; offload: the CPU
-offload connector), and runs every burst size on it, --repeats bursts each, vLLM's prefix cache
-reset before every burst so the offload arm's prefix comes from the host pool (a warm-up request
-stores it first) and the recompute arm computes it. A burst's requests arrive together, so the
-offload arm's N requests lease and load the same host blocks (connector/cpu_offload/convoys.py):
-the convoy vllm#44294 reports. Each prompt's greedy tokens from the host pool must equal its
-tokens from vLLM's own prefix cache (asked on the recompute arm's engine after its bursts).
+offload connector; offload_load_each: the same with share_loads off), and runs every burst size
+on it, --repeats bursts each, vLLM's prefix cache reset before every burst so the offload arms'
+prefix comes from the host pool (a warm-up request stores it first) and the recompute arm
+computes it. A burst's requests arrive together: on the offload arm one load serves them all
+(connector/cpu_offload/shared_loads.py); on the load-each arm every request loads the prefix
+itself, N loads of the same host blocks queued on the copy thread (convoys.py), the convoy
+vllm#44294 reports. Each prompt's greedy tokens from the host pool must equal its tokens from
+vLLM's own prefix cache (asked on the recompute arm's engine after its bursts).
 """
 
 import argparse
-import os
 import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvscope.bench.results import record
+from kvscope.bench.convoy_report import LOAD_EACH, report
 
 ROOM_TOKENS = 256
 """max_model_len above the prefix: the question and the output."""
-TTFT_P50_TARGET_N = 16
-"""The burst size whose TTFT p50 has the 2x goal (at least 2x better than recompute)."""
 
 
 @dataclass
@@ -40,15 +39,6 @@ class BurstTimes:
     @property
     def tokens_per_s(self) -> float:
         return self.output_tokens / sum(self.walls_s)
-
-
-def percentile(values: list[float], share: float) -> float:
-    """Linear interpolation between the closest ranks (numpy's default)."""
-    ordered = sorted(values)
-    rank = share * (len(ordered) - 1)
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
 def reset_prefix_cache(llm, timeout_s: float = 60.0) -> None:
@@ -133,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=8, help="output tokens a request")
     args = parser.parse_args(argv)
 
-    from kvscope.bench.offload_ttft import offload_config
+    from kvscope.harness.configs import offload_config
     from kvscope.harness.engine import use_in_process_engine
     from kvscope.model.build import ensure_model
     from kvscope.model.shapes import SHAPES
@@ -143,23 +133,30 @@ def main(argv: list[str] | None = None) -> int:
     shape = SHAPES[args.shape] if args.model is None else None
     per_token = shape.kv_bytes_per_token if shape else 4096
     pool = max(256 << 20, 4 * args.prefix_tokens * per_token)
-    arms = [("recompute", None), ("offload", offload_config(pool))]
+    arms = [
+        ("recompute", None),
+        ("offload", offload_config(cpu_bytes_to_use=pool)),
+        (LOAD_EACH, offload_config(cpu_bytes_to_use=pool, share_loads=False)),
+    ]
     results = {arm: {n: BurstTimes() for n in args.bursts} for arm, _ in arms}
     reference: dict[str, list[int]] = {}
     for round_index in range(args.rounds):
-        for arm, config in arms if round_index % 2 == 0 else arms[::-1]:
+        shift = round_index % len(arms)  # each arm first in turn: drift lands on all of them
+        for arm, config in arms[shift:] + arms[:shift]:
             measured, local_hits = measure(model, config, args.prefix_tokens, args.bursts, args)
             reference |= local_hits
             for n, times in measured.items():
                 merge(results[arm][n], times)
                 print(
-                    f"round {round_index + 1}: {arm:9s} N={n:2d}: TTFT p50 "
+                    f"round {round_index + 1}: {arm:17s} N={n:2d}: TTFT p50 "
                     f"{statistics.median(times.ttfts_s) * 1000:8.1f} ms, "
                     f"{times.tokens_per_s:7.1f} tokens/s",
                     flush=True,
                 )
-    mismatches = token_mismatches(results["offload"], reference)
-    report(results, args)
+    mismatches = [
+        key for arm in ("offload", LOAD_EACH) for key in token_mismatches(results[arm], reference)
+    ]
+    report(results, args.shape, args.prefix_tokens)
     if mismatches:
         print(f"greedy tokens differ with the connector: {mismatches[:5]}")
         return 1
@@ -184,39 +181,6 @@ def token_mismatches(offload: dict[int, BurstTimes], reference: dict[str, list[i
         for key, tokens in times.tokens.items()
         if reference.get(key) != tokens
     ]
-
-
-def report(results: dict[str, dict[int, BurstTimes]], args) -> None:
-    """The table, and per burst size its ratios (offload over recompute) as figures."""
-    load = os.getloadavg()[0]
-    print(
-        "\n| N | recompute TTFT p50 / p99 (ms) | offload TTFT p50 / p99 (ms) | TTFT p50 ratio "
-        "| TTFT p99 ratio | throughput ratio |"
-    )
-    print("| --- | --- | --- | --- | --- | --- |")
-    for n, recompute in results["recompute"].items():
-        offload = results["offload"][n]
-        p50 = [statistics.median(t.ttfts_s) for t in (recompute, offload)]
-        p99 = [percentile(t.ttfts_s, 0.99) for t in (recompute, offload)]
-        throughput = offload.tokens_per_s / recompute.tokens_per_s
-        print(
-            f"| {n} | {p50[0] * 1000:.1f} / {p99[0] * 1000:.1f} | {p50[1] * 1000:.1f} / "
-            f"{p99[1] * 1000:.1f} | {p50[1] / p50[0]:.3f} | {p99[1] / p99[0]:.3f} "
-            f"| {throughput:.3f} |"
-        )
-        note = (
-            f"{args.shape} model, {args.prefix_tokens}-token prefix, {len(offload.ttfts_s)} "
-            f"requests in {len(offload.walls_s)} bursts an arm; 1-min load at the end {load:.1f}"
-        )
-        p50_target = "<= 0.5" if n == TTFT_P50_TARGET_N else "<= 1.0"
-        p50_note = f"{p50[1] * 1000:.1f} vs {p50[0] * 1000:.1f} ms; {note}"
-        record_ratio(f"ttft_p50_over_recompute_n{n}", p50[1] / p50[0], p50_target, p50_note)
-        record_ratio(f"ttft_p99_over_recompute_n{n}", p99[1] / p99[0], "<= 1.0", note)
-        record_ratio(f"tokens_per_s_over_recompute_n{n}", throughput, ">= 1.0", note)
-
-
-def record_ratio(metric: str, value: float, target: str, note: str) -> None:
-    record("convoy_bursts", metric, value, "ratio", target, note)
 
 
 if __name__ == "__main__":

@@ -55,10 +55,12 @@ STANDING = (
     "copy_bandwidth_*.jsonl",
     "tracing_overhead_*.jsonl",
     "nixl_bandwidth_*.jsonl",
+    "convoy_bursts_*.jsonl",
 )
 """Figures of runs made outside a report run (the 10M-span fills, the scale-out bench's own
 runs, the ingest bench's at 1M spans, the copy bench's after a change to the copy engine, the
-tracing bench's with more rounds, the P2P READ bench's after a change to its design), kept
+tracing bench's with more rounds, the P2P READ bench's after a change to its design, the convoy
+bench's own run), kept
 beside the report: they fill expected rows; of two records of one figure the newer wins (a run
 on its own after the report's run, on newer code, replaces that run's figure)."""
 

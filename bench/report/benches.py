@@ -70,6 +70,14 @@ BENCHES: list[BenchSpec] = [
         quick_timeout_s=400,
         full_timeout_s=1200,
     ),
+    # The mid model at a 2k-token prefix: a tiny model's prefill is too cheap to show a convoy.
+    module_bench(
+        "convoy_bursts",
+        quick_args=["--shape", "mid", "--repeats", "1", "--rounds", "1"],
+        full_args=["--shape", "mid", "--repeats", "3", "--rounds", "2"],
+        quick_timeout_s=600,
+        full_timeout_s=1500,
+    ),
     # Quick: the tiny model's short prompts (the connector's own overheads against the stock
     # pair); full: the mid model at three prompt lengths, every request prefilled for real.
     module_bench(

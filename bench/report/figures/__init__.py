@@ -1,6 +1,7 @@
 """The figures the report expects, in table order: one module of rows per kind of bench."""
 
 from kvscope.bench.report.figures.backend import BACKEND_FIGURES
+from kvscope.bench.report.figures.convoys import CONVOY_FIGURES
 from kvscope.bench.report.figures.engine import ENGINE_FIGURES
 from kvscope.bench.report.figures.figure import Figure, target_bound, target_met
 from kvscope.bench.report.figures.pd import PD_FIGURES
@@ -8,7 +9,13 @@ from kvscope.bench.report.figures.soak import SOAK_FIGURES
 
 __all__ = ["ALIASES", "FIGURES", "Figure", "canonical", "target_bound", "target_met"]
 
-FIGURES: list[Figure] = [*ENGINE_FIGURES, *PD_FIGURES, *BACKEND_FIGURES, *SOAK_FIGURES]
+FIGURES: list[Figure] = [
+    *ENGINE_FIGURES,
+    *CONVOY_FIGURES,
+    *PD_FIGURES,
+    *BACKEND_FIGURES,
+    *SOAK_FIGURES,
+]
 """Every expected figure: bench, metric, unit, target, in the report's table order.
 
 Naming (for benches calling `kvscope.bench.results.record`): `bench` is the bench's module name
