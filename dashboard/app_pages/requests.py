@@ -3,7 +3,7 @@
 import streamlit as st
 
 from kvscope.dashboard import client, transport_sections, ui
-from kvscope.dashboard.charts import health, tables, timeline
+from kvscope.dashboard.charts import convoys, health, tables, timeline
 from kvscope.dashboard.charts import misses as misses_charts
 from kvscope.dashboard.charts.format import clock
 from kvscope.dashboard.settings import get_settings, jaeger_trace_url
@@ -72,6 +72,8 @@ def gantt(version: int, found: dict) -> None:
     mixed_clocks(version, {span.get("engine_id") for span in spans})
     st.markdown("**Spans and KV timeline points** (dashed lines; hover for names)")
     ui.chart(timeline.gantt_chart(bars, points))
+    if waited := convoys.request_caption(spans):
+        st.caption(waited)
     if found["missing_points"]:
         st.caption(f"Points not seen for this request: {', '.join(found['missing_points'])}")
     with st.expander("Timeline points"):
