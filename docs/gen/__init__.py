@@ -1,0 +1,1 @@
+"""Writes docs/reference/*.md from the code: `python scripts/docs_reference.py [--check]`."""
