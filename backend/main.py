@@ -18,7 +18,7 @@ from kvscope.backend.ingest.write import STAGED_TABLES
 from kvscope.backend.kv_events import service as kv_events_service
 from kvscope.backend.kv_events.metrics import KVEventsCollector
 from kvscope.backend.live import Hub
-from kvscope.backend.metrics import AccountingCollector, RecomputeCollector
+from kvscope.backend.metrics import AccountingCollector, RecomputeCollector, StreamCollector
 from kvscope.backend.miss_metrics import MissCollector
 from kvscope.backend.routes import (
     accounting,
@@ -107,6 +107,7 @@ def create_app(settings: Settings | None = None, grpc_host: str | None = None) -
     app.state.engine = engine
     app.state.hub = Hub()
     app.state.ingest = Pipeline(engine, settings, app.state.hub, ws.make_publisher(app))
+    app.state.ingest.metrics.registry.register(StreamCollector(engine, settings))
     app.state.ingest.metrics.registry.register(RecomputeCollector(engine, failures.incidents_in))
     app.state.ingest.metrics.registry.register(AccountingCollector(engine))
     app.state.ingest.metrics.registry.register(

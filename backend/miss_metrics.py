@@ -7,13 +7,13 @@ import time
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from sqlalchemy import Engine
 
+from kvscope.backend.ingest.metrics import PREFIX
 from kvscope.backend.queries.accounting import request_accounts
 from kvscope.backend.queries.misses.explain import explain
 from kvscope.backend.queries.misses.history import read_accesses
 from kvscope.backend.queries.misses.report import HISTORY_S, recomputed_loads
 from kvscope.backend.queries.misses.walk import EngineWalk
 
-PREFIX = "kvscope_backend_"
 SETTLE_S = 30.0
 """A request is counted this long after it ended: its workers' failure reports come in other
 batches, from other processes."""

@@ -2,6 +2,7 @@
 
 import logging
 import time
+from typing import Protocol
 
 from sqlalchemy import Engine
 
@@ -9,27 +10,32 @@ from kvscope.backend.db import liveness, retention
 from kvscope.backend.db.checkpoint import Checkpointer
 from kvscope.backend.ingest.bound import Limits
 from kvscope.backend.ingest.commit import Committer, Stored
+from kvscope.backend.ingest.metrics import IngestMetrics
 from kvscope.backend.ingest.prepare import prepare
 from kvscope.backend.ingest.workers import IngestPool
-from kvscope.backend.live import Hub
-from kvscope.backend.metrics import IngestMetrics, StreamCollector
 from kvscope.backend.settings import Settings
 
 logger = logging.getLogger(__name__)
+
+
+class Listeners(Protocol):
+    """Who would take the batch's live changes (the app's WebSocket hub)."""
+
+    @property
+    def has_clients(self) -> bool: ...
 
 
 class Pipeline:
     """One per app. Batches are decoded by `settings.ingest_workers` worker processes (or in
     the calling thread when that is 0) and written one at a time by this process."""
 
-    def __init__(self, engine: Engine, settings: Settings, hub: Hub, on_batch=None) -> None:
+    def __init__(self, engine: Engine, settings: Settings, hub: Listeners, on_batch=None) -> None:
         self.engine = engine
         self.settings = settings
         self.hub = hub
         self.on_batch = on_batch
         self.spans_stored = 0
         self.metrics = IngestMetrics()
-        self.metrics.registry.register(StreamCollector(engine, settings))
         self.limits = Limits.from_settings(settings)
         self.writer = Committer(
             engine, settings.ws_max_timelines_per_batch, group=settings.group_commit
