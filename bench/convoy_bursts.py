@@ -11,8 +11,8 @@ prefix comes from the host pool (a warm-up request stores it first) and the reco
 computes it. A burst's requests arrive together: on the offload arm one load serves them all
 (connector/cpu_offload/shared_loads.py); on the load-each arm every request loads the prefix
 itself, N loads of the same host blocks queued on the copy thread (convoys.py), the convoy
-vllm#44294 reports. Each prompt's greedy tokens from the host pool must equal its tokens from
-vLLM's own prefix cache (asked on the recompute arm's engine after its bursts).
+vllm#44294 reports. The offload arm's greedy tokens must equal those of the same bursts with
+the prefix in vLLM's own prefix cache (run on the recompute arm's engine after its timed ones).
 """
 
 import argparse
@@ -89,7 +89,7 @@ def measure(
         llm.generate(warm_up, greedy_params(1), use_tqdm=False)  # stores the prefix
         burst = {f"warm-up-{i}": prefix + encode(model, f" Warm-up {i}?") for i in bursts}
         run_burst(llm, burst, args.max_tokens, BurstTimes())  # the batched paths, untimed
-        asked: dict[str, list[int]] = {}
+        asked: list[dict[str, list[int]]] = []
         for n in bursts:
             for repeat in range(args.repeats):
                 reset_prefix_cache(llm)
@@ -98,10 +98,14 @@ def measure(
                     for i in range(n)
                 }
                 run_burst(llm, prompts, args.max_tokens, results[n])
-                asked |= prompts
+                asked.append(prompts)
         if config is None:  # the prefix stays in vLLM's prefix cache from here on
+            # Computed as the offload arms' host pool got it: bf16 KV of one prefix computed
+            # in prompts of other lengths differs in its last bits, enough to flip near-ties.
+            reset_prefix_cache(llm)
             llm.generate(warm_up, greedy_params(1), use_tqdm=False)
-            run_burst(llm, asked, args.max_tokens, local_hits)
+            for prompts in asked:  # burst by burst: CPU kernels are not batch-invariant
+                run_burst(llm, prompts, args.max_tokens, local_hits)
     return results, local_hits.tokens
 
 
@@ -153,12 +157,13 @@ def main(argv: list[str] | None = None) -> int:
                     f"{times.tokens_per_s:7.1f} tokens/s",
                     flush=True,
                 )
-    mismatches = [
-        key for arm in ("offload", LOAD_EACH) for key in token_mismatches(results[arm], reference)
-    ]
     report(results, args.shape, args.prefix_tokens)
-    if mismatches:
-        print(f"greedy tokens differ with the connector: {mismatches[:5]}")
+    for arm in ("offload", LOAD_EACH):
+        if differ := token_mismatches(results[arm], reference):
+            print(f"{arm}: {len(differ)} prompts' tokens differ from a local hit's: {differ[:5]}")
+    # Only the offload arm's requests run in the reference's batches (a burst resumes together);
+    # the load-each arm's resume as their copies end, and CPU kernels are not batch-invariant.
+    if token_mismatches(results["offload"], reference):
         return 1
     return 0
 

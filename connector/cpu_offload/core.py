@@ -84,7 +84,7 @@ class CpuOffloadCore(KVConnectorBase_V1, SupportsHMA):
                 self._kv_transfer_config.kv_load_failure_policy
             )
             self.scheduler.health.engine_id = str(self._kv_transfer_config.engine_id)
-            self.shared_loads = SharedLoads.from_extra_config(self.scheduler, extra)
+            self.shared_loads = SharedLoads.of(self.scheduler, vllm_config)
         else:
             faults.rank = world_rank()
             policy = self._kv_transfer_config.kv_load_failure_policy

@@ -11,12 +11,13 @@ load_convoy point whose span lasts it, as a queued copy's is.
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 from kvscope.connector.cpu_offload.convoy_events import convoy_recorded
 from kvscope.connector.cpu_offload.convoys import LoadConvoy
 
 if TYPE_CHECKING:
+    from vllm.config import VllmConfig
     from vllm.v1.request import Request
 
     from kvscope.connector.cpu_offload.leases import Lease
@@ -39,18 +40,24 @@ class SharedLoads:
         self._waiting: dict[str, _Waiting] = {}
 
     @classmethod
-    def from_extra_config(
-        cls, scheduler: "OffloadScheduler", extra: dict[str, Any] | None
-    ) -> "SharedLoads":
-        return cls(scheduler, bool((extra or {}).get(EXTRA_CONFIG_KEY, True)))
+    def of(cls, scheduler: "OffloadScheduler", vllm_config: "VllmConfig") -> "SharedLoads":
+        """On unless kv_connector_extra_config says share_loads: false, or vLLM's prefix cache
+        is off (the waiting requests would find nothing there, and load after the first)."""
+        extra = vllm_config.kv_transfer_config.kv_connector_extra_config or {}
+        enabled = bool(extra.get(EXTRA_CONFIG_KEY, True))
+        return cls(scheduler, enabled and bool(vllm_config.cache_config.enable_prefix_caching))
 
     def lookup(self, request: "Request", num_computed_tokens: int) -> tuple[int | None, bool]:
         """The scheduler half's lookup, or (None, False) while another request loads the
         request's next block."""
         req_id = str(request.request_id)
-        wanted = self._wanted_keys(request, num_computed_tokens) if self.enabled else []
+        # A request that may not read cached KV (prompt logprobs) would not find it either.
+        shares = self.enabled and not getattr(request, "skip_reading_prefix_cache", False)
+        wanted = self._wanted_keys(request, num_computed_tokens) if shares else []
         if (leader := self._loading(req_id, wanted[:1])) is not None:
-            if req_id not in self._waiting and len(self._waiting) < MAX_WAITING:
+            if req_id not in self._waiting:
+                if len(self._waiting) >= MAX_WAITING:  # the oldest was likely aborted
+                    self._waiting.pop(next(iter(self._waiting)))
                 shared = len(set(wanted) & set(leader.block_keys))
                 self._waiting[req_id] = _Waiting(leader.req_id, shared, time.monotonic())
             return None, False
