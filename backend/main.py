@@ -8,7 +8,7 @@ from fastapi import FastAPI
 
 from kvscope.backend import logs
 from kvscope.backend.db.bulk import add_postgres_stages
-from kvscope.backend.db.engine import make_engine
+from kvscope.backend.db.database import make_engine
 from kvscope.backend.db.migrations import migrate
 from kvscope.backend.guard import BrowserGuard
 from kvscope.backend.ingest.pipeline import Pipeline

@@ -11,7 +11,7 @@ from sqlalchemy import Engine, text
 from sqlmodel import Session, select
 
 from kvscope.backend.db import seqs
-from kvscope.backend.db.engine import is_sqlite
+from kvscope.backend.db.database import is_sqlite
 from kvscope.backend.db.models import Process
 from kvscope.backend.ingest.metrics import PREFIX
 from kvscope.backend.queries import certainty

@@ -10,7 +10,7 @@ from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
-from kvscope.backend.db.engine import normalized_url
+from kvscope.backend.db.database import normalized_url
 from kvscope.backend.db.models import Span
 from kvscope.bench.pd_pair import pid_cpu_seconds
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from fastapi.testclient import TestClient
 from sqlmodel import Session
 
-from kvscope.backend.db.engine import make_engine
+from kvscope.backend.db.database import make_engine
 from kvscope.backend.main import create_app
 from kvscope.backend.metrics import database_bytes as stored_bytes
 from kvscope.backend.settings import Settings

@@ -8,7 +8,7 @@ import time
 from fastapi.testclient import TestClient
 
 from kvscope.backend.db import span_counts
-from kvscope.backend.db.engine import make_engine
+from kvscope.backend.db.database import make_engine
 
 
 def p95_ms(client: TestClient, paths: list[str]) -> tuple[float, float]:

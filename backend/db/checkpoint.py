@@ -13,7 +13,7 @@ import threading
 
 from sqlalchemy import Engine
 
-from kvscope.backend.db.engine import is_sqlite
+from kvscope.backend.db.database import is_sqlite
 
 logger = logging.getLogger(__name__)
 

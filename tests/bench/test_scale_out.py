@@ -5,7 +5,7 @@ import os
 import pytest
 from sqlalchemy import create_engine, text
 
-from kvscope.backend.db.engine import normalized_url
+from kvscope.backend.db.database import normalized_url
 from kvscope.bench import scale_out
 from kvscope.bench.results import RESULTS_ENV, load
 from tests.backend.conftest import POSTGRES_URL, SKIP_POSTGRES

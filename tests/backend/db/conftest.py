@@ -5,7 +5,7 @@ import pytest
 from sqlalchemy import text
 
 from kvscope.backend.db import request_numbers
-from kvscope.backend.db.engine import make_engine
+from kvscope.backend.db.database import make_engine
 from kvscope.backend.db.migrations import migrate
 
 T0 = 1_800_000_000 * 10**9

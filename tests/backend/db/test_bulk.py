@@ -6,7 +6,7 @@ import pytest
 from sqlalchemy import text
 
 from kvscope.backend.db.bulk import SQLITE_ROWS_PER_STATEMENT, BulkCursor
-from kvscope.backend.db.engine import make_engine
+from kvscope.backend.db.database import make_engine
 from kvscope.backend.db.models import TimelinePoint
 from kvscope.backend.ingest.request_rows import POINT_COLUMNS
 from tests.backend.db.conftest import T0

@@ -9,7 +9,7 @@ from sqlalchemy import Engine, text
 
 from kvscope.backend.db import request_locks
 from kvscope.backend.db.bulk import add_postgres_stages
-from kvscope.backend.db.engine import make_engine
+from kvscope.backend.db.database import make_engine
 from kvscope.backend.db.migrations import migrate
 from kvscope.backend.ingest.commit import Committer, Stored
 from kvscope.backend.ingest.prepare import Prepared

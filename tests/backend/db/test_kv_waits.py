@@ -7,7 +7,7 @@ from sqlalchemy import text
 
 from kvscope.backend.db import kv_waits, request_numbers, rollups
 from kvscope.backend.db.bulk import BulkCursor
-from kvscope.backend.db.engine import make_engine
+from kvscope.backend.db.database import make_engine
 from kvscope.backend.db.migrations import VERSION_TABLE, latest_version, migrate
 from kvscope.backend.db.models import TimelinePoint
 from kvscope.backend.ingest.request_rows import POINT_COLUMNS

@@ -11,7 +11,7 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from sqlalchemy import Integer, MetaData, create_engine, text
 from sqlmodel import SQLModel
 
-from kvscope.backend.db.engine import make_engine
+from kvscope.backend.db.database import make_engine
 from kvscope.backend.db.migrations import VERSION_TABLE, _stamp, latest_version, migrate
 from kvscope.backend.settings import Settings
 from kvscope.traces import names

@@ -7,7 +7,7 @@ import pytest
 from sqlalchemy import text
 
 from kvscope.backend.db import liveness, request_numbers, retention, span_counts
-from kvscope.backend.db.engine import make_engine
+from kvscope.backend.db.database import make_engine
 from kvscope.backend.db.migrations import migrate
 from kvscope.backend.queries import accounting, aggregates
 

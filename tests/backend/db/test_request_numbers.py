@@ -8,7 +8,7 @@ from sqlmodel import Session, select
 
 from kvscope.backend.db import request_numbers
 from kvscope.backend.db.bulk import BulkCursor
-from kvscope.backend.db.engine import is_sqlite
+from kvscope.backend.db.database import is_sqlite
 from kvscope.backend.db.migrations import VERSION_TABLE, latest_version, migrate
 from kvscope.backend.db.models import Failure, Lookup, Request, Span, TimelinePoint, Transfer
 from kvscope.backend.queries.timeline import of_request

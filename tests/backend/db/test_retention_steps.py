@@ -9,7 +9,7 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from sqlalchemy import text
 
 from kvscope.backend.db import retention
-from kvscope.backend.db.engine import make_engine
+from kvscope.backend.db.database import make_engine
 from kvscope.backend.db.migrations import migrate
 from kvscope.backend.ingest.pipeline import Pipeline
 from kvscope.backend.live import Hub

@@ -11,7 +11,7 @@ from sqlmodel import Session
 
 from kvscope.backend.db import kv_waits, request_numbers, rollups
 from kvscope.backend.db.bulk import DO_NOTHING, BulkCursor
-from kvscope.backend.db.engine import make_engine
+from kvscope.backend.db.database import make_engine
 from kvscope.backend.db.migrations import VERSION_TABLE, latest_version, migrate
 from kvscope.backend.db.models import Latency, Lookup, Request, TimelinePoint, Transfer
 from kvscope.backend.ingest.write import _REQUEST_UPSERT

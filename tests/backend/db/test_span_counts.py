@@ -9,7 +9,7 @@ from sqlalchemy import inspect, text
 
 from kvscope.backend.db import retention, span_counts
 from kvscope.backend.db.bulk import add_postgres_stages
-from kvscope.backend.db.engine import make_engine
+from kvscope.backend.db.database import make_engine
 from kvscope.backend.db.migrations import VERSION_TABLE, latest_version, migrate
 from kvscope.backend.ingest.pipeline import Pipeline
 from kvscope.backend.ingest.write import STAGED_TABLES

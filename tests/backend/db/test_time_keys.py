@@ -8,7 +8,7 @@ from sqlmodel import SQLModel
 
 from kvscope.backend.db import rollups, time_keys
 from kvscope.backend.db.bulk import add_postgres_stages
-from kvscope.backend.db.engine import make_engine
+from kvscope.backend.db.database import make_engine
 from kvscope.backend.db.migrations import VERSION_TABLE, latest_version, migrate
 from kvscope.backend.ingest.bound import Limits
 from kvscope.backend.ingest.commit import Committer

@@ -7,7 +7,7 @@ import threading
 import pytest
 from sqlalchemy import event, text
 
-from kvscope.backend.db.engine import make_engine
+from kvscope.backend.db.database import make_engine
 from kvscope.backend.db.migrations import migrate
 from kvscope.backend.ingest.bound import Limits
 from kvscope.backend.ingest.commit import Committer
