@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from kvscope.harness.engine import use_in_process_engine
-from tests.oracle import Oracle
+from tests.oracle_cache import Oracle
 
 # Engines in tests run in-process unless a test starts a subprocess on purpose.
 use_in_process_engine()

@@ -20,7 +20,7 @@ from kvscope.verify.connectors import (
     traced_transfer_config,
     with_defaults,
 )
-from kvscope.verify.engine import environ
+from kvscope.verify.driver import environ
 from kvscope.verify.hooklog import hook_calls
 from kvscope.verify.rules import ScenarioResult, Violation
 from kvscope.verify.scenarios import SCENARIOS, Drive, Scenario, write_plan
@@ -107,7 +107,7 @@ starts the no-connector engine once per new prompt set."""
 
 def oracle_tokens(model: Path, chosen: list[Scenario], tp: int, progress: Progress) -> Oracle:
     from kvscope.harness.engine import in_process_llm
-    from kvscope.verify.engine import run
+    from kvscope.verify.driver import run
 
     wanted = {
         (w.prompts[i], w.max_tokens) for s in chosen for w in s.waves for i in range(len(w.prompts))

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvscope.verify import engine
+from kvscope.verify import driver
 
 SETTLE_S = 10.0
 """How long an idle engine may take to let go of finished requests (stores, delayed frees)."""
@@ -34,7 +34,7 @@ class Drive:
     scenario: "Scenario"
     llm: Any
     fault_paths: list[str]
-    batches: list[tuple[Wave, list[str], engine.Batch]] = field(default_factory=list)
+    batches: list[tuple[Wave, list[str], driver.Batch]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     before_wave: Callable[[Wave, list[str]], None] = lambda wave, ids: None
     settled: bool = True  # every settle let go of every request
@@ -44,21 +44,21 @@ class Drive:
     def ids(self, wave: Wave) -> list[str]:
         return [f"{self.scenario.name}.{wave.tag}.{i}" for i in range(len(wave.prompts))]
 
-    def run(self, index: int, **kwargs: Any) -> engine.Batch:
+    def run(self, index: int, **kwargs: Any) -> driver.Batch:
         wave = self.scenario.waves[index]
         ids = self.ids(wave)
         self.before_wave(wave, ids)
-        batch = engine.run(self.llm, ids, wave.prompts, wave.max_tokens, **kwargs)
+        batch = driver.run(self.llm, ids, wave.prompts, wave.max_tokens, **kwargs)
         self.batches.append((wave, ids, batch))
         return batch
 
     def settle(self) -> None:
-        self.settled = engine.settle(self.llm, SETTLE_S) and self.settled
+        self.settled = driver.settle(self.llm, SETTLE_S) and self.settled
 
     def reset(self, reset_connector: bool = False) -> None:
         """Settles, then empties vLLM's prefix cache: only the connector can serve now."""
         self.settle()
-        if not engine.reset_prefix_cache(self.llm, reset_connector):
+        if not driver.reset_prefix_cache(self.llm, reset_connector):
             self.notes.append("vLLM refused to reset its prefix cache (blocks still held)")
 
     @contextlib.contextmanager
@@ -148,7 +148,7 @@ def _failed_load(drive: Drive) -> None:
 def _shutdown_pending(drive: Drive) -> None:
     """Requests mid-flight when the engine shuts down: it must end promptly, without error."""
     wave = drive.scenario.waves[0]
-    engine.add_requests(drive.llm, drive.ids(wave), wave.prompts, wave.max_tokens)
+    driver.add_requests(drive.llm, drive.ids(wave), wave.prompts, wave.max_tokens)
     for _ in range(2):
         drive.llm.llm_engine.step()
     start = time.monotonic()

@@ -13,7 +13,7 @@ from kvscope.harness.engine_state import scheduler_connector
 from kvscope.harness.oracle import greedy_tokens, token_mismatches
 from kvscope.harness.prompts import long_prompt
 from kvscope.traces import names
-from tests.oracle import prompt_set
+from tests.oracle_cache import prompt_set
 from tests.stepping import step_until, step_until_prefix_cache_reset
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(300)]

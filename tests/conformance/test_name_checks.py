@@ -13,7 +13,7 @@ from kvscope.harness.oracle import greedy_tokens, token_mismatches
 from kvscope.harness.prompts import DISTINCT
 from tests.conformance.recording import MODULE, RECORDING
 from tests.conformance.wrappers import build, vllm_config
-from tests.oracle import prompt_set
+from tests.oracle_cache import prompt_set
 
 MULTI_PATH = "kvscope.connector.multi.connector"
 # Children in vLLM's own format (no name: vLLM's MultiConnector parses each as a KVTransferConfig).

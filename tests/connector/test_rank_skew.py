@@ -81,7 +81,7 @@ def set_plan(path, plan: dict) -> None:
 
 
 def vllm_busy(llm) -> dict:
-    """vLLM's own hold (its has_requests, as verify.engine.settle reads it): a request whose
+    """vLLM's own hold (its has_requests, as verify.driver.settle reads it): a request whose
     store ended in the step it finished is freed a step later, when the workers, told to
     flush it, report it in finished_sending."""
     return {"vllm_requests": engine_scheduler(llm).has_requests()}

@@ -23,7 +23,7 @@ from kvscope.harness.engine_state import engine_scheduler, leaked_device_blocks,
 from kvscope.harness.oracle import greedy_tokens, token_mismatches
 from kvscope.harness.prompts import DISTINCT
 from kvscope.verify.connectors import add_fault_paths, parse_connector
-from tests.oracle import prompt_set
+from tests.oracle_cache import prompt_set
 from tests.stepping import step_until_prefix_cache_reset
 
 BASELINE = prompt_set(DISTINCT)

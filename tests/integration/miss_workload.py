@@ -10,7 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from kvscope.harness.engine import in_process_llm  # noqa: E402
 from kvscope.traces.sdk.configure import flush  # noqa: E402
-from kvscope.verify.engine import add_requests, run, settle  # noqa: E402
+from kvscope.verify.driver import add_requests, run, settle  # noqa: E402
 from tests.reliability.engine_ops import offload_scheduler, set_faults  # noqa: E402
 from tests.stepping import step_until, step_until_prefix_cache_reset  # noqa: E402
 

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvscope.harness import configs
 from kvscope.harness.engine import BLOCK_SIZE, engine_env
 from kvscope.harness.prompts import DISTINCT
-from tests.oracle import prompt_set
+from tests.oracle_cache import prompt_set
 from tests.reliability.backend_proc import BackendProcess
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]

@@ -4,7 +4,7 @@ import pytest
 
 from kvscope.bench.pd_pair import p2p_transfer_config
 from kvscope.harness.engine import engine_env, free_port
-from tests.oracle import prompt_set
+from tests.oracle_cache import prompt_set
 from tests.reliability.backend_proc import BackendProcess
 from tests.reliability.cases import CASES
 from tests.reliability.prefill_peer import PrefillPeer

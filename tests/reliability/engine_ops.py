@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from kvscope.harness.engine_state import scheduler_connector
-from kvscope.verify.engine import Batch, run, settle  # noqa: F401 (imported from here too)
+from kvscope.verify.driver import Batch, run, settle  # noqa: F401 (imported from here too)
 
 
 def connector_core(llm: Any, kind: str) -> Any | None:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvscope.harness.oracle import greedy_tokens
-from kvscope.verify.engine import environ  # noqa: F401 (the topology tests take it from here)
+from kvscope.verify.driver import environ  # noqa: F401 (the topology tests take it from here)
 
 MAX_TOKENS = 8
 ONE_TOKEN_PROMPT = "Hi"  # under one block: stores nothing, hits nothing, steps the engine

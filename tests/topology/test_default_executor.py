@@ -4,7 +4,7 @@ model's worker each in a process of their own, as `vllm serve` runs by default."
 import pytest
 
 from kvscope.harness.prompts import DISTINCT
-from tests.oracle import prompt_set
+from tests.oracle_cache import prompt_set
 from tests.topology.checks import assert_pulled, assert_store_then_hit, p2p_stats
 from tests.topology.configs import offload_config, traced_example_config
 from tests.topology.runs import MAX_TOKENS, environ

@@ -5,7 +5,7 @@ import pytest
 
 from kvscope.harness.oracle import token_mismatches
 from kvscope.harness.prompts import DISTINCT
-from tests.oracle import prompt_set
+from tests.oracle_cache import prompt_set
 from tests.topology.checks import assert_pulled, assert_store_then_hit, p2p_stats
 from tests.topology.configs import offload_config, traced_example_config
 from tests.topology.runs import MAX_TOKENS, environ

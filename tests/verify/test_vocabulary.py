@@ -7,7 +7,7 @@ import pytest
 from kvscope.model.build import build_model
 from kvscope.model.shapes import SHAPES
 from kvscope.verify.connectors import parse_connector
-from kvscope.verify.engine import FIRST_TOKEN_ID, in_vocabulary
+from kvscope.verify.driver import FIRST_TOKEN_ID, in_vocabulary
 from kvscope.verify.runner import verify
 from kvscope.verify.scenarios import SCENARIOS
 

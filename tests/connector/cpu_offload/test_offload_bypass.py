@@ -15,7 +15,7 @@ from kvscope.harness.engine_state import scheduler_connector, worker_connector
 from kvscope.harness.oracle import greedy_tokens, token_mismatches
 from kvscope.harness.prompts import DISTINCT
 from kvscope.traces import names
-from tests.oracle import prompt_set
+from tests.oracle_cache import prompt_set
 from tests.reliability.engine_ops import set_faults
 from tests.stepping import step_until
 

@@ -8,7 +8,7 @@ from kvscope.harness.engine_state import leaked_device_blocks, scheduler_connect
 from kvscope.harness.oracle import greedy_params, greedy_tokens, token_mismatches
 from kvscope.harness.prompts import DISTINCT, long_prompt
 from kvscope.traces import names
-from tests.oracle import prompt_set
+from tests.oracle_cache import prompt_set
 from tests.stepping import step_until
 
 pytestmark = pytest.mark.engine

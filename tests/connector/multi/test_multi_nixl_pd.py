@@ -19,7 +19,7 @@ from tests.connector.p2p.pd_client import (
     prefill_only,
     wait_until_no_blocks_held,
 )
-from tests.oracle import prompt_set
+from tests.oracle_cache import prompt_set
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(900)]
 PROMPT = long_prompt(3, sentences=6)

@@ -13,7 +13,7 @@ from kvscope.harness.prompts import long_prompt
 from kvscope.traces import names
 from kvscope.traces.sdk.otlp_json import read_spans_file
 from tests.connector.p2p.pd_client import wait_until_no_blocks_held
-from tests.oracle import prompt_set
+from tests.oracle_cache import prompt_set
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 PROMPT = long_prompt(1, sentences=6)

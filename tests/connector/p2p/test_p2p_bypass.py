@@ -22,7 +22,7 @@ from tests.connector.p2p.pd_client import (
 )
 from tests.connector.p2p.test_p2p_protocol import Request, prefilled
 from tests.connector.prom_scrape import total, wait_for
-from tests.oracle import prompt_set
+from tests.oracle_cache import prompt_set
 
 ENGINE_MARKS = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(500)]
 

@@ -21,7 +21,7 @@ from tests.connector.p2p.pd_client import (
     wait_until_no_blocks_held,
 )
 from tests.connector.prom_scrape import total, wait_for
-from tests.oracle import prompt_set
+from tests.oracle_cache import prompt_set
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 

@@ -67,7 +67,7 @@ class Oracle:
     def _compute(self, tp_size: int, asked: list[PromptSet]) -> None:
         from kvscope.harness.engine import in_process_llm
         from kvscope.harness.oracle import greedy_tokens
-        from kvscope.verify.engine import environ
+        from kvscope.verify.driver import environ
 
         wanted = [s for s in [*asked, *_declared] if s.tp_size == tp_size]
         missing = [s for s in dict.fromkeys(wanted) if s not in self._tokens and not self._load(s)]
