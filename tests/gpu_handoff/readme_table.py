@@ -1,7 +1,7 @@
-"""The README's "Attention backends on CUDA" table, rendered from the hand-off harness's table.
+"""The CUDA notes page's attention backend table, rendered from the hand-off harness's table.
 
 `python -m tests.gpu_handoff.readme_table` prints it; test_readme_backends.py checks that the
-README holds exactly this between its markers.
+page holds exactly this between its markers.
 """
 
 from collections.abc import Callable
@@ -11,7 +11,7 @@ from tests.gpu_handoff.backends import RELEASES, BackendDecl, declarations
 from tests.gpu_handoff.builder import BLOCK_SIZES, KV_DTYPES, handoff_cases
 
 START: Final = "<!-- cuda-backends:start (python -m tests.gpu_handoff.readme_table) -->"
-"""The line before the generated table in README.md."""
+"""The line before the generated table in docs/connectors/cuda.md."""
 END: Final = "<!-- cuda-backends:end -->"
 """The line after it."""
 KIND_NAMES: Final = {
