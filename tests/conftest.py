@@ -1,9 +1,14 @@
 """Shared fixtures: the tiny model, the run's one oracle, one in-memory span exporter per
 session, engine environment."""
 
+import os
 from pathlib import Path
 
-import pytest
+# UCX on the loopback device for every NIXL agent the tests start, in this process and its
+# children: set before any test module imports NIXL (UCX reads it when an agent starts).
+os.environ.setdefault("UCX_NET_DEVICES", "lo")
+
+import pytest  # noqa: E402
 
 from kvscope.harness.engine import use_in_process_engine
 from tests.oracle_cache import Oracle

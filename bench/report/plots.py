@@ -22,6 +22,11 @@ def _pyplot():
     return plt
 
 
+RATIO_AXIS_MAX = 2.5
+"""Where the ratio axis ends: a 10x speed-up's bar runs off it (its label says how far), so the
+ratios near 1 stay readable."""
+
+
 def plot_ratios(rows: list[Row], path: Path) -> Path | None:
     """Horizontal bars, one per recorded ratio, with its target as a black tick."""
     shown = [
@@ -38,8 +43,11 @@ def plot_ratios(rows: list[Row], path: Path) -> Path | None:
         bound = target_bound(row.target)
         if bound is not None:
             axes.plot([bound, bound], [position - 0.4, position + 0.4], color="black", lw=2)
-        axes.text(row.value, position, f" {row.value:.3f}", va="center", fontsize=8)
+        axes.text(
+            min(row.value, RATIO_AXIS_MAX), position, f" {row.value:.3f}", va="center", fontsize=8
+        )
     axes.set_yticks(list(positions), labels, fontsize=8)
+    axes.set_xlim(0, min(RATIO_AXIS_MAX, 1.1 * max(r.value for r in shown)))
     axes.invert_yaxis()
     axes.axvline(1.0, color="#9e9e9e", lw=0.8, ls="--")
     axes.set_xlabel("ratio (green: target met, red: not met; black tick: target)")

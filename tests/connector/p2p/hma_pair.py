@@ -9,7 +9,6 @@ each computed block a value naming its group, index and layer, positive on the p
 and negative on the decode side, so a block says whose KV of which group landed in it.
 """
 
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -27,13 +26,10 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.structured_output import StructuredOutputManager
 
+from kvscope.connector.p2p.connector import P2PConnector
+from kvscope.harness.engine import free_port
 from kvscope.harness.runner_output import runner_output
-
-os.environ.setdefault("UCX_NET_DEVICES", "lo")
-
-from kvscope.connector.p2p.connector import P2PConnector  # noqa: E402
-from kvscope.harness.engine import free_port  # noqa: E402
-from tests.connector.cpu_offload.hma_harness import (  # noqa: E402
+from tests.connector.cpu_offload.hma_harness import (
     BLOCK,
     GROUPS,
     NUM_BLOCKS,

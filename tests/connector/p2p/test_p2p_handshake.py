@@ -6,7 +6,6 @@ peer's descriptors: layers x blocks of them with LB* layouts, millions on a larg
 slow or failing by a hook on the decode agent; the engine thread's hooks must stay fast.
 """
 
-import os
 import time
 
 import pytest
@@ -14,26 +13,25 @@ import torch
 
 pytest.importorskip("vllm")  # the worker half's metadata and spans need vLLM and OpenTelemetry
 pytest.importorskip("opentelemetry")
-os.environ.setdefault("UCX_NET_DEVICES", "lo")
 
-from kvscope.connector.p2p.transport.nixl_agent import load_nixl_api  # noqa: E402
+from kvscope.connector.p2p.transport.nixl_agent import load_nixl_api
 
 try:
     load_nixl_api()
 except ImportError as exc:
     pytest.skip(f"no NIXL beside this torch: {exc}", allow_module_level=True)
 
-from kvscope.connector.p2p.config import P2PConfig  # noqa: E402
-from kvscope.connector.p2p.metadata import (  # noqa: E402
+from kvscope.connector.p2p.config import P2PConfig
+from kvscope.connector.p2p.metadata import (
     BlockPull,
     BlockRelease,
     HeldBlocks,
     P2PMetadata,
 )
-from kvscope.connector.p2p.params import RemotePrefill  # noqa: E402
-from kvscope.connector.p2p.worker import P2PWorker  # noqa: E402
-from kvscope.harness.engine import free_port  # noqa: E402
-from kvscope.harness.nixl_peer import FakeKVShape, make_fake_kv_caches  # noqa: E402
+from kvscope.connector.p2p.params import RemotePrefill
+from kvscope.connector.p2p.worker import P2PWorker
+from kvscope.harness.engine import free_port
+from kvscope.harness.nixl_peer import FakeKVShape, make_fake_kv_caches
 
 SHAPE = FakeKVShape(num_layers=2, num_blocks=8, num_kv_heads=2, block_size=32, head_dim=32)
 SLOW_HANDSHAKE_S = 2.0

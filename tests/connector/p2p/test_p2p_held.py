@@ -1,29 +1,26 @@
 """What a P2P half still holds (held()): something while a lease, lookup, handshake or pull is
 open, nothing after it ends; over real NIXL agents and vLLM's real Schedulers."""
 
-import os
 import threading
 import time
 
 import pytest
 
-os.environ.setdefault("UCX_NET_DEVICES", "lo")
-
-from kvscope.connector.p2p.config import P2PConfig  # noqa: E402
-from kvscope.connector.p2p.metadata import (  # noqa: E402
+from kvscope.connector.p2p.config import P2PConfig
+from kvscope.connector.p2p.metadata import (
     BlockPull,
     HeldBlocks,
     P2PMetadata,
     P2PWorkerMeta,
 )
-from kvscope.connector.p2p.params import RemotePrefill  # noqa: E402
-from kvscope.connector.p2p.scheduler import P2PScheduler  # noqa: E402
-from kvscope.connector.p2p.worker import P2PWorker  # noqa: E402
-from kvscope.harness.engine import free_port  # noqa: E402
-from kvscope.harness.nixl_peer import FakeKVShape, make_fake_kv_caches  # noqa: E402
-from tests.connector.p2p.hma_pair import Side, pump, recved  # noqa: E402
-from tests.connector.p2p.test_p2p_hma import request as hma_request  # noqa: E402
-from tests.connector.p2p.test_p2p_protocol import BLOCK, Request, prefilled  # noqa: E402
+from kvscope.connector.p2p.params import RemotePrefill
+from kvscope.connector.p2p.scheduler import P2PScheduler
+from kvscope.connector.p2p.worker import P2PWorker
+from kvscope.harness.engine import free_port
+from kvscope.harness.nixl_peer import FakeKVShape, make_fake_kv_caches
+from tests.connector.p2p.hma_pair import Side, pump, recved
+from tests.connector.p2p.test_p2p_hma import request as hma_request
+from tests.connector.p2p.test_p2p_protocol import BLOCK, Request, prefilled
 
 SCHEDULER_KINDS = {"held_for_readers", "lookups", "pulling", "pull_timers"}
 

@@ -2,14 +2,11 @@
 with each read's result and the lanes UCX said it used (run under the UCX_* env to test)."""
 
 import json
-import os
 import sys
 
-os.environ.setdefault("UCX_NET_DEVICES", "lo")
-
-from kvscope.connector.p2p.transport.nixl_transport import NixlTransport  # noqa: E402
-from kvscope.connector.p2p.transport.side_channel import fetch_peer_info  # noqa: E402
-from kvscope.harness.nixl_peer import FakeKVShape, PeerProcess, make_fake_kv_caches  # noqa: E402
+from kvscope.connector.p2p.transport.nixl_transport import NixlTransport
+from kvscope.connector.p2p.transport.side_channel import fetch_peer_info
+from kvscope.harness.nixl_peer import FakeKVShape, PeerProcess, make_fake_kv_caches
 
 SHAPE = FakeKVShape(num_layers=4, num_blocks=64)
 

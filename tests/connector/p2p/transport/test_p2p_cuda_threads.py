@@ -2,7 +2,6 @@
 device before they call NIXL, as vLLM's NIXL handshake thread does: UCX turns CUDA IPC off on a
 thread without a CUDA context. Real NIXL agents over host memory; the binder is recorded."""
 
-import os
 import threading
 import time
 from types import SimpleNamespace
@@ -12,15 +11,14 @@ import torch
 
 pytest.importorskip("vllm")  # the puller's spans and metadata
 pytest.importorskip("opentelemetry")
-os.environ.setdefault("UCX_NET_DEVICES", "lo")
 
-from kvscope.connector.p2p.config import P2PConfig  # noqa: E402
-from kvscope.connector.p2p.metadata import BlockPull  # noqa: E402
-from kvscope.connector.p2p.params import RemotePrefill  # noqa: E402
-from kvscope.connector.p2p.puller import BlockPuller  # noqa: E402
-from kvscope.connector.p2p.transport import cuda_threads, nixl_agent, nixl_transport  # noqa: E402
-from kvscope.harness.engine import free_port  # noqa: E402
-from kvscope.harness.nixl_peer import FakeKVShape, make_fake_kv_caches  # noqa: E402
+from kvscope.connector.p2p.config import P2PConfig
+from kvscope.connector.p2p.metadata import BlockPull
+from kvscope.connector.p2p.params import RemotePrefill
+from kvscope.connector.p2p.puller import BlockPuller
+from kvscope.connector.p2p.transport import cuda_threads, nixl_agent, nixl_transport
+from kvscope.harness.engine import free_port
+from kvscope.harness.nixl_peer import FakeKVShape, make_fake_kv_caches
 
 try:
     nixl_agent.load_nixl_api()

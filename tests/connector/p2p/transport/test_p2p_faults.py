@@ -1,16 +1,13 @@
 """An owner that hangs or dies during a read: the reader gets a failed result in time."""
 
-import os
 import time
 
 import pytest
 
-os.environ.setdefault("UCX_NET_DEVICES", "lo")
-
-from kvscope.connector.p2p.transport import nixl_agent  # noqa: E402
-from kvscope.connector.p2p.transport.nixl_transport import NixlTransport  # noqa: E402
-from kvscope.connector.p2p.transport.side_channel import fetch_peer_info  # noqa: E402
-from kvscope.harness.nixl_peer import (  # noqa: E402
+from kvscope.connector.p2p.transport import nixl_agent
+from kvscope.connector.p2p.transport.nixl_transport import NixlTransport
+from kvscope.connector.p2p.transport.side_channel import fetch_peer_info
+from kvscope.harness.nixl_peer import (
     FakeKVShape,
     PeerProcess,
     make_fake_kv_caches,

@@ -1,15 +1,11 @@
 """Blocks move byte-exactly between two NIXL agents (DRAM) in each of vLLM's layouts we serve."""
 
-import os
-
 import pytest
 import torch
 
-os.environ.setdefault("UCX_NET_DEVICES", "lo")
-
-from kvscope.connector.p2p.transport.nixl_transport import NixlTransport  # noqa: E402
-from kvscope.connector.p2p.transport.results import PeerRejectedError  # noqa: E402
-from kvscope.harness.nixl_peer import FakeKVShape, make_fake_kv_caches  # noqa: E402
+from kvscope.connector.p2p.transport.nixl_transport import NixlTransport
+from kvscope.connector.p2p.transport.results import PeerRejectedError
+from kvscope.harness.nixl_peer import FakeKVShape, make_fake_kv_caches
 
 SHAPE = FakeKVShape(num_layers=3, num_blocks=16, num_kv_heads=2, block_size=32, head_dim=16)
 REMOTE_IDS, LOCAL_IDS = [15, 0, 7, 8], [2, 5, 6, 0]

@@ -7,19 +7,16 @@ registered and in use. resume() registers the memory again, and reads after a ne
 bring the owner's bytes.
 """
 
-import os
 import time
 
 import pytest
 import torch
 
-os.environ.setdefault("UCX_NET_DEVICES", "lo")
-
-from kvscope.connector.p2p.transport import nixl_agent  # noqa: E402
-from kvscope.connector.p2p.transport.nixl_transport import LENT_CAUSE, NixlTransport  # noqa: E402
-from kvscope.connector.p2p.transport.results import TransportError  # noqa: E402
-from kvscope.connector.p2p.transport.side_channel import fetch_peer_info  # noqa: E402
-from kvscope.harness.nixl_peer import (  # noqa: E402
+from kvscope.connector.p2p.transport import nixl_agent
+from kvscope.connector.p2p.transport.nixl_transport import LENT_CAUSE, NixlTransport
+from kvscope.connector.p2p.transport.results import TransportError
+from kvscope.connector.p2p.transport.side_channel import fetch_peer_info
+from kvscope.harness.nixl_peer import (
     FakeKVShape,
     PeerProcess,
     make_fake_kv_caches,

@@ -5,14 +5,11 @@ package skip without it.
 """
 
 import importlib.util
-import os
 
 import pytest
 import torch
 
-os.environ.setdefault("UCX_NET_DEVICES", "lo")
-
-from kvscope.connector.p2p.transport import nixl_agent  # noqa: E402
+from kvscope.connector.p2p.transport import nixl_agent
 
 
 def installed(package: str) -> bool:

@@ -1,18 +1,15 @@
 """Two real processes: a KV owner serves blocks, this process reads them with the transport."""
 
-import os
 import time
 
 import psutil
 import pytest
 import torch
 
-os.environ.setdefault("UCX_NET_DEVICES", "lo")
-
-from kvscope.connector.p2p.transport.nixl_transport import NixlTransport, TransportConfig  # noqa: E402
-from kvscope.connector.p2p.transport.results import PeerRejectedError  # noqa: E402
-from kvscope.connector.p2p.transport.side_channel import fetch_peer_info  # noqa: E402
-from kvscope.harness.nixl_peer import (  # noqa: E402
+from kvscope.connector.p2p.transport.nixl_transport import NixlTransport, TransportConfig
+from kvscope.connector.p2p.transport.results import PeerRejectedError
+from kvscope.connector.p2p.transport.side_channel import fetch_peer_info
+from kvscope.harness.nixl_peer import (
     FakeKVShape,
     PeerProcess,
     make_fake_kv_caches,
