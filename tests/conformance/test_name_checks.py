@@ -92,7 +92,7 @@ def test_vllm_asks_its_children_about_the_hybrid_kv_cache_manager_as_for_its_own
 
 
 def test_wrapped_by_name_a_stock_connector_is_not_seen():
-    """What TracedConnector loses (docs/connectors/vllm-versions.md: 'What vLLM checks by connector name')."""
+    """What TracedConnector loses (the vLLM versions page: 'What vLLM checks by connector name')."""
     traced = KVTransferConfig(
         kv_connector="TracedConnector",
         kv_connector_module_path="kvscope.connector.traced",

@@ -28,7 +28,7 @@ ADDED = {
     "0.33.0": {"supports_sleep_mode", "unregister_kv_caches", "restore_kv_caches"},
     "0.34.0": {"kv_cache_access", "supports_lookahead_block_hashes", "may_load_async"},
 }
-"""What each release adds to the one before (0.32 before 0.33): docs/connectors/vllm-versions.md's table."""
+"""What each release adds to the one before (0.32 before 0.33): the vLLM versions page's table."""
 
 MULTI_OWN = ANSWERED_BY_WRAPPER | {"role"}
 """What the Multi answers from its own state: its role is the one its children are built with."""
