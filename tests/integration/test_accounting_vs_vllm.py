@@ -20,20 +20,10 @@ from kvscope.harness.engine import ServerProcess, engine_env, free_port, serve_c
 from kvscope.harness.prompts import long_prompt
 from tests.connector.cpu_offload.test_offload_serve_metrics import OFFLOAD
 from tests.connector.prom_scrape import scrape_server, total, wait_for
-from tests.reliability.backend_proc import BackendProcess
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(500)]
 PROMPT = long_prompt(3, sentences=6)
 STEP = "one more step"
-
-
-@pytest.fixture(scope="module")
-def backend(tmp_path_factory):
-    process = BackendProcess(tmp_path_factory.mktemp("accounting-backend")).start()
-    try:
-        yield process.wait_ready()
-    finally:
-        process.stop()
 
 
 @pytest.fixture(scope="module")

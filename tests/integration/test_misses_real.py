@@ -14,7 +14,6 @@ import pytest
 
 from kvscope.harness import configs
 from kvscope.harness.engine import engine_env
-from tests.reliability.backend_proc import BackendProcess
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 
@@ -22,15 +21,6 @@ WORKLOAD = Path(__file__).parent / "miss_workload.py"
 BLOCK_BYTES = 16384
 """One block of the tiny model in the host pool (tests/integration/test_plan_real.py)."""
 POOL_BLOCKS = 12
-
-
-@pytest.fixture(scope="module")
-def backend(tmp_path_factory):
-    process = BackendProcess(tmp_path_factory.mktemp("misses-backend")).start()
-    try:
-        yield process.wait_ready()
-    finally:
-        process.stop()
 
 
 def _run(tiny_model, backend, tmp_path, mode: str, pool_blocks: int) -> None:

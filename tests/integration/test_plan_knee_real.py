@@ -14,8 +14,8 @@ import time
 import pytest
 
 from kvscope.harness import configs
+from kvscope.harness.backend_process import BackendProcess
 from kvscope.harness.engine import engine_env
-from tests.reliability.backend_proc import BackendProcess
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
 
@@ -60,29 +60,24 @@ with in_process_llm(model, config, otlp_traces_endpoint=endpoint) as llm:
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_model, tmp_path_factory) -> dict:
+def engine(tiny_model, backend) -> dict:
     """The plan of one engine run, once its lookups and TTFTs stopped arriving."""
-    backend = BackendProcess(tmp_path_factory.mktemp("plan-knee")).start()
-    try:
-        backend.wait_ready()
-        config = configs.offload_config(cpu_bytes_to_use=POOL_BLOCKS * BLOCK_BYTES)
-        # vLLM's exporter carries every span, its llm_request ones and ours (kvscope joins it).
-        env = engine_env(
-            OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="http/protobuf",
-            OTEL_BSP_SCHEDULE_DELAY="100",
-            VLLM_ENABLE_V1_MULTIPROCESSING="0",
-            OTEL_SERVICE_NAME="kvscope-plan-knee",
-        )
-        env.pop("KVSCOPE_OTLP_ENDPOINTS", None)
-        prompts = json.dumps(PASSES_OF_PROMPTS)
-        cmd = [sys.executable, "-c", RUNNER, str(tiny_model), json.dumps(config), prompts]
-        result = subprocess.run(
-            [*cmd, backend.traces_url], env=env, capture_output=True, text=True, timeout=300
-        )
-        assert result.returncode == 0, result.stderr[-3000:]
-        return _settled(backend)
-    finally:
-        backend.stop()
+    config = configs.offload_config(cpu_bytes_to_use=POOL_BLOCKS * BLOCK_BYTES)
+    # vLLM's exporter carries every span, its llm_request ones and ours (kvscope joins it).
+    env = engine_env(
+        OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="http/protobuf",
+        OTEL_BSP_SCHEDULE_DELAY="100",
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",
+        OTEL_SERVICE_NAME="kvscope-plan-knee",
+    )
+    env.pop("KVSCOPE_OTLP_ENDPOINTS", None)
+    prompts = json.dumps(PASSES_OF_PROMPTS)
+    cmd = [sys.executable, "-c", RUNNER, str(tiny_model), json.dumps(config), prompts]
+    result = subprocess.run(
+        [*cmd, backend.traces_url], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return _settled(backend)
 
 
 def _settled(backend: BackendProcess, timeout_s: float = 30.0) -> dict:

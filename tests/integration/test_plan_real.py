@@ -14,7 +14,6 @@ import pytest
 from kvscope.harness import configs
 from kvscope.harness.engine import engine_env
 from kvscope.harness.prompts import SENTENCES
-from tests.reliability.backend_proc import BackendProcess
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 
@@ -37,15 +36,6 @@ PASSES = [
     ]
     for number in range(4)
 ]
-
-
-@pytest.fixture(scope="module")
-def backend(tmp_path_factory):
-    process = BackendProcess(tmp_path_factory.mktemp("plan-backend")).start()
-    try:
-        yield process.wait_ready()
-    finally:
-        process.stop()
 
 
 # The passes, vLLM's prefix cache emptied between them, retried until it is: a reset that fails

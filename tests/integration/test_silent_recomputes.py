@@ -15,20 +15,10 @@ from kvscope.harness import configs
 from kvscope.harness.engine import BLOCK_SIZE, engine_env
 from kvscope.harness.prompts import DISTINCT
 from tests.oracle_cache import prompt_set
-from tests.reliability.backend_proc import BackendProcess
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
 
 PROMPTS = prompt_set(DISTINCT, max_tokens=16)
-
-
-@pytest.fixture(scope="module")
-def backend(tmp_path_factory):
-    process = BackendProcess(tmp_path_factory.mktemp("recompute-backend")).start()
-    try:
-        yield process.wait_ready()
-    finally:
-        process.stop()
 
 
 @pytest.fixture(scope="module")

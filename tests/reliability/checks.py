@@ -4,8 +4,8 @@ import re
 import time
 from dataclasses import dataclass, field
 
+from kvscope.harness.backend_process import BackendProcess
 from kvscope.harness.oracle import token_mismatches
-from tests.reliability.backend_proc import BackendProcess
 from tests.reliability.cases import Case
 from tests.reliability.engine_ops import Batch
 

@@ -3,9 +3,9 @@
 import pytest
 
 from kvscope.bench.pd_pair import p2p_transfer_config
+from kvscope.harness.backend_process import BackendProcess
 from kvscope.harness.engine import engine_env, free_port
 from tests.oracle_cache import prompt_set
-from tests.reliability.backend_proc import BackendProcess
 from tests.reliability.cases import CASES
 from tests.reliability.prefill_peer import PrefillPeer
 from tests.reliability.record import EXPORT_TIMEOUT_S, PEER_LEASE_S, Recorder

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from tests.reliability.backend_proc import BackendProcess
+from kvscope.harness.backend_process import BackendProcess
 from tests.reliability.cases import Case
 from tests.reliability.checks import CellRun, wait_for_backend
 from tests.reliability.engine_ops import Batch, settle

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.reliability.backend_proc import BackendProcess
+from kvscope.harness.backend_process import BackendProcess
 from tests.reliability.cases import Case
 from tests.reliability.engine_ops import (
     Batch,
