@@ -46,7 +46,7 @@ else
   step "installing NIXL $NIXL_VERSION ($nixl_backend; no CUDA libraries pulled)"
   "${PIP[@]}" --no-deps "nixl==$NIXL_VERSION" "$nixl_backend==$NIXL_VERSION"
   step "installing kvscope and its dependencies"
-  "${PIP[@]}" -e ".[dev]"
+  "${PIP[@]}" -e ".[dev,docs]"
   echo "$want" >"$STAMP"
 fi
 

@@ -13,6 +13,10 @@ if grep -rn --include='*.py' -E '#[[:space:]]*fmt:[[:space:]]*(skip|off)' --excl
   exit 1
 fi
 
+# The docs site: a broken link or anchor, or a page left out of the nav, fails the build.
+echo "==> docs (mkdocs build --strict)"
+NO_MKDOCS_2_WARNING=1 "$VENV/bin/mkdocs" build --strict --quiet --site-dir build/site
+
 # PostgreSQL for the backend's tests: started when asked (CI asks), skipped with a reason otherwise.
 if [ "${KVSCOPE_TEST_POSTGRES:-0}" = 1 ] && [ -z "${KVSCOPE_TEST_POSTGRES_URL:-}" ] && [ -x scripts/postgres.sh ]; then
   echo "==> starting a throwaway PostgreSQL on 127.0.0.1"
