@@ -64,6 +64,18 @@ def all_metrics() -> dict[str, list[tuple[str, str, str, str]]]:
     }
 
 
+def miss_reasons() -> str:
+    """The `reason` label of kvscope_backend_missed_tokens_total: the backend's vocabulary."""
+    from kvscope.backend.queries.misses.vocabulary import REASONS
+
+    rows = [(code(reason), meaning) for reason, meaning in REASONS.items()]
+    return (
+        "## Miss reasons\n\nThe values of `reason` on `kvscope_backend_missed_tokens_total` (and"
+        " in `/api/v1/stats/misses`), in the order a prompt meets them; a request's reasons add up"
+        " to its prompt tokens less what a tier served.\n\n" + table(("reason", "meaning"), rows)
+    )
+
+
 def render() -> str:
     parts = [
         f"## {title}\n\n"
@@ -81,4 +93,5 @@ def render() -> str:
         " registry of the backend's `create_app`. Counters are shown with the `_total` a scrape"
         " shows; histograms add `_bucket`, `_sum` and `_count`.",
         *parts,
+        miss_reasons(),
     )
