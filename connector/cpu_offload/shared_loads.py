@@ -53,11 +53,11 @@ class SharedLoads:
         req_id = str(request.request_id)
         # A request that may not read cached KV (prompt logprobs) would not find it either.
         shares = self.enabled and not getattr(request, "skip_reading_prefix_cache", False)
-        wanted = self._wanted_keys(request, num_computed_tokens) if shares else []
-        if (leader := self._loading(req_id, wanted[:1])) is not None:
+        if shares and (leader := self._leader(request, num_computed_tokens)) is not None:
             if req_id not in self._waiting:
                 if len(self._waiting) >= MAX_WAITING:  # the oldest was likely aborted
                     self._waiting.pop(next(iter(self._waiting)))
+                wanted = self._keys(request, num_computed_tokens // self.scheduler.block_size)
                 shared = len(set(wanted) & set(leader.block_keys))
                 self._waiting[req_id] = _Waiting(leader.req_id, shared, time.monotonic())
             return None, False
@@ -66,22 +66,27 @@ class SharedLoads:
             convoy_recorded(waited_for.ended(time.monotonic()))
         return self.scheduler.lookup(request, num_computed_tokens)
 
-    def _wanted_keys(self, request: "Request", num_computed_tokens: int) -> list[bytes]:
-        """Pool keys of the blocks a lookup would ask for (never the last prompt token's)."""
-        block_size = self.scheduler.block_size
-        start = num_computed_tokens // block_size
-        end = (request.num_prompt_tokens - 1) // block_size
-        return self.scheduler.namespace.block_keys(request.block_hashes[start:end])
-
-    def _loading(self, req_id: str, first_key: list[bytes]) -> "Lease | None":
-        """The lease of another request's load in flight that reads first_key's block."""
-        if not first_key:
+    def _leader(self, request: "Request", num_computed_tokens: int) -> "Lease | None":
+        """The lease of another request's load in flight that reads the block this request's
+        lookup would ask for first."""
+        req_id = str(request.request_id)
+        leases = [
+            state.lease or state.expired_lease
+            for other_id, state in self.scheduler.requests.items()
+            if state.loading and other_id != req_id and (state.lease or state.expired_lease)
+        ]
+        if not leases:  # the usual case: no load in flight, nothing to hash
             return None
-        for other_id, state in self.scheduler.requests.items():
-            lease = state.lease or state.expired_lease
-            if other_id != req_id and state.loading and lease and first_key[0] in lease.block_keys:
-                return lease
-        return None
+        start = num_computed_tokens // self.scheduler.block_size
+        first = self._keys(request, start, start + 1)
+        return next((lease for lease in leases if first and first[0] in lease.block_keys), None)
+
+    def _keys(self, request: "Request", start: int, end: int | None = None) -> list[bytes]:
+        """Pool keys of the request's blocks [start, end); to the last block a lookup may ask
+        for (never the last prompt token's) when end is None."""
+        last = (request.num_prompt_tokens - 1) // self.scheduler.block_size
+        end = last if end is None else min(end, last)
+        return self.scheduler.namespace.block_keys(request.block_hashes[start:end])
 
 
 @dataclass(frozen=True)
