@@ -32,10 +32,11 @@ def convoy_spans(spans) -> list:
     ]
 
 
-def burst(tiny_model, spans, **extra) -> tuple[list[list[int]], list, int]:
-    """SHARED together after the first stored their prefix: tokens, spans, blocks loaded."""
+def burst(tiny_model, spans, engine=None, **extra) -> tuple[list[list[int]], list, int]:
+    """SHARED together after the first stored their prefix: tokens, spans, blocks loaded.
+    engine: vllm.LLM arguments; extra: the connector's."""
     config = offload_config(faults={"load_delay_ms": LOAD_DELAY_MS}, **extra)
-    with in_process_llm(tiny_model, config) as llm:
+    with in_process_llm(tiny_model, config, **(engine or {})) as llm:
         greedy_tokens(llm, SHARED[:1])
         offload = scheduler_connector(llm).scheduler
         step_until(llm, lambda: not offload.stores.in_flight)
@@ -66,6 +67,18 @@ def test_one_load_of_a_shared_prefix_serves_every_request_that_waited_for_it(
     assert [s.attributes[names.REQUEST_ID] for s in loads] == [leader]
     # Each waited for the leader's copy, which its injected delay kept busy.
     assert min(s.end_time - s.start_time for s in convoys) >= LOAD_DELAY_MS * 0.9e6
+
+
+def test_without_vllms_prefix_cache_every_request_loads_its_own(tiny_model, oracle, spans):
+    """The waiting requests would find nothing there: none is held back."""
+    expected = oracle.tokens(BASELINE)
+    engine = {"enable_prefix_caching": False}
+    together, finished, loaded = burst(tiny_model, spans, engine)
+    assert token_mismatches(expected, together) == []
+    convoys = convoy_spans(finished)
+    assert len(convoys) == len(SHARED) - 1  # queued behind the first, not served by it
+    assert not any(s.attributes[names.CONVOY_SHARED_LOAD] for s in convoys)
+    assert loaded == len(SHARED) * convoys[0].attributes[names.CONVOY_SHARED_BLOCKS]
 
 
 def test_loads_of_one_prefix_queue_behind_the_first_and_the_api_counts_them(
