@@ -7,7 +7,7 @@ blocks with caching delayed until its load ends, so the next request finds nothi
 own prefix cache, asks the connector, and leases the same host blocks: N leases, N load jobs
 of the same host blocks into N sets of device blocks, through the one copy thread in
 submission order. The k-th request's copy waits for the k-1 before it (on the mid model a 2k
-prefix is 64 blocks, ~3 ms a copy: the 16th waited ~45 ms), and each request resumes only
+prefix is 64 blocks, 3-14 ms a copy: the 16th waited 76 ms), and each request resumes only
 when its own copy ended. No request waits on another's load directly; it waits behind it.
 A request that arrives after a load of its prefix ended hits vLLM's prefix cache instead.
 
