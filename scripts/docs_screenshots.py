@@ -43,10 +43,18 @@ def wait_for(url: str, timeout_s: float = 60.0) -> None:
 
 
 def loaded_request(backend: str) -> str:
-    """The key of a finished decode-side request, whose prompt a connector brought."""
+    """The key of a decode-side request whose prompt was read from its prefill peer, for the
+    timeline picture (any finished request where the recording has no P2P read)."""
+    reads = httpx.get(f"{backend}/api/v1/transport/reads", params={"window_s": 3600}).json()
+    reads = reads if isinstance(reads, list) else reads.get("items", [])
+    ids = [r["request_id"] for r in reads if r.get("request_id")]
+    for request_id in ids[len(ids) // 2 :]:
+        found = httpx.get(f"{backend}/api/v1/requests", params={"request_id": request_id}).json()
+        decode = [r for r in found["items"] if "decode" in (r.get("engine_id") or "")]
+        if decode and decode[0]["status"] != "running":
+            return str(decode[0]["id"])
     items = httpx.get(f"{backend}/api/v1/requests", params={"limit": 500}).json()["items"]
-    decode = [r for r in items if "decode" in (r.get("engine_id") or "")] or items
-    finished = [r for r in decode if r["status"] != "running"] or decode
+    finished = [r for r in items if r["status"] != "running"] or items
     return str(finished[len(finished) // 2]["id"])
 
 
@@ -65,9 +73,13 @@ def shoot(dashboard: str, backend: str) -> None:
             page.goto(f"{dashboard}/{path.format(request=request)}")
             page.get_by_text(ready, exact=False).first.wait_for()
             time.sleep(3)  # charts draw after their text
+            if name == "requests":  # the opened request's timeline, below the list
+                page.set_viewport_size({"width": 1400, "height": 1700})
+                time.sleep(2)
             target = IMAGES / f"dashboard-{name}.png"
             page.screenshot(path=str(target))
             print(f"wrote {target.relative_to(REPO)}")
+            page.set_viewport_size({"width": 1400, "height": 1000})
         browser.close()
 
 
