@@ -69,7 +69,7 @@ def constant_key(module, constant: str, type_: str, default: str, note: str = ""
         getattr(module, constant),
         code(type_),
         default,
-        meaning(module_notes(module).get(constant) or note),
+        meaning(note or module_notes(module).get(constant, "")),
     )
 
 
@@ -88,7 +88,11 @@ def offload_keys() -> list[Key]:
         ),
         constant_key(shared_loads, "EXTRA_CONFIG_KEY", "bool", "`True`"),
         constant_key(
-            layout, "EXTRA_LAYOUT", "str", f"`{layout.PREFERRED_LAYOUT}` on CUDA, none on the CPU"
+            layout,
+            "EXTRA_LAYOUT",
+            "str",
+            f"`{layout.PREFERRED_LAYOUT}` on CUDA, none on the CPU",
+            'The KV cache layout the connector asks vLLM for (`"none"`: no preference).',
         ),
         constant_key(
             faults,
@@ -121,7 +125,13 @@ def p2p_keys() -> list[Key]:
                 "handshake_timeout_s": "The side-channel handshake with a peer, at most.",
             },
         ),
-        constant_key(vllm_layout, "EXTRA_LAYOUT", "str", "`BLNHC`"),
+        constant_key(
+            vllm_layout,
+            "EXTRA_LAYOUT",
+            "str",
+            f"`{vllm_layout.PREFERRED_LAYOUT}`",
+            'The KV cache layout the connector asks vLLM for (`"none"`: no preference).',
+        ),
     ]
 
 
