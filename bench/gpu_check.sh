@@ -5,12 +5,12 @@
 # bandwidth 90, summary 20: 480 s in all), and a step that fails or times out never stops the
 # next. Run from anywhere; results go under $OUT.
 #   1. tests: the torch-only modules of tests/connector/cpu_offload, CUDA ones included,
-#   2. bench/gpu_copy_check.py (its JSON rewritten after every check, so a crash keeps the
+#   2. bench/transfer/gpu_copy_check.py (its JSON rewritten after every check, so a crash keeps the
 #      earlier ones): a pinned pool of an odd size registered exactly; byte-exact
 #      store/load over vLLM 0.32's views (LBNHC, LBHNC, BLNHC, kernel blocks); no host sync and
 #      no device memory growth per job; a load queued after a step overlapping the next step;
 #      decode-like kernels beside loads,
-#   3. bench/copy_bandwidth.py: engine store/load over a raw pinned copy_ of the same bytes,
+#   3. bench/transfer/copy_bandwidth.py: engine store/load over a raw pinned copy_ of the same bytes,
 #   4. the summary: one line per check, and $OUT/gpu.md; on CUDA also docs/bench/gpu.md.
 # kvscope need not be installed: the repository is mapped onto the kvscope namespace.
 # pytest is taken from build/gpu_deps when the interpreter has none: prepare that folder here
@@ -110,20 +110,20 @@ fi
 
 echo "== copy engine on the device (gpu_copy_check)"
 LOAD_MIB=$([[ "$DEVICE" == cuda ]] && echo 256 || echo 8)
-timeout 150 "$PYTHON" -m kvscope.bench.gpu_copy_check --device "$DEVICE" --load-mib "$LOAD_MIB" \
+timeout 150 "$PYTHON" -m kvscope.bench.transfer.gpu_copy_check --device "$DEVICE" --load-mib "$LOAD_MIB" \
     --out "$OUT/copy_check.json" > "$OUT/copy_check.txt" 2>&1
 CHECK_RC=$?
 tail -n 4 "$OUT/copy_check.txt"
 
 echo "== copy bandwidth (pinned host <-> device, over a raw copy_)"
 REPEATS=$([[ "$DEVICE" == cuda ]] && echo 15 || echo 5)
-timeout 90 "$PYTHON" -m kvscope.bench.copy_bandwidth --device "$DEVICE" --mib "$MIB" \
+timeout 90 "$PYTHON" -m kvscope.bench.transfer.copy_bandwidth --device "$DEVICE" --mib "$MIB" \
     --repeats "$REPEATS" > "$OUT/bandwidth.txt" 2>&1
 BENCH_RC=$?
 tail -n 5 "$OUT/bandwidth.txt"
 
 echo "== summary"
-timeout 20 "$PYTHON" -m kvscope.bench.gpu_check_summary "$OUT" "$DEVICE" "$TESTS_RC" "$CHECK_RC" \
+timeout 20 "$PYTHON" -m kvscope.bench.transfer.gpu_check_summary "$OUT" "$DEVICE" "$TESTS_RC" "$CHECK_RC" \
     "$BENCH_RC" --doc "$OUT/gpu.md" | tee "$OUT/summary.txt"
 SUMMARY_RC=${PIPESTATUS[0]}
 # On CUDA the page is also the repository's record (from a machine where only $OUT comes

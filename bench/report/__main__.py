@@ -6,6 +6,7 @@ import sys
 import time
 from pathlib import Path
 
+from kvscope.bench.common.results import load
 from kvscope.bench.report.benches import BENCHES, BenchSpec
 from kvscope.bench.report.figures import FIGURES, canonical
 from kvscope.bench.report.machine import REPO, Machine
@@ -14,7 +15,6 @@ from kvscope.bench.report.plots import plot_ratios, plot_runs, plot_ttft_vs_pref
 from kvscope.bench.report.runner import BenchRun, run_bench
 from kvscope.bench.report.saved import RUN_FILE, load_run, save_run
 from kvscope.bench.report.table import build_rows
-from kvscope.bench.results import load
 
 DEFAULT_OUT = REPO / "docs" / "bench"
 

@@ -24,9 +24,28 @@ class BenchSpec:
         return self.quick_timeout_s if quick else self.full_timeout_s
 
 
+SUBJECTS = {
+    "tracing_overhead": "engine",
+    "offload_ttft": "engine",
+    "convoy_bursts": "engine",
+    "copy_bandwidth": "transfer",
+    "nixl_bandwidth": "transfer",
+    "pd_latency": "pd",
+    "ingest": "backend",
+    "scale": "backend",
+    "scale_out": "backend",
+    "telemetry_isolation": "engine",
+}
+"""The subject folder of each module bench (bench/<subject>/<name>.py); the soak is a subject
+of its own (bench/soak/)."""
+
+
 def module_bench(name: str, **sizes) -> BenchSpec:
-    """A bench run as `python -m kvscope.bench.<name>`."""
-    return BenchSpec(name, [sys.executable, "-m", f"kvscope.bench.{name}"], **sizes)
+    """A bench run as `python -m kvscope.bench.<subject>.<name>`."""
+    module = (
+        f"kvscope.bench.{SUBJECTS[name]}.{name}" if name in SUBJECTS else f"kvscope.bench.{name}"
+    )
+    return BenchSpec(name, [sys.executable, "-m", module], **sizes)
 
 
 BENCHES: list[BenchSpec] = [

@@ -8,8 +8,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvscope.bench.common.results import RESULTS_ENV, load
 from kvscope.bench.report.benches import BenchSpec, bench_missing, supported_args
-from kvscope.bench.results import RESULTS_ENV, load
 
 PROGRESS_EVERY_S = 30.0
 LEFTOVER_GRACE_S = 5.0

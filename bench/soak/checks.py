@@ -3,7 +3,7 @@
 import time
 from dataclasses import dataclass, field
 
-from kvscope.bench.pd_pair import metric
+from kvscope.bench.pd.pd_pair import metric
 from kvscope.bench.soak.client import ABORTED, COMPLETED, FAILED, HUNG, Outcome
 from kvscope.bench.soak.system import SERVERS, System
 

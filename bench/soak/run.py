@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvscope.bench.results import record
+from kvscope.bench.common.results import record
 from kvscope.bench.soak.checks import (
     CheckResult,
     every_request_ended,

@@ -1,15 +1,16 @@
 """Load convoys: a request's load queued behind another request's load of the same host blocks.
 
-What happens on a real engine (vLLM 0.32, the CPU platform, measured by bench/convoy_bursts.py):
-N requests that arrive together sharing a prefix held in the host pool are each looked up in
-the same scheduler step, and vLLM holds none back. A request loading asynchronously gets its
-blocks with caching delayed until its load ends, so the next request finds nothing in vLLM's
-own prefix cache, asks the connector, and leases the same host blocks: N leases, N load jobs
-of the same host blocks into N sets of device blocks, through the one copy thread in
-submission order. The k-th request's copy waits for the k-1 before it (on the mid model a 2k
-prefix is 64 blocks, 3-14 ms a copy: the 16th waited 76 ms), and each request resumes only
-when its own copy ended. No request waits on another's load directly; it waits behind it.
-A request that arrives after a load of its prefix ended hits vLLM's prefix cache instead.
+What happens on a real engine (vLLM 0.32, the CPU platform, measured by
+bench/engine/convoy_bursts.py): N requests that arrive together sharing a prefix held in the
+host pool are each looked up in the same scheduler step, and vLLM holds none back. A request
+loading asynchronously gets its blocks with caching delayed until its load ends, so the next
+request finds nothing in vLLM's own prefix cache, asks the connector, and leases the same host
+blocks: N leases, N load jobs of the same host blocks into N sets of device blocks, through the
+one copy thread in submission order. The k-th request's copy waits for the k-1 before it (on the
+mid model a 2k prefix is 64 blocks, 3-14 ms a copy: the 16th waited 76 ms), and each request
+resumes only when its own copy ended. No request waits on another's load directly; it waits
+behind it. A request that arrives after a load of its prefix ended hits vLLM's prefix cache
+instead.
 
 shared_loads.py now holds such requests back until the first load ends, so that one load
 serves them all through vLLM's prefix cache: each waits on another request's load, and that

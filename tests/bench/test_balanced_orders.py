@@ -5,7 +5,7 @@ from itertools import pairwise
 
 import pytest
 
-from kvscope.bench.paired_engines import balanced_orders
+from kvscope.bench.common.paired_engines import balanced_orders
 
 
 @pytest.mark.parametrize("count", [2, 3, 4, 5, 6])

@@ -62,7 +62,10 @@ def entry_point(module_name: str):
 
 def test_the_docs_and_the_report_give_command_lines():
     modules = {module for module, _ in COMMANDS}
-    assert {"kvscope.bench.tracing_overhead", "kvscope.bench.copy_bandwidth"} <= modules
+    assert {
+        "kvscope.bench.engine.tracing_overhead",
+        "kvscope.bench.transfer.copy_bandwidth",
+    } <= modules
     assert len(COMMANDS) >= 20, COMMANDS
 
 

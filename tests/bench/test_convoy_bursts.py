@@ -3,13 +3,13 @@ oracle held, every figure recorded."""
 
 import pytest
 
-from kvscope.bench.results import RESULTS_ENV, load
+from kvscope.bench.common.results import RESULTS_ENV, load
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(300)]
 
 
 def test_convoy_bursts_records_each_burst_size_figures(tmp_path, monkeypatch, tiny_model):
-    from kvscope.bench import convoy_bursts
+    from kvscope.bench.engine import convoy_bursts
 
     results = tmp_path / "results.jsonl"
     monkeypatch.setenv(RESULTS_ENV, str(results))
@@ -35,7 +35,7 @@ def test_convoy_bursts_records_each_burst_size_figures(tmp_path, monkeypatch, ti
 def test_burst_sizes_are_checked():
     import argparse
 
-    from kvscope.bench.convoy_bursts import parse_sizes
+    from kvscope.bench.engine.convoy_bursts import parse_sizes
 
     assert parse_sizes("1,4,16") == [1, 4, 16]
     with pytest.raises(argparse.ArgumentTypeError, match="at least 1"):

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kvscope.bench.gpu_check_summary import CHECKS
+from kvscope.bench.transfer.gpu_check_summary import CHECKS
 
 REPO = Path(__file__).resolve().parents[2]
 SUMMARY_LABELS = [label for label, _ in CHECKS] + ["verdict"]
@@ -69,8 +69,8 @@ def test_the_copy_path_and_its_tests_import_without_vllm_nixl_or_opentelemetry()
         if "test_copy_views" not in p.name
     ]
     imports += [
-        "import kvscope.bench.gpu_copy_check, kvscope.bench.copy_bandwidth",
-        "import kvscope.bench.gpu_check_summary",
+        "import kvscope.bench.transfer.gpu_copy_check, kvscope.bench.transfer.copy_bandwidth",
+        "import kvscope.bench.transfer.gpu_check_summary",
     ]
     run = subprocess.run(
         [sys.executable, "-c", blocker + "\n".join(imports)],
@@ -91,7 +91,7 @@ def test_the_steps_time_limits_fit_one_eight_minute_command():
 def test_a_check_that_kills_the_process_leaves_the_earlier_checks_on_disk(tmp_path):
     out = tmp_path / "copy_check.json"
     crash = (
-        "import os, kvscope.bench.gpu_copy_check as check\n"
+        "import os, kvscope.bench.transfer.gpu_copy_check as check\n"
         "check.check_decode_slowdown = lambda device: os._exit(3)\n"  # as a CUDA error aborts
         f"check.main(['--device', 'cpu', '--load-mib', '8', '--out', {str(out)!r}])\n"
     )

@@ -6,8 +6,8 @@ from vllm.config.kv_transfer import KVTransferConfig
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.distributed.kv_transfer.kv_connector.v1.example_connector import ExampleConnector
 
-from kvscope.bench.hook_times import INNER, HookTimes, compare
-from kvscope.bench.tracing_switch import set_traced
+from kvscope.bench.engine.hook_times import INNER, HookTimes, compare
+from kvscope.bench.engine.tracing_switch import set_traced
 from kvscope.connector.traced import TracedConnector
 
 

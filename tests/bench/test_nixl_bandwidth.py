@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 def test_every_arm_reads_and_each_ratio_is_recorded_with_its_interval(tmp_path):
     results = tmp_path / "results.jsonl"
-    command = [sys.executable, "-m", "kvscope.bench.nixl_bandwidth", "--layers", "2"]
+    command = [sys.executable, "-m", "kvscope.bench.transfer.nixl_bandwidth", "--layers", "2"]
     command += ["--blocks", "16", "--read-blocks", "4", "--rounds", "2", "--trials", "1"]
     command += ["--idle-s", "0.2"]
     env = {**os.environ, "KVSCOPE_BENCH_RESULTS": str(results)}

@@ -2,12 +2,12 @@
 
 import pytest
 
-from kvscope.bench.results import RESULTS_ENV, load
+from kvscope.bench.common.results import RESULTS_ENV, load
 
 
 @pytest.mark.engine
 def test_offload_ttft_records_per_length_figures(tmp_path, monkeypatch, tiny_model):
-    from kvscope.bench import offload_ttft
+    from kvscope.bench.engine import offload_ttft
 
     results = tmp_path / "results.jsonl"
     monkeypatch.setenv(RESULTS_ENV, str(results))
@@ -37,7 +37,7 @@ def test_offload_ttft_records_per_length_figures(tmp_path, monkeypatch, tiny_mod
 def test_prefix_lengths_are_checked():
     import argparse
 
-    from kvscope.bench.offload_ttft import parse_lengths
+    from kvscope.bench.engine.offload_ttft import parse_lengths
 
     assert parse_lengths("1024,2048") == [1024, 2048]
     with pytest.raises(argparse.ArgumentTypeError, match="at least 32 tokens"):

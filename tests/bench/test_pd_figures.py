@@ -4,7 +4,8 @@ import json
 import math
 from pathlib import Path
 
-from kvscope.bench.pd_phases import (
+from kvscope.bench.common.spread import Spread, median_interval, median_ratio_interval
+from kvscope.bench.pd.pd_phases import (
     POINTS,
     TimedRequest,
     gap_names,
@@ -12,7 +13,6 @@ from kvscope.bench.pd_phases import (
     request_gaps,
     server_points,
 )
-from kvscope.bench.spread import Spread, median_interval, median_ratio_interval
 
 
 def test_spread_reports_median_quartiles_and_range_without_nan():
@@ -104,8 +104,8 @@ def test_phases_split_a_request_into_its_gaps(tmp_path, capsys):
 
 
 def test_per_length_figures_are_named_by_shape_and_length(tmp_path, monkeypatch):
-    from kvscope.bench import pd_latency, pd_report
-    from kvscope.bench.results import RESULTS_ENV, length_metric, load
+    from kvscope.bench.common.results import RESULTS_ENV, length_metric, load
+    from kvscope.bench.pd import pd_latency, pd_report
 
     assert [length_metric("r", "mid", n, 3) for n in (1024, 2048, 4096)] == [
         "r_1k",

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from kvscope.bench.profiles import ArmProfiles, compare, from_py_spy
+from kvscope.bench.common.profiles import ArmProfiles, compare, from_py_spy
 
 
 def _busy(seconds: float) -> int:

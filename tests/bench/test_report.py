@@ -18,7 +18,7 @@ from kvscope.bench.report.table import build_rows
 from kvscope.bench.report.unmet import NOTES
 
 RECORDING = textwrap.dedent("""
-    from kvscope.bench.results import record
+    from kvscope.bench.common.results import record
     print("measuring...")
     record("copy_bandwidth", "store_over_raw_contiguous", 0.95, "ratio", ">= 0.9", "fast")
     record("copy_bandwidth", "load_over_raw_contiguous", 0.5, "ratio", ">= 0.9", "slow")

@@ -8,8 +8,8 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from kvscope.backend.db.database import normalized_url
-from kvscope.bench import scale
-from kvscope.bench.scale import end_rates
+from kvscope.bench.backend import scale
+from kvscope.bench.backend.scale import end_rates
 from tests.backend.conftest import POSTGRES_URL, SKIP_POSTGRES
 
 

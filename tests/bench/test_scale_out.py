@@ -6,8 +6,8 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from kvscope.backend.db.database import normalized_url
-from kvscope.bench import scale_out
-from kvscope.bench.results import RESULTS_ENV, load
+from kvscope.bench.backend import scale_out
+from kvscope.bench.common.results import RESULTS_ENV, load
 from tests.backend.conftest import POSTGRES_URL, SKIP_POSTGRES
 
 pytestmark = [pytest.mark.skipif(not POSTGRES_URL, reason=SKIP_POSTGRES), pytest.mark.timeout(300)]

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from kvscope.bench import tracing_overhead
+from kvscope.bench.engine import tracing_overhead
 from kvscope.bench.report.figures.engine import ENGINE_FIGURES
 
 STANDING = Path(__file__).parents[2] / "docs" / "bench" / "tracing_overhead_mid_model.jsonl"

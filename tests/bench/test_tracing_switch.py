@@ -2,7 +2,7 @@
 
 import pytest
 
-from kvscope.bench.tracing_switch import set_traced, traced_connectors
+from kvscope.bench.engine.tracing_switch import set_traced, traced_connectors
 from kvscope.demo.quickstart import traced_example_config
 from kvscope.harness.engine import in_process_llm
 from kvscope.harness.oracle import greedy_tokens

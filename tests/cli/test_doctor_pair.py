@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from kvscope.bench.pd_pair import PDPair
+from kvscope.bench.pd.pd_pair import PDPair
 from kvscope.cli.doctor_pair import check_pair
 from kvscope.harness.engine import ServerProcess, engine_env, free_port, serve_command
 

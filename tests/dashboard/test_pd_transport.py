@@ -6,7 +6,7 @@ import time
 import httpx
 import pytest
 
-from kvscope.bench.pd_pair import PDPair
+from kvscope.bench.pd.pd_pair import PDPair
 from kvscope.harness.prompts import long_prompt
 from tests.connector.p2p.pd_client import completion_body, prefill_only, streamed_chunks
 

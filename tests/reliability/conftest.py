@@ -2,7 +2,7 @@
 
 import pytest
 
-from kvscope.bench.pd_pair import p2p_transfer_config
+from kvscope.bench.pd.pd_pair import p2p_transfer_config
 from kvscope.harness.backend_process import BackendProcess
 from kvscope.harness.engine import engine_env, free_port
 from tests.oracle_cache import prompt_set

@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from kvscope.bench.otlp_sink import GrpcSink, closed_endpoint
+from kvscope.bench.backend.otlp_sink import GrpcSink, closed_endpoint
 from kvscope.traces.sdk.exporters import (
     DEFAULT_TIMEOUT_S,
     OtlpGrpcExporter,

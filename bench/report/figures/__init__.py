@@ -18,13 +18,13 @@ FIGURES: list[Figure] = [
 ]
 """Every expected figure: bench, metric, unit, target, in the report's table order.
 
-Naming (for benches calling `kvscope.bench.results.record`): `bench` is the bench's module name
-under `kvscope.bench` (`copy_bandwidth`, `soak`); `metric` is snake_case; a ratio is named
-`<what>_over_<baseline>` and has unit "ratio"; an absolute figure ends with its unit
-(`timeline_p95_ms`, `idle_cpu_owner_pct`). The target here wins over the one a bench records;
-a figure a bench records that is not listed here still appears in the report, under "Other
-recorded figures". To match a bench's own names, either rename the row or add the bench's name
-to ALIASES; nothing else in the report needs to change."""
+Naming (for benches calling `kvscope.bench.common.results.record`): `bench` is the bench's
+module name under its subject folder of `kvscope.bench` (`copy_bandwidth`, `soak`); `metric` is
+snake_case; a ratio is named `<what>_over_<baseline>` and has unit "ratio"; an absolute figure
+ends with its unit (`timeline_p95_ms`, `idle_cpu_owner_pct`). The target here wins over the one
+a bench records; a figure a bench records that is not listed here still appears in the report,
+under "Other recorded figures". To match a bench's own names, either rename the row or add the
+bench's name to ALIASES; nothing else in the report needs to change."""
 
 ALIASES: dict[tuple[str, str], str] = {}
 """(bench, metric as the bench records it) -> the metric name in FIGURES."""

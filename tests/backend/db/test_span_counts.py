@@ -15,7 +15,7 @@ from kvscope.backend.ingest.pipeline import Pipeline
 from kvscope.backend.ingest.write import STAGED_TABLES
 from kvscope.backend.live import Hub
 from kvscope.backend.settings import Settings
-from kvscope.bench.scale_spans import Batches
+from kvscope.bench.backend.scale_spans import Batches
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -18,7 +18,7 @@ import httpx
 import pytest
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
-from kvscope.bench.ingest_clients import MS, make_tracer, request_spans
+from kvscope.bench.backend.ingest_clients import MS, make_tracer, request_spans
 from kvscope.harness.engine import free_port
 
 pytestmark = pytest.mark.timeout(300)

@@ -12,7 +12,7 @@ from kvscope.backend.db.migrations import migrate
 from kvscope.backend.ingest.bound import Limits
 from kvscope.backend.ingest.commit import Committer
 from kvscope.backend.ingest.prepare import prepare
-from kvscope.bench.scale_spans import Batches
+from kvscope.bench.backend.scale_spans import Batches
 
 pytestmark = pytest.mark.timeout(120)
 

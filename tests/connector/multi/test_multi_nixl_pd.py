@@ -7,7 +7,7 @@ import time
 import httpx
 import pytest
 
-from kvscope.bench.pd_pair import metric
+from kvscope.bench.pd.pd_pair import metric
 from kvscope.harness.configs import multi_config, offload_child
 from kvscope.harness.engine import ServerProcess, engine_env, free_port, serve_command
 from kvscope.harness.prompts import long_prompt

@@ -6,7 +6,7 @@ import time
 import httpx
 import pytest
 
-from kvscope.bench.pd_pair import ProxyThread
+from kvscope.bench.pd.pd_pair import ProxyThread
 from kvscope.harness.configs import demo_config
 from kvscope.harness.engine import ServerProcess, engine_env, free_port, serve_command
 from kvscope.harness.prompts import long_prompt

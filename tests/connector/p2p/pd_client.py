@@ -6,7 +6,7 @@ from pathlib import Path
 
 import httpx
 
-from kvscope.bench.pd_pair import metric
+from kvscope.bench.pd.pd_pair import metric
 
 
 def completion_body(model: Path, prompt: str, max_tokens: int, **extra) -> dict:

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from kvscope.bench.pd_pair import PDPair, free_port, metric
+from kvscope.bench.pd.pd_pair import PDPair, free_port, metric
 from kvscope.connector.common.tier_health import TierHealthConfig, TierState
 from kvscope.connector.p2p.config import P2PConfig
 from kvscope.connector.p2p.metadata import P2PWorkerMeta

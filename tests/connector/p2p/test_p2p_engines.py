@@ -8,7 +8,7 @@ import time
 import httpx
 import pytest
 
-from kvscope.bench.pd_pair import PDPair, ProxyThread, free_port, metric, p2p_transfer_config
+from kvscope.bench.pd.pd_pair import PDPair, ProxyThread, free_port, metric, p2p_transfer_config
 from kvscope.harness.engine import ServerProcess, engine_env, serve_command
 from kvscope.harness.prompts import long_prompt
 from kvscope.traces import names

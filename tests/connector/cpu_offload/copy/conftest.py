@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from kvscope.bench.kv_views import LAYOUT_ORDERS, KVShape, vllm_kv_layers
+from kvscope.bench.transfer.kv_views import LAYOUT_ORDERS, KVShape, vllm_kv_layers
 from kvscope.connector.cpu_offload.copy.host_buffer import BlockLayout, HostBuffer
 
 

@@ -8,7 +8,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from kvscope.bench.kv_views import KVShape, vllm_kv_layers
+from kvscope.bench.transfer.kv_views import KVShape, vllm_kv_layers
 from kvscope.connector.cpu_offload.copy.cpu import CpuCopyEngine
 from kvscope.connector.cpu_offload.copy.cpu_rows import RowTables, load_rows, store_rows
 from kvscope.connector.cpu_offload.copy.cuda import CudaCopyEngine

@@ -1,9 +1,9 @@
-"""bench/kv_views.py (torch only) builds exactly the views vLLM's create_kv_cache_views builds."""
+"""bench/transfer/kv_views.py (torch only) builds the views vLLM's create_kv_cache_views builds."""
 
 import pytest
 import torch
 
-from kvscope.bench.kv_views import LAYOUT_ORDERS, KVShape, kv_views
+from kvscope.bench.transfer.kv_views import LAYOUT_ORDERS, KVShape, kv_views
 
 interface = pytest.importorskip("vllm.v1.kv_cache_interface")
 kv_cache_layout = pytest.importorskip("vllm.v1.kv_cache_layout")

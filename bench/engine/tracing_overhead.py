@@ -1,11 +1,11 @@
 """Tracing overhead: tokens/s with TracedConnector (aggregated and per-layer) over the same
 connector untraced, measured side by side in one run, plus the median cost of one span.
 
-    python -m kvscope.bench.tracing_overhead [--rounds 120] [--max-tokens 256] [--profile DIR]
-        [--hook-times DIR]
+    python -m kvscope.bench.engine.tracing_overhead [--rounds 120] [--max-tokens 256]
+        [--profile DIR] [--hook-times DIR]
 
 One engine per layer mode runs TracedConnector around ExampleConnector and switches it off and
-on between batches (bench/tracing_switch.py): untraced, vLLM calls ExampleConnector itself.
+on between batches (bench/engine/tracing_switch.py): untraced, vLLM calls ExampleConnector itself.
 Each round runs one batch in each of three arms, in balanced orders: traced, untraced, and
 untraced again as a control, whose ratio to the first shows the run's noise. Comparing within
 one process leaves out what differs between processes (identical engines in separate
@@ -21,10 +21,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from kvscope.bench.otlp_sink import HttpSink
-from kvscope.bench.paired_engines import TRACED, EngineSpec, PairedEngines
-from kvscope.bench.results import record
-from kvscope.bench.spread import median_interval
+from kvscope.bench.backend.otlp_sink import HttpSink
+from kvscope.bench.common.paired_engines import TRACED, EngineSpec, PairedEngines
+from kvscope.bench.common.results import record
+from kvscope.bench.common.spread import median_interval
 from kvscope.demo.quickstart import traced_example_config
 
 MODES = ("aggregated", "per_layer")
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         "--hook-times",
         type=Path,
         default=None,
-        help="time every hook call of each arm (bench/hook_times.py) into this folder",
+        help="time every hook call of each arm (bench/engine/hook_times.py) into this folder",
     )
     args = parser.parse_args(argv)
 
@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_profiles(directory: Path) -> None:
     """Per mode: where the traced arm's extra time went, and the control arm's (the noise)."""
-    from kvscope.bench.profiles import compare
+    from kvscope.bench.common.profiles import compare
 
     for mode in MODES:
         for arm in (TRACED, "control"):
@@ -278,7 +278,7 @@ def print_hook_times(directory: Path) -> None:
     """Per mode: each hook's calls and time a batch, the traced arm against the untraced."""
     import json
 
-    from kvscope.bench.hook_times import compare
+    from kvscope.bench.engine.hook_times import compare
 
     for mode in MODES:
         path = directory / f"{mode}.json"

@@ -12,7 +12,7 @@ from sqlalchemy.exc import DBAPIError
 
 from kvscope.backend.db.database import normalized_url
 from kvscope.backend.db.models import Span
-from kvscope.bench.pd_pair import pid_cpu_seconds
+from kvscope.bench.pd.pd_pair import pid_cpu_seconds
 
 DURABILITY = ("fsync", "synchronous_commit")
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "postgres.sh"

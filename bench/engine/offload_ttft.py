@@ -2,7 +2,7 @@
 recomputing it with no connector, measured side by side in one run, at one or more prefix
 lengths.
 
-    python -m kvscope.bench.offload_ttft [--shape mid] [--prefix-tokens 1024,2048,4096]
+    python -m kvscope.bench.engine.offload_ttft [--shape mid] [--prefix-tokens 1024,2048,4096]
         [--repeats 5] [--rounds 2]
 
 Each round starts one engine per arm (recompute, offload) and times every length on it: a
@@ -16,7 +16,7 @@ import statistics
 import time
 from pathlib import Path
 
-from kvscope.bench.results import length_metric, record
+from kvscope.bench.common.results import length_metric, record
 from kvscope.harness import configs
 
 TARGET = "<= 0.1"

@@ -31,11 +31,11 @@ from pathlib import Path
 
 import httpx
 
-from kvscope.bench.offload_ttft import parse_lengths
-from kvscope.bench.pd_pair import PDPair, ProxyThread, pid_cpu_seconds
-from kvscope.bench.pd_phases import TimedRequest, report_phases
-from kvscope.bench.pd_report import PairFigures, report
-from kvscope.bench.results import HEADLINE_TOKENS
+from kvscope.bench.common.results import HEADLINE_TOKENS
+from kvscope.bench.engine.offload_ttft import parse_lengths
+from kvscope.bench.pd.pd_pair import PDPair, ProxyThread, pid_cpu_seconds
+from kvscope.bench.pd.pd_phases import TimedRequest, report_phases
+from kvscope.bench.pd.pd_report import PairFigures, report
 from kvscope.harness.prompts import long_prompt
 
 ROOM_TOKENS = 512

@@ -7,8 +7,8 @@ from typing import Final
 
 import torch
 
-from kvscope.bench.kv_views import KVShape, vllm_kv_layers
-from kvscope.bench.results import record
+from kvscope.bench.common.results import record
+from kvscope.bench.transfer.kv_views import KVShape, vllm_kv_layers
 from kvscope.connector.cpu_offload.copy.engine import CopyEngine
 from kvscope.connector.cpu_offload.copy.factory import make_copy_engine
 from kvscope.connector.cpu_offload.copy.host_buffer import BlockLayout, HostBuffer

@@ -7,7 +7,13 @@ import time
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as pb
 
-from kvscope.bench.ingest_clients import BATCH, MS, make_tracer, request_spans, vllm_request_id
+from kvscope.bench.backend.ingest_clients import (
+    BATCH,
+    MS,
+    make_tracer,
+    request_spans,
+    vllm_request_id,
+)
 from kvscope.traces import names
 
 REQUEST_EVERY_NS = 25 * MS

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 os.environ.setdefault("UCX_NET_DEVICES", "lo")
 
 
-from kvscope.bench.paired_engines import balanced_orders  # noqa: E402
-from kvscope.bench.results import record  # noqa: E402
-from kvscope.bench.spread import median_ratio_interval  # noqa: E402
+from kvscope.bench.common.paired_engines import balanced_orders  # noqa: E402
+from kvscope.bench.common.results import record  # noqa: E402
+from kvscope.bench.common.spread import median_ratio_interval  # noqa: E402
 from kvscope.connector.p2p.transport.layout import KVLayout, check_compatible  # noqa: E402
 from kvscope.connector.p2p.transport.nixl_agent import load_nixl_api  # noqa: E402
 from kvscope.connector.p2p.transport.nixl_transport import NixlTransport  # noqa: E402

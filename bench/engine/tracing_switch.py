@@ -1,7 +1,7 @@
 """Turns a running in-process engine's TracedConnector off and on: while off, vLLM calls the
 wrapped connector's own methods, as if it had loaded that connector directly.
 
-bench/tracing_overhead.py times the same engine both ways, batch after batch, so the untraced
+bench/engine/tracing_overhead.py times the same engine both ways, batch after batch, so the untraced
 figure comes from the same process, memory and connector state as the traced one.
 """
 

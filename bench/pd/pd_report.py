@@ -3,9 +3,9 @@
 import statistics
 from dataclasses import dataclass, field
 
-from kvscope.bench.pd_phases import TimedRequest
-from kvscope.bench.results import length_metric, record
-from kvscope.bench.spread import Spread, median_ratio_interval
+from kvscope.bench.common.results import length_metric, record
+from kvscope.bench.common.spread import Spread, median_ratio_interval
+from kvscope.bench.pd.pd_phases import TimedRequest
 
 
 @dataclass

@@ -2,15 +2,13 @@
 summary and series p95 at N, and database bytes per span (SQLite, then PostgreSQL with
 --postgres or --with-postgres).
 
-python -m kvscope.bench.scale [--spans 10000000] [--postgres SERVER_URL]: replays OTLP protobuf
-bodies (520 spans each, the shapes the connectors emit, every batch its own traces and requests)
-into the backend's app in this process (decode, derive, write; HTTP routing through
-Starlette's test client, no sockets), retention off. The rate over the first tenth of the
-fill (an empty database growing; at least CHUNK spans) and over the last tenth (0.9 N to N
-stored) are measured in the same run; their ratio is the verdict (one stretch at each end
-varied by 15% from stretch to stretch here). Then the reads the dashboard makes are timed with
-N spans stored.
-"""
+python -m kvscope.bench.backend.scale [--spans 10000000] [--postgres SERVER_URL]: replays OTLP
+protobuf bodies (520 spans each, the shapes the connectors emit, every batch its own traces and
+requests) into the backend's app in this process (decode, derive, write; HTTP routing through
+Starlette's test client, no sockets), retention off. The rate over the first tenth of the fill
+(an empty database growing; at least CHUNK spans) and over the last tenth (0.9 N to N stored)
+are measured in the same run; their ratio is the verdict (one stretch at each end varied by 15%
+from stretch to stretch here). Then the reads the dashboard makes are timed with N spans stored."""
 
 import argparse
 import math
@@ -29,17 +27,17 @@ from kvscope.backend.db.database import make_engine
 from kvscope.backend.main import create_app
 from kvscope.backend.metrics import database_bytes as stored_bytes
 from kvscope.backend.settings import Settings
-from kvscope.bench.postgres import (
+from kvscope.bench.backend.postgres import (
     cpu_seconds,
     durability,
     fresh_database,
     postmaster,
     started_server,
 )
-from kvscope.bench.profiles import PySpy, compare
-from kvscope.bench.results import record
-from kvscope.bench.scale_reads import count_ways, reads
-from kvscope.bench.scale_spans import Batches
+from kvscope.bench.backend.scale_reads import count_ways, reads
+from kvscope.bench.backend.scale_spans import Batches
+from kvscope.bench.common.profiles import PySpy, compare
+from kvscope.bench.common.results import record
 
 BENCH = "scale"
 CHUNK = 100_000
@@ -84,7 +82,7 @@ def fill(
     The CPU rate counts this process's CPU (the backend's app, its test client and the
     bodies' rewriting): unlike the wall rate it holds when neighbours load the machine.
     With `profile` (a folder, a name), py-spy records this process over the fill's first and
-    last tenth (bench/profiles.py), and the two are compared when it ends."""
+    last tenth (bench/common/profiles.py), and the two are compared when it ends."""
     per_chunk = max(1, CHUNK // batches.spans)
     tenth = max(1, math.ceil(batches.count * ENDS))
     spies = _end_spies(profile)

@@ -1,19 +1,18 @@
 """Backends sharing one PostgreSQL: aggregate spans/s and per CPU-second, 1, 2 and 4 backends.
 
-python -m kvscope.bench.scale_out [--postgres URL] [--spans N] [--clients K] [--backends 1,2,4]:
-per backend count, a fresh database on the server (dropped after), that many backend processes
-(default ingest workers, OTLP/HTTP only) and K client processes. Each client is one engine's
-stream (own process id, seq from 0, random trace ids: the scale bench's bodies, encoded before
-the timed part), sent a batch at a time round-robin over the backends as a plain HTTP load
-balancer would; a batch holds whole requests, so a request reaches one backend (as with the OTel
-Collector's loadbalancing exporter by trace id) while each engine's batches reach them all. 503s
-are retried as an OTel exporter retries them. Per count: spans/s, spans per backend CPU-second
-(servers and ingest workers), per PostgreSQL CPU-second (its processes, when on this machine),
-spans in the database against spans sent; then each count's spans/s over the first's, in one
-run. Clients, backends and PostgreSQL share this machine, and the figure names its cores: on a
-few, more backends cannot add CPU. Without --postgres (or KVSCOPE_BENCH_POSTGRES_URL) a
-throwaway server from scripts/postgres.sh is used and stopped afterwards.
-"""
+python -m kvscope.bench.backend.scale_out [--postgres URL] [--spans N] [--clients K] [--backends
+1,2,4]: per backend count, a fresh database on the server (dropped after), that many backend
+processes (default ingest workers, OTLP/HTTP only) and K client processes. Each client is one
+engine's stream (own process id, seq from 0, random trace ids: the scale bench's bodies, encoded
+before the timed part), sent a batch at a time round-robin over the backends as a plain HTTP
+load balancer would; a batch holds whole requests, so a request reaches one backend (as with the
+OTel Collector's loadbalancing exporter by trace id) while each engine's batches reach them all.
+503s are retried as an OTel exporter retries them. Per count: spans/s, spans per backend CPU-
+second (servers and ingest workers), per PostgreSQL CPU-second (its processes, when on this
+machine), spans in the database against spans sent; then each count's spans/s over the first's,
+in one run. Clients, backends and PostgreSQL share this machine, and the figure names its cores:
+on a few, more backends cannot add CPU. Without --postgres (or KVSCOPE_BENCH_POSTGRES_URL) a
+throwaway server from scripts/postgres.sh is used and stopped afterwards."""
 
 import argparse
 import multiprocessing
@@ -27,8 +26,8 @@ from unittest.mock import patch
 
 import httpx
 
-from kvscope.bench.ingest import backend
-from kvscope.bench.postgres import (
+from kvscope.bench.backend.ingest import backend
+from kvscope.bench.backend.postgres import (
     cpu_seconds,
     durability,
     fresh_database,
@@ -36,8 +35,8 @@ from kvscope.bench.postgres import (
     spans_in,
     started_server,
 )
-from kvscope.bench.results import record
-from kvscope.bench.scale_spans import Batches
+from kvscope.bench.backend.scale_spans import Batches
+from kvscope.bench.common.results import record
 from kvscope.traces import names
 
 BENCH = "scale_out"

@@ -1,7 +1,7 @@
 """Telemetry isolation: engine tokens/s with the span destinations down or slow over up, side by
 side in one run, with the spans each engine dropped.
 
-    python -m kvscope.bench.telemetry_isolation [--rounds 30] [--prompts 16] [--slow-s 2]
+    python -m kvscope.bench.engine.telemetry_isolation [--rounds 30] [--prompts 16] [--slow-s 2]
 
 Three engines run the CPU offload connector (traced, aggregated layer spans) and export to two
 destinations, as a deployment sends to the kvscope backend (OTLP/HTTP) and to Jaeger (OTLP/gRPC):
@@ -14,11 +14,11 @@ import argparse
 import statistics
 from pathlib import Path
 
-from kvscope.bench.offload_ttft import offload_config
-from kvscope.bench.otlp_sink import GrpcSink, HttpSink, closed_endpoint
-from kvscope.bench.paired_engines import EngineSpec, PairedEngines
-from kvscope.bench.results import record
-from kvscope.bench.tracing_overhead import print_round, prompts_for
+from kvscope.bench.backend.otlp_sink import GrpcSink, HttpSink, closed_endpoint
+from kvscope.bench.common.paired_engines import EngineSpec, PairedEngines
+from kvscope.bench.common.results import record
+from kvscope.bench.engine.offload_ttft import offload_config
+from kvscope.bench.engine.tracing_overhead import print_round, prompts_for
 
 TARGET = ">= 0.98"
 

@@ -8,7 +8,7 @@ measured seconds apart. Workers time their own batches: wall clock and process C
 latter includes the span export thread, so it counts what tracing costs the process).
 
 An engine may also serve several arms: configurations it switches between from batch to batch
-(bench/tracing_switch.py turns its tracing off and on), each timed as if it were an engine.
+(bench/engine/tracing_switch.py turns its tracing off and on), each timed as if it were an engine.
 """
 
 import contextlib
@@ -36,9 +36,10 @@ class EngineSpec:
     # the same engine untraced. An arm's batch ends when its spans are exported, so the
     # traced arm pays for its spans and leaves no export work to the next batch.
     arms: tuple[str, ...] = ()
-    # Where to write a sampling profile of each arm's batches (bench/profiles.py), if anywhere.
+    # Where to write a sampling profile of each arm's batches (bench/common/profiles.py), if
+    # anywhere.
     profile_dir: str | None = None
-    # Where to write each arm's hook call times (bench/hook_times.py), if anywhere.
+    # Where to write each arm's hook call times (bench/engine/hook_times.py), if anywhere.
     hook_times_path: str | None = None
 
     def labels(self) -> list[str]:
@@ -73,7 +74,7 @@ def _serve(
     """Worker process: one engine; answers ('batch', i[, arm]) with a BatchTiming, ('stats',)
     with the span export counters, ('stop',) by exiting. Its environment was set before it
     started."""
-    from kvscope.bench.profiles import ArmProfiles
+    from kvscope.bench.common.profiles import ArmProfiles
     from kvscope.harness.engine import in_process_llm
     from kvscope.harness.oracle import greedy_params
     from kvscope.traces.sdk.configure import configure_tracing, export_counters, flush
@@ -82,7 +83,7 @@ def _serve(
     params = greedy_params(max_tokens)
     with in_process_llm(Path(model), spec.kv_transfer_config) as llm:
         if spec.arms:
-            from kvscope.bench.tracing_switch import set_traced, traced_connectors
+            from kvscope.bench.engine.tracing_switch import set_traced, traced_connectors
 
             connectors = traced_connectors(llm)
         llm.generate(prompts[:2], params, use_tqdm=False)  # warm-up
@@ -91,7 +92,7 @@ def _serve(
         profiles = ArmProfiles() if spec.profile_dir else None
         hook_times = None
         if spec.hook_times_path and spec.arms:
-            from kvscope.bench.hook_times import HookTimes
+            from kvscope.bench.engine.hook_times import HookTimes
 
             hook_times = HookTimes(connectors)
         while True:
@@ -195,7 +196,7 @@ class PairedEngines:
         for _, conn in self._workers.values():
             with contextlib.suppress(OSError):
                 conn.send(("stop",))
-        # A profiled engine writes its profiles before it exits (bench/profiles.py).
+        # A profiled engine writes its profiles before it exits (bench/common/profiles.py).
         stop_timeout_s = 120 if any(spec.profile_dir for spec in self.specs) else 30
         for process, _ in self._workers.values():
             process.join(timeout=stop_timeout_s)

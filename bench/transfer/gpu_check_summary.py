@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from kvscope.bench.copy_bandwidth import TARGET_RATIO
+from kvscope.bench.transfer.copy_bandwidth import TARGET_RATIO
 
 CUDA_TEST_MODULE: Final = "test_copy_cuda"
 """The module of tests that need a GPU (they skip elsewhere)."""

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from kvscope.bench.tracing_switch import HOOKS
+from kvscope.bench.engine.tracing_switch import HOOKS
 
 INNER = "inner."
 """Prefix of the wrapped connector's own hooks in the figures."""

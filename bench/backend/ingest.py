@@ -1,7 +1,7 @@
 """Backend ingest rate (spans/s via the OTel OTLP/HTTP exporter) and timeline query p95.
 
-python -m kvscope.bench.ingest [--spans N] [--postgres URL] [--clients 4]: starts the backend
-(its default settings) in a subprocess per database, exports realistic kvscope spans in
+python -m kvscope.bench.backend.ingest [--spans N] [--postgres URL] [--clients 4]: starts the
+backend (its default settings) in a subprocess per database, exports realistic kvscope spans in
 512-span batches from client processes, then times GET /api/v1/requests/{id}/timeline with N
 spans stored. The clients stand for the processes of a deployment that export spans: each
 engine, and vLLM's API servers when their own tracing is on. Four by default: an OTel exporter
@@ -24,9 +24,9 @@ from contextlib import contextmanager
 
 import httpx
 
-from kvscope.bench.ingest_clients import CHUNK_SPANS, fill
-from kvscope.bench.pd_pair import pid_cpu_seconds
-from kvscope.bench.results import record
+from kvscope.bench.backend.ingest_clients import CHUNK_SPANS, fill
+from kvscope.bench.common.results import record
+from kvscope.bench.pd.pd_pair import pid_cpu_seconds
 from kvscope.harness.engine import free_port
 
 BENCH = "ingest"

@@ -11,8 +11,8 @@ from typing import Final
 
 import torch
 
-from kvscope.bench.gpu_overlap import check_decode_slowdown, check_overlap
-from kvscope.bench.kv_views import KVShape, vllm_kv_layers
+from kvscope.bench.transfer.gpu_overlap import check_decode_slowdown, check_overlap
+from kvscope.bench.transfer.kv_views import KVShape, vllm_kv_layers
 from kvscope.connector.cpu_offload.copy.engine import CopyEngine
 from kvscope.connector.cpu_offload.copy.factory import make_copy_engine
 from kvscope.connector.cpu_offload.copy.host_buffer import BlockLayout, HostBuffer

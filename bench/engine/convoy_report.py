@@ -3,7 +3,7 @@
 import os
 import statistics
 
-from kvscope.bench.results import record
+from kvscope.bench.common.results import record
 
 LOAD_EACH = "offload_load_each"
 """The arm with share_loads off: every request of a burst loads the prefix itself."""

@@ -8,8 +8,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from kvscope.bench.results import record
-from kvscope.bench.spread import median_interval
+from kvscope.bench.common.results import record
+from kvscope.bench.common.spread import median_interval
 from kvscope.connector.cpu_offload.copy.engine import CopyEngine
 from kvscope.connector.cpu_offload.copy.factory import make_copy_engine
 from kvscope.connector.cpu_offload.copy.host_buffer import BlockLayout, HostBuffer

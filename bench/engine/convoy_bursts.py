@@ -1,7 +1,7 @@
 """Bursts of concurrent requests sharing one prefix held in the host pool, against recompute:
 throughput and TTFT p50/p99 at each burst size, as ratios measured side by side in one run.
 
-    python -m kvscope.bench.convoy_bursts [--shape mid] [--prefix-tokens 2048]
+    python -m kvscope.bench.engine.convoy_bursts [--shape mid] [--prefix-tokens 2048]
         [--bursts 1,4,16] [--repeats 3] [--rounds 2] [--max-tokens 8]
 
 Each round starts one engine per arm, in turn (recompute: no connector; offload: the CPU
@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvscope.bench.convoy_report import LOAD_EACH, report
+from kvscope.bench.engine.convoy_report import LOAD_EACH, report
 
 ROOM_TOKENS = 256
 """max_model_len above the prefix: the question and the output."""

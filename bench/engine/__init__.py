@@ -1,0 +1,1 @@
+"""Engine benches: tracing overhead, its switch, telemetry isolation, hook times, TTFT, convoys."""

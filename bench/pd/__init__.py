@@ -1,0 +1,1 @@
+"""P/D benches: the pair of servers, its latency against vLLM's NixlConnector, its phases."""
