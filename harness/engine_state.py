@@ -32,7 +32,7 @@ def leaked_device_blocks(llm: Any) -> int:
 def offload_state(llm: Any) -> dict:
     """The CPU offload connector's own view: committed host blocks and active leases."""
     from kvscope.connector.cpu_offload.host_pool import BlockState
-    from kvscope.traces.attributes import compact_hash
+    from kvscope.traces.attribute_values import compact_hash
 
     offload = scheduler_connector(llm).scheduler
     pool = offload.pool

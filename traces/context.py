@@ -5,7 +5,7 @@ from collections import OrderedDict
 
 from opentelemetry.context import Context
 
-from kvscope.traces.spans import from_headers
+from kvscope.traces.hook_spans import from_headers
 
 MAX_REQUESTS = 65536
 """Requests remembered; the oldest is forgotten first (its late facts start their own trace)."""

@@ -12,9 +12,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 from kvscope.connector.common.kv_cache_access import lookahead_hashing
 from kvscope.traces.forwarding import install_forwarders
+from kvscope.traces.hook_spans import HookSpans
 from kvscope.traces.scheduler_hooks import SchedulerHooks
 from kvscope.traces.scheduler_spans import SchedulerTracing
-from kvscope.traces.spans import HookSpans
 from kvscope.traces.worker_hooks import WorkerHooks
 from kvscope.traces.worker_spans import WorkerTracing
 

@@ -3,7 +3,7 @@
 from typing import Any
 
 from kvscope.traces import names
-from kvscope.traces.attributes import (
+from kvscope.traces.attribute_values import (
     block_ids_attributes,
     finished_attributes,
     kv_blocks_ids,

@@ -7,8 +7,8 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, Span, StatusCode
 
 from kvscope.traces import context, names
-from kvscope.traces.attributes import request_attributes
-from kvscope.traces.spans import HookSpans, from_headers, to_traceparent
+from kvscope.traces.attribute_values import request_attributes
+from kvscope.traces.hook_spans import HookSpans, from_headers, to_traceparent
 
 MAX_OPEN_REQUESTS = 65536
 """Open request spans kept; beyond it the oldest is ended as 'untracked' (a missed finish)."""

@@ -4,7 +4,7 @@ import time
 from typing import Any, Final
 
 from kvscope.traces import names
-from kvscope.traces.attributes import (
+from kvscope.traces.attribute_values import (
     block_ids_attributes,
     finished_attributes,
     kv_caches_attributes,

@@ -10,8 +10,8 @@ from opentelemetry.trace import Link, Span
 
 from kvscope.traces import context, names
 from kvscope.traces.buffer import add_events, call_buffered, end_step_keeping, keep_for_step
+from kvscope.traces.hook_spans import HookSpans, from_headers
 from kvscope.traces.metadata import TracedMetadata
-from kvscope.traces.spans import HookSpans, from_headers
 
 
 @dataclass

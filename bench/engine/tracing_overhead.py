@@ -47,8 +47,8 @@ def span_costs_us(samples: int = 20000) -> dict[str, float]:
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
     from kvscope.traces import names
+    from kvscope.traces.hook_spans import HookSpans
     from kvscope.traces.sdk.configure import configure_tracing
-    from kvscope.traces.spans import HookSpans
 
     class Discard(SpanExporter):
         def export(self, spans):

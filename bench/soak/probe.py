@@ -79,7 +79,7 @@ def connector_state(multi: Any, kv_cache_manager: Any) -> dict[str, Any]:
 def offload_state(offload: Any) -> dict[str, Any]:
     """Committed host blocks (id -> compact hash), leases, pinned blocks, work in flight."""
     from kvscope.connector.cpu_offload.host_pool import BlockState
-    from kvscope.traces.attributes import compact_hash
+    from kvscope.traces.attribute_values import compact_hash
 
     pool = offload.pool
     stored, pinned, pending = {}, [], 0

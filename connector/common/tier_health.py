@@ -9,7 +9,7 @@ from typing import Any
 from opentelemetry import trace
 
 from kvscope.traces import names
-from kvscope.traces.spans import get_tracer
+from kvscope.traces.hook_spans import get_tracer
 
 EXTRA_CONFIG_KEY = "tier_health"
 """The key of a connector's kv_connector_extra_config holding the breaker's settings."""

@@ -3,8 +3,8 @@
 from kvscope.connector.cpu_offload.convoys import LoadConvoy
 from kvscope.traces import names
 from kvscope.traces.context import context_of
-from kvscope.traces.events import monotonic_to_epoch_ns
-from kvscope.traces.spans import get_tracer
+from kvscope.traces.facts import monotonic_to_epoch_ns
+from kvscope.traces.hook_spans import get_tracer
 
 
 def convoy_recorded(convoy: LoadConvoy) -> None:

@@ -3,7 +3,7 @@
 from kvscope.connector.cpu_offload.copy.engine import CopyResult, Direction
 from kvscope.connector.cpu_offload.metadata import BlockTransfer
 from kvscope.traces import names
-from kvscope.traces.events import add_event, record_transfer
+from kvscope.traces.facts import add_event, record_transfer
 
 
 def copy_recorded(transfer: BlockTransfer, direction: Direction, result: CopyResult) -> None:

@@ -11,7 +11,7 @@ from kvscope.connector.cpu_offload.request_state import RequestState
 from kvscope.connector.cpu_offload.span_attributes import lease_attributes
 from kvscope.connector.cpu_offload.stats import Samples
 from kvscope.traces import names
-from kvscope.traces.events import add_event
+from kvscope.traces.facts import add_event
 from kvscope.traces.outcomes import KEPT_PINNED, RELEASED
 
 LOAD_OUTCOMES: Final = frozenset({"failed", "released"})

@@ -7,9 +7,9 @@ from opentelemetry import trace
 
 from kvscope.connector.cpu_offload.leases import Lease
 from kvscope.traces import names
-from kvscope.traces.attributes import compact_hash
+from kvscope.traces.attribute_values import compact_hash
 from kvscope.traces.buffer import collecting
-from kvscope.traces.events import add_event
+from kvscope.traces.facts import add_event
 
 
 def blocks_attributes(

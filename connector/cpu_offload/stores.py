@@ -13,7 +13,7 @@ from kvscope.connector.cpu_offload.request_state import PlannedStore, RequestSta
 from kvscope.connector.cpu_offload.span_attributes import blocks_attributes
 from kvscope.connector.cpu_offload.stats import Samples, SchedulerCounters
 from kvscope.traces import names
-from kvscope.traces.events import add_event
+from kvscope.traces.facts import add_event
 
 if TYPE_CHECKING:
     from vllm.v1.core.block_pool import BlockPool

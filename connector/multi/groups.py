@@ -3,7 +3,7 @@
 from typing import Any
 
 from kvscope.traces import names
-from kvscope.traces.attributes import block_ids_attributes
+from kvscope.traces.attribute_values import block_ids_attributes
 
 GroupBlockIds = tuple[tuple[int, ...], ...]
 """Block ids per KV cache group, in vLLM's group order (one tuple without HMA)."""

@@ -13,10 +13,10 @@ from kvscope.connector.multi.children import Child
 from kvscope.connector.multi.groups import GroupBlock, GroupBlockIds
 from kvscope.connector.multi.metadata import LoadEnd, LoadRoute, MultiMetadata, MultiWorkerMeta
 from kvscope.traces import names
-from kvscope.traces.attributes import lookup_attributes
-from kvscope.traces.events import add_event
+from kvscope.traces.attribute_values import lookup_attributes
+from kvscope.traces.facts import add_event
+from kvscope.traces.hook_spans import child_hook_span
 from kvscope.traces.outcomes import SERVED_BY_FALLBACK, outcome_of_policy
-from kvscope.traces.spans import child_hook_span
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks

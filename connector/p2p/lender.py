@@ -8,7 +8,7 @@ from kvscope.connector.p2p.stats import LoanCounters
 from kvscope.connector.p2p.transport.nixl_transport import NixlTransport
 from kvscope.connector.p2p.transport.results import PeerNotif
 from kvscope.traces import names
-from kvscope.traces.events import add_event
+from kvscope.traces.facts import add_event
 
 logger = logging.getLogger(__name__)
 

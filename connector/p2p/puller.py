@@ -24,7 +24,7 @@ from kvscope.connector.p2p.transport.nixl_transport import NixlTransport
 from kvscope.connector.p2p.transport.results import TransferResult, TransportError
 from kvscope.connector.p2p.transport.side_channel import PeerInfo, fetch_peer_info
 from kvscope.traces import names
-from kvscope.traces.events import add_event, record_transfer
+from kvscope.traces.facts import add_event, record_transfer
 
 logger = logging.getLogger(__name__)
 

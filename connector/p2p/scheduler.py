@@ -27,7 +27,7 @@ from kvscope.connector.p2p.peer_health import PeerHealth
 from kvscope.connector.p2p.stats import SchedulerCounters, failure_kind
 from kvscope.connector.p2p.trace_spans import held_block_attributes
 from kvscope.traces import names
-from kvscope.traces.events import add_event
+from kvscope.traces.facts import add_event
 from kvscope.traces.outcomes import RECOMPUTED
 
 if TYPE_CHECKING:

@@ -7,7 +7,7 @@ from kvscope.connector.p2p.metadata import BlockPull
 from kvscope.connector.p2p.transport.results import TransferResult
 from kvscope.connector.p2p.transport.ucx_lanes import UNKNOWN, ReadLanes
 from kvscope.traces import names
-from kvscope.traces.events import record_timed_span
+from kvscope.traces.facts import record_timed_span
 
 
 def record_handshake(

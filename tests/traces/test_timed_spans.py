@@ -5,7 +5,7 @@ import time
 
 from kvscope.backend.ingest.bound import invalid_reason
 from kvscope.traces import names
-from kvscope.traces.events import record_timed_span
+from kvscope.traces.facts import record_timed_span
 
 
 def test_an_instant_span_never_ends_before_it_starts_and_durations_are_kept(spans):

@@ -5,9 +5,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from kvscope.traces import names
-from kvscope.traces.events import add_event
+from kvscope.traces.facts import add_event
+from kvscope.traces.hook_spans import HookSpans
 from kvscope.traces.metadata import TracedMetadata
-from kvscope.traces.spans import HookSpans
 from kvscope.traces.worker_spans import WorkerTracing
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"

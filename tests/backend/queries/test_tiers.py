@@ -104,7 +104,7 @@ def test_the_connectors_own_emitter_reaches_the_tiers_route(backend, spans):
     """Spans from connector/common/tier_health and traces.spans in this process's real tracer:
     the tier span names no engine, the process's hook span does."""
     from kvscope.connector.common.tier_health import TierState, emit_state_span
-    from kvscope.traces.spans import HookSpans
+    from kvscope.traces.hook_spans import HookSpans
 
     engine_id = f"engine-{uuid.uuid4().hex[:6]}"
     hooks = HookSpans("CpuOffloadConnector", "scheduler", engine_id, "kv_both")
