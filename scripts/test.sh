@@ -8,7 +8,7 @@ echo "==> lint (ruff)"
 "$VENV/bin/ruff" check .
 "$VENV/bin/ruff" format --check .
 # `ruff format --check` checks only what is not exempted: nothing may be exempted.
-if grep -rn --include='*.py' -E '#[[:space:]]*fmt:[[:space:]]*(skip|off)' --exclude-dir=.venv --exclude-dir=build . ; then
+if grep -rn --include='*.py' -E '#[[:space:]]*fmt:[[:space:]]*(skip|off)' --exclude-dir='.venv*' --exclude-dir=build . ; then
   echo "lint: the lines above exempt themselves from ruff format; let it lay them out" >&2
   exit 1
 fi
