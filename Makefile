@@ -17,6 +17,7 @@ bench: setup
 lint:
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
+	./scripts/typecheck.sh
 
 format:
 	.venv/bin/ruff format .

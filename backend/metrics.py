@@ -59,9 +59,9 @@ def _per_stream(name: str, doc: str, *extra_labels: str) -> GaugeMetricFamily:
 def database_bytes(engine: Engine, session: Session) -> float:
     """Pages in use plus SQLite's write-ahead log; PostgreSQL's own figure for the database."""
     if not is_sqlite(engine):
-        return float(session.exec(text("SELECT pg_database_size(current_database())")).one()[0])
-    pages = session.exec(text("PRAGMA page_count")).one()[0]
-    page_size = session.exec(text("PRAGMA page_size")).one()[0]
+        return float(session.scalar(text("SELECT pg_database_size(current_database())")))
+    pages = session.scalar(text("PRAGMA page_count"))
+    page_size = session.scalar(text("PRAGMA page_size"))
     wal = f"{engine.url.database}-wal"
     return float(pages * page_size + (os.path.getsize(wal) if os.path.exists(wal) else 0))
 

@@ -70,10 +70,7 @@ class MissCollector:
             yield from self._families()
 
     def _advance(self, until_ns: int) -> None:
-        since_ns = self._until_ns
-        first = since_ns is None
-        if first:
-            since_ns = until_ns - int(HISTORY_S * 1e9)
+        since_ns = until_ns - int(HISTORY_S * 1e9) if self._until_ns is None else self._until_ns
         if until_ns <= since_ns:
             return
         with self.engine.connect() as connection:
@@ -82,8 +79,9 @@ class MissCollector:
                 walk.feed(access)
             failed = recomputed_loads(connection, since_ns - int(HISTORY_S * 1e9), until_ns)
             for account in request_accounts(connection, since_ns, until_ns):
-                walk = self._walks.get(account.engine_id)
-                found = explain(account, walk, account.request_id in failed)
+                found = explain(
+                    account, self._walks.get(account.engine_id), account.request_id in failed
+                )
                 for reason in found.reasons:
                     key = (found.engine_id, reason.reason)
                     self._tokens[key] = self._tokens.get(key, 0) + reason.tokens

@@ -93,7 +93,8 @@ PLACEHOLDER_TOKENS = frozenset(("change-me", "changeme", "change_me"))
 
 def has_real_token(settings: Settings) -> bool:
     """A token is set and is not a published placeholder."""
-    return bool(settings.token) and settings.token.strip().lower() not in PLACEHOLDER_TOKENS
+    token = settings.token
+    return bool(token and token.strip().lower() not in PLACEHOLDER_TOKENS)
 
 
 def bind_refusal(settings: Settings, host: str) -> str | None:

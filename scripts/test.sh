@@ -7,6 +7,7 @@ VENV=${KVSCOPE_VENV:-.venv}
 echo "==> lint (ruff)"
 "$VENV/bin/ruff" check .
 "$VENV/bin/ruff" format --check .
+KVSCOPE_VENV=$VENV scripts/typecheck.sh
 # `ruff format --check` checks only what is not exempted: nothing may be exempted.
 if grep -rn --include='*.py' -E '#[[:space:]]*fmt:[[:space:]]*(skip|off)' --exclude-dir='.venv*' --exclude-dir=build . ; then
   echo "lint: the lines above exempt themselves from ruff format; let it lay them out" >&2

@@ -88,7 +88,7 @@ class BulkCursor:
         )
         return self.cursor.rowcount
 
-    def execute(self, sql: str, parameters: Sequence = ()) -> list[tuple]:
+    def execute(self, sql: str, parameters: Sequence = ()) -> Sequence[tuple]:
         """One statement written with '?' markers; returns its rows (empty for writes)."""
         if self.postgres:
             sql = sql.replace("?", "%s")

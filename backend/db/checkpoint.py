@@ -89,5 +89,6 @@ class Checkpointer:
         """The database's page size, fixed once the file exists: read once."""
         if self._page_size is None:
             with self.engine.connect() as connection:
-                self._page_size = connection.exec_driver_sql("PRAGMA page_size").scalar()
+                page_size: int = connection.exec_driver_sql("PRAGMA page_size").scalar_one()
+            self._page_size = page_size
         return self._page_size

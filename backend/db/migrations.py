@@ -21,7 +21,8 @@ widen_ids(SQLModel.metadata)  # before any table is created, here or by a migrat
 
 VERSION_TABLE = "kvscope_schema_version"
 
-Migration = tuple[int, str, Callable[[Connection], None]]
+# What a migration function returns is not read (some return the names of what they added).
+Migration = tuple[int, str, Callable[[Connection], object]]
 
 # Later schema changes append (version, description, function running explicit DDL) here.
 # A fresh database gets every table from the models at once and is stamped with the latest

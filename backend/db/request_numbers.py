@@ -20,6 +20,7 @@ import json
 from collections.abc import Iterable, Sequence
 
 from sqlalchemy import Connection, Select, and_, or_, select, text
+from sqlmodel import col
 
 from kvscope.backend.db.bulk import BulkCursor
 from kvscope.backend.db.models import RequestNumber
@@ -61,9 +62,9 @@ def hash_sql(connection: Connection, column: str) -> str:
     module's function (registered on the connection)."""
     if connection.dialect.name == "postgresql":
         return f"('x' || left(md5({column}), 16))::bit(64)::bigint"
-    connection.connection.driver_connection.create_function(
-        _HASH_FUNCTION, 1, request_hash, deterministic=True
-    )
+    driver = connection.connection.driver_connection
+    assert driver is not None  # a connection in use holds its driver's connection
+    driver.create_function(_HASH_FUNCTION, 1, request_hash, deterministic=True)
     return f"{_HASH_FUNCTION}({column})"
 
 
@@ -129,22 +130,22 @@ def numbers_of(request_id: str | Sequence[str], engines: Sequence[str] | None = 
     """The numbers of a request id (or of any of several), on the given engines ('' for rows
     without one) or on any."""
     ids = [request_id] if isinstance(request_id, str) else list(request_id)
-    query = select(RequestNumber.id).where(
-        RequestNumber.request_hash.in_([request_hash(one) for one in ids]),
-        RequestNumber.request_id.in_(ids),
+    query = select(col(RequestNumber.id)).where(
+        col(RequestNumber.request_hash).in_([request_hash(one) for one in ids]),
+        col(RequestNumber.request_id).in_(ids),
     )
-    return query if engines is None else query.where(RequestNumber.engine_id.in_(engines))
+    return query if engines is None else query.where(col(RequestNumber.engine_id).in_(engines))
 
 
 def numbers_of_pairs(pairs: Iterable[Pair]) -> Select:
     """The numbers of these (engine, request id) pairs."""
-    return select(RequestNumber.id).where(
+    return select(col(RequestNumber.id)).where(
         or_(
             *(
                 and_(
-                    RequestNumber.request_hash == request_hash(request_id),
-                    RequestNumber.request_id == request_id,
-                    RequestNumber.engine_id == engine,
+                    col(RequestNumber.request_hash) == request_hash(request_id),
+                    col(RequestNumber.request_id) == request_id,
+                    col(RequestNumber.engine_id) == engine,
                 )
                 for engine, request_id in pairs
             )

@@ -64,7 +64,7 @@ def prune_step(
     more = len(starts) >= batch
     low = connection.execute(_LOWEST_SPAN_ID).scalar()
     high = connection.execute(_HIGHEST_SPAN_ID).scalar()
-    if low is not None and high - low + 1 > max_spans:
+    if low is not None and high is not None and high - low + 1 > max_spans:
         upto = min(high - max_spans, low + batch - 1)
         starts += _deleted(connection, _SPANS_UP_TO, {"upto": upto})
         more = more or upto < high - max_spans

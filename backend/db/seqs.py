@@ -6,6 +6,7 @@ from sqlalchemy import Connection, select
 
 from kvscope.backend.db.bulk import BulkCursor
 from kvscope.backend.db.models import SeqRange
+from kvscope.backend.db.models.columns import table_of
 
 FIRST_SEQ = 0
 """traces.sdk numbers spans from 0 (itertools.count()); a range starting later has a head hole."""
@@ -116,7 +117,7 @@ def holes(
     connection: Connection, now_ns: int, grace_s: float, origin: str | None = None
 ) -> list[Hole]:
     """Every hole of every process (or one); 'pending' while younger than the grace period."""
-    table = SeqRange.__table__
+    table = table_of(SeqRange)
     query = select(table).order_by(table.c.instance_id, table.c.lo)
     if origin is not None:
         query = query.where(table.c.instance_id == origin)
@@ -146,7 +147,7 @@ def holes(
 
 def received_counts(connection: Connection) -> dict[str, tuple[int, int]]:
     """Per process: spans received (distinct seq numbers) and the highest seq seen."""
-    table = SeqRange.__table__
+    table = table_of(SeqRange)
     counts: dict[str, tuple[int, int]] = {}
     for row in connection.execute(select(table.c.instance_id, table.c.lo, table.c.hi)):
         received, highest = counts.get(row.instance_id, (0, -1))

@@ -54,6 +54,7 @@ def migrate(connection: Connection) -> None:
     kv_waits.drop_trigger(connection)  # a version 7 database has it; 10 would drop it anyway
     for table in tables:
         (key,) = [index.name for index in table.indexes if index.unique]
+        assert key is not None  # the models name every unique index
         if not inspect(connection).has_index(table.name, key):
             rebuild_sqlite(connection, table)
     rollups.install(connection)

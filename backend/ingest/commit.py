@@ -55,6 +55,7 @@ class _Waiting:
     """A batch queued for the writer, and what became of it."""
 
     prepared: Prepared
+    facts: Facts  # the prepared batch's (only batches with facts are queued)
     done: bool = False
     error: BaseException | None = None
     new_spans: int = 0
@@ -76,7 +77,9 @@ class Committer:
         # PostgreSQL's staging tables empty at commit: one batch per transaction there.
         self._group = group and engine.dialect.name == "sqlite"
         # The write path uses the driver's own cursor, so its errors come unwrapped too.
-        self._passing_errors = (OperationalError, engine.dialect.dbapi.OperationalError)
+        dbapi = engine.dialect.dbapi
+        assert dbapi is not None  # an engine made by create_engine has imported its driver
+        self._passing_errors = (OperationalError, dbapi.OperationalError)
 
     def commit(self, prepared: Prepared, live: bool = False) -> Stored:
         """Commits a prepared batch; StoreUnavailable if the database failed for a passing
@@ -84,7 +87,7 @@ class Committer:
         facts = prepared.facts
         if facts is None:
             return Stored(0, prepared.rejected, prepared.message)
-        waiting = _Waiting(prepared)
+        waiting = _Waiting(prepared, facts)
         with self._queue_lock:
             self._queue.append(waiting)
         with self.lock:
@@ -102,9 +105,10 @@ class Committer:
             if not self._group:
                 self._queue.remove(mine)
                 return [mine]
-            group, spans = [], 0
+            group: list[_Waiting] = []
+            spans = 0
             for waiting in self._queue:
-                size = len(waiting.prepared.facts.spans)
+                size = len(waiting.facts.spans)
                 if group and spans + size > MAX_GROUP_SPANS and mine in group:
                     break
                 group.append(waiting)
@@ -134,13 +138,13 @@ class Committer:
                     for waiting in group:
                         prepared = waiting.prepared
                         waiting.new_spans = write_rows(
-                            connection, prepared.facts, prepared.resources, prepared.received_ns
+                            connection, waiting.facts, prepared.resources, prepared.received_ns
                         )
                 return
             except self._passing_errors as error:
                 reason = getattr(error, "orig", error)
-                spans = sum(len(waiting.prepared.facts.spans) for waiting in group)
-                retried = RETRIED_SQLSTATES.get(getattr(reason, "sqlstate", None))
+                spans = sum(len(waiting.facts.spans) for waiting in group)
+                retried = RETRIED_SQLSTATES.get(getattr(reason, "sqlstate", ""))
                 if retried and attempt < TRANSACTION_ATTEMPTS:
                     logger.info(
                         "%d batch(es) of %d spans rolled back by a %s: writing them again "

@@ -22,7 +22,7 @@ class Facts:
     telemetry: dict[str, tuple[int, int | None, int | None]] = field(default_factory=dict)
     # origin -> (service name, engine id, kv role) of the process that numbered the spans
     origins: dict[str, tuple[str | None, str | None, str | None]] = field(default_factory=dict)
-    stub_keys: set[tuple[str, str]] = field(default_factory=set)
+    stub_keys: set[tuple[str, str | None]] = field(default_factory=set)
     # Row counts before the current span: ordinals count within one span, so a span sent
     # twice (an exporter retry) yields the same keys and is stored once.
     points_before: int = 0

@@ -41,7 +41,10 @@ class GrpcReceiver:
             # gRPC answers RESOURCE_EXHAUSTED itself.
             maximum_concurrent_rpcs=max(threads, settings.max_concurrent_ingest),
         )
-        handler = grpc.unary_unary_rpc_method_handler(self._export)  # no deserializer: bytes
+        # No deserializer: the request is its bytes.
+        handler: grpc.RpcMethodHandler[bytes, bytes] = grpc.unary_unary_rpc_method_handler(
+            self._export
+        )
         self._server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(SERVICE, {"Export": handler}),)
         )
@@ -62,7 +65,10 @@ class GrpcReceiver:
 
     def _export(self, body: bytes, context: grpc.ServicerContext) -> bytes:
         metadata = dict(context.invocation_metadata())
-        reply = refused(self.settings, metadata.get("authorization"), TOKEN_HOW)
+        # gRPC gives bytes only for keys ending in -bin.
+        authorization = metadata.get("authorization")
+        token = authorization if isinstance(authorization, str) else None
+        reply = refused(self.settings, token, TOKEN_HOW)
         if reply is None:
             with self.gate.admit() as busy:
                 reply = busy or answer(self.ingest, body, PROTOBUF)

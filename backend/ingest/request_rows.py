@@ -92,9 +92,9 @@ def hook(facts: Facts, span: SpanRecord, attributes: dict) -> None:
         to_load = attributes.get(names.TOKENS_TO_LOAD)
         if isinstance(to_load, int) and to_load > 0:
             timeline_point(facts, span, attributes, "blocks_allocated", span.end_ns, value=to_load)
-        for key, point in _VLLM_CACHED.items():
-            if type(attributes.get(key)) is int:
-                timeline_point(facts, span, attributes, point, span.end_ns, attributes[key])
+        for attribute, point in _VLLM_CACHED.items():
+            if type(attributes.get(attribute)) is int:
+                timeline_point(facts, span, attributes, point, span.end_ns, attributes[attribute])
     elif name in _FINISH_HOOKS:
         timeline_point(facts, span, attributes, "finished", span.end_ns)
 

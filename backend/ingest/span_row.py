@@ -1,7 +1,9 @@
 """The span table's row for one span (SPAN_COLUMNS order), its JSON text, and column_text()."""
 
 import json
-from json.encoder import c_make_encoder, encode_basestring_ascii
+
+# typeshed omits json.encoder.c_make_encoder (the C encoder, None where it is not built).
+from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
 
 import msgspec
 

@@ -124,7 +124,7 @@ def _blocks(facts, span, attributes: dict, event: dict, state: str) -> None:
     hashes = [_str(h) for h in hashes] if isinstance(hashes, list) else []
     paired = len(hashes) == len(ids)
     # Slots (ids) are the state a pool has; a hash alone names content with no known slot.
-    addresses = [
+    addresses: list[tuple[str, int | None, str | None]] = [
         (f"id:{block_id}", block_id, hashes[i] if paired else None)
         for i, block_id in enumerate(ids)
     ]

@@ -54,6 +54,7 @@ def _exit_with(server_pid: int) -> None:
 
 
 def _prepare(body: bytes, content_type: str) -> bytes:
+    assert _limits is not None  # set by the pool's initializer, before any task
     return to_wire(prepare(body, content_type, _limits))
 
 

@@ -19,6 +19,7 @@ from kvscope.backend.db.models import (
     TimelinePoint,
     Transfer,
 )
+from kvscope.backend.db.models.columns import table_of
 from kvscope.backend.ingest.facts import Facts
 from kvscope.backend.ingest.record import SERVICE_NAME, clean
 from kvscope.backend.ingest.request_rows import POINT_COLUMNS
@@ -33,7 +34,7 @@ _NUMBERED_SPAN_COLUMNS = (*SPAN_COLUMNS, request_numbers.COLUMN)
 _NUMBERED_POINT_COLUMNS = (*POINT_COLUMNS, request_numbers.COLUMN)
 
 STAGED_TABLES = tuple(
-    model.__table__ for model in (Span, TimelinePoint, Request, Transfer, Failure, Lookup, Latency)
+    table_of(model) for model in (Span, TimelinePoint, Request, Transfer, Failure, Lookup, Latency)
 )
 """Insert-only tables: on PostgreSQL their rows go in by COPY through a staging table."""
 
@@ -101,14 +102,14 @@ def write_rows(connection: Connection, facts: Facts, resources: dict, now_ns: in
     request_locks.lock(writer, pairs)
     numbers = request_numbers.assign(writer, pairs)
     spans = request_numbers.numbered(facts.spans, _SPAN_ENGINE, _SPAN_REQUEST, numbers)
-    new_spans = writer.insert(Span.__table__, _NUMBERED_SPAN_COLUMNS, spans)
+    new_spans = writer.insert(table_of(Span), _NUMBERED_SPAN_COLUMNS, spans)
     times = [(row[_START], row[_RECEIVED]) for row in facts.spans]
     span_counts.add_stored(writer, times, new_spans)
     for rows in (facts.transfers, facts.failures, facts.lookups):
         request_numbers.number_dicts(rows, numbers)
     for rows in (facts.request_stubs, facts.requests):  # their unique key is led by it
         request_numbers.number_dicts(rows, numbers, absent=request_numbers.NO_REQUEST)
-    _insert_dicts(writer, Request.__table__, facts.request_stubs)
+    _insert_dicts(writer, table_of(Request), facts.request_stubs)
     if facts.requests:
         updates = ", ".join(
             f"{column} = excluded.{column}"
@@ -116,15 +117,15 @@ def write_rows(connection: Connection, facts: Facts, resources: dict, now_ns: in
             if column not in _REQUEST_KEY
         )
         upsert = _REQUEST_UPSERT.format(updates=updates)
-        _insert_dicts(writer, Request.__table__, facts.requests, upsert)
+        _insert_dicts(writer, table_of(Request), facts.requests, upsert)
     points = request_numbers.numbered(facts.points, _POINT_ENGINE, _POINT_REQUEST, numbers)
-    kv_waits.insert_points(writer, TimelinePoint.__table__, _NUMBERED_POINT_COLUMNS, points)
-    _insert_dicts(writer, Transfer.__table__, facts.transfers)
-    _insert_dicts(writer, Failure.__table__, facts.failures)
-    _insert_dicts(writer, Lookup.__table__, facts.lookups)
-    _insert_dicts(writer, Latency.__table__, facts.latencies)
-    _insert_dicts(writer, Lease.__table__, facts.leases, _LEASE_UPSERT)
-    _insert_dicts(writer, Block.__table__, facts.blocks, _BLOCK_UPSERT)
+    kv_waits.insert_points(writer, table_of(TimelinePoint), _NUMBERED_POINT_COLUMNS, points)
+    _insert_dicts(writer, table_of(Transfer), facts.transfers)
+    _insert_dicts(writer, table_of(Failure), facts.failures)
+    _insert_dicts(writer, table_of(Lookup), facts.lookups)
+    _insert_dicts(writer, table_of(Latency), facts.latencies)
+    _insert_dicts(writer, table_of(Lease), facts.leases, _LEASE_UPSERT)
+    _insert_dicts(writer, table_of(Block), facts.blocks, _BLOCK_UPSERT)
     _upsert_processes(writer, facts, resources, now_ns)
     seqs.merge(writer, facts.seqs, now_ns)
     return new_spans
@@ -145,9 +146,9 @@ def _numbered_pairs(facts: Facts) -> Iterator[request_numbers.Pair]:
         facts.failures,
         facts.lookups,
     ):
-        for row in rows:
-            if row["request_id"] is not None:
-                yield row["engine_id"] or "", row["request_id"]
+        for fields in rows:
+            if fields["request_id"] is not None:
+                yield fields["engine_id"] or "", fields["request_id"]
 
 
 def _insert_dicts(
@@ -178,7 +179,7 @@ def _upsert_processes(writer: BulkCursor, facts: Facts, resources: dict, now_ns:
                 "resource": json.dumps(resource, default=str),
             }
         )
-    _insert_dicts(writer, Process.__table__, rows, _PROCESS_UPSERT)
+    _insert_dicts(writer, table_of(Process), rows, _PROCESS_UPSERT)
 
 
 def _counter(value) -> int | None:

@@ -49,7 +49,12 @@ class KVEventsCollector:
             for tier in engine.tiers:
                 key = [engine.endpoint, engine_id, tier.tier, str(tier.kv_group)]
                 claimed.add_metric(key, tier.claimed)
-                if tier.held_by_spans is not None:
+                # The three are known together (divergence.py: all None without spans).
+                if (
+                    tier.held_by_spans is not None
+                    and tier.only_in_events is not None
+                    and tier.only_in_spans is not None
+                ):
                     held.add_metric(key, tier.held_by_spans)
                     diverged.add_metric(key, tier.only_in_events + tier.only_in_spans)
         yield from (claimed, held, diverged, missed)

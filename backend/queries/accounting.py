@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, Field
 from sqlalchemy import Connection, Select, select, text
+from sqlmodel import col
 
 from kvscope.backend.db.models import Lookup, Request, TimelinePoint
 from kvscope.backend.db.models.requests import CACHED_TOKEN_POINTS
@@ -192,6 +193,7 @@ def _account_of(row, lookups: list[_Lookup], cached: list[tuple[int, str, int]])
     if not composite:
         return None
     first = composite[0]
+    assert first.local is not None  # composite holds only lookups that counted local hits
     external = {}
     if first.hit:
         external[_serving_tier(first, mine)] = first.hit
@@ -225,50 +227,60 @@ def _serving_tier(first: _Lookup, mine: list[_Lookup]) -> str:
 
 def _ended(connection: Connection, since_ns: int | None, until_ns: int | None) -> list:
     query = select(
-        Request.id,
-        Request.request_id,
-        Request.engine_id,
-        Request.start_ns,
-        Request.end_ns,
-        Request.prompt_tokens,
+        col(Request.id),
+        col(Request.request_id),
+        col(Request.engine_id),
+        col(Request.start_ns),
+        col(Request.end_ns),
+        col(Request.prompt_tokens),
     ).where(
-        Request.end_ns.is_not(None),
-        Request.prompt_tokens.is_not(None),
-        Request.request_id.is_not(None),
-        Request.engine_id.is_not(None),
-        Request.status != "running",
+        col(Request.end_ns).is_not(None),
+        col(Request.prompt_tokens).is_not(None),
+        col(Request.request_id).is_not(None),
+        col(Request.engine_id).is_not(None),
+        col(Request.status) != "running",
     )
     if since_ns is not None:
-        query = query.where(Request.end_ns >= since_ns)
+        query = query.where(col(Request.end_ns) >= since_ns)
     if until_ns is not None:
-        query = query.where(Request.end_ns < until_ns)
-    return list(connection.execute(query.order_by(Request.end_ns, Request.id)))
+        query = query.where(col(Request.end_ns) < until_ns)
+    return list(connection.execute(query.order_by(col(Request.end_ns), col(Request.id))))
 
 
 def _lookups(
     connection: Connection, since_ns: int | None, until_ns: int | None
-) -> dict[tuple[str, str], list[_Lookup]]:
+) -> dict[tuple[str | None, str | None], list[_Lookup]]:
     """Decided lookups from LONGEST_REQUEST_NS before the window, per (engine, request), in
     the order they were made."""
     query = select(
-        Lookup.engine_id,
-        Lookup.request_id,
-        Lookup.time_ns,
-        Lookup.id,
-        Lookup.connector,
-        Lookup.child,
-        Lookup.hit_tokens,
-        Lookup.local_hit_tokens,
+        col(Lookup.engine_id),
+        col(Lookup.request_id),
+        col(Lookup.time_ns),
+        col(Lookup.id),
+        col(Lookup.connector),
+        col(Lookup.child),
+        col(Lookup.hit_tokens),
+        col(Lookup.local_hit_tokens),
     )
     if since_ns is not None:
-        query = query.where(Lookup.time_ns >= since_ns - LONGEST_REQUEST_NS)
+        query = query.where(col(Lookup.time_ns) >= since_ns - LONGEST_REQUEST_NS)
     if until_ns is not None:
-        query = query.where(Lookup.time_ns < until_ns + CLOCK_SLACK_NS)
-    found: dict[tuple[str, str], list[_Lookup]] = {}
-    for engine_id, request_id, *rest in connection.execute(
-        query.order_by(Lookup.time_ns, Lookup.id)
-    ):
-        found.setdefault((engine_id, request_id), []).append(_Lookup(*rest))
+        query = query.where(col(Lookup.time_ns) < until_ns + CLOCK_SLACK_NS)
+    # Keyed as stored: a lookup may name no engine or request (no request row matches it then).
+    found: dict[tuple[str | None, str | None], list[_Lookup]] = {}
+    for (
+        engine_id,
+        request_id,
+        time_ns,
+        lookup_id,
+        connector,
+        child,
+        hit,
+        local,
+    ) in connection.execute(query.order_by(col(Lookup.time_ns), col(Lookup.id))):
+        assert lookup_id is not None  # a stored row has its id
+        lookup = _Lookup(time_ns, lookup_id, connector, child, hit, local)
+        found.setdefault((engine_id, request_id), []).append(lookup)
     return found
 
 
@@ -276,13 +288,17 @@ def cached_tokens_query(since_ns: int | None, until_ns: int | None) -> Select:
     """The cached-token points of requests that may overlap [since, until), newest first."""
     point = TimelinePoint
     query = select(
-        point.engine_id, point.request_id, point.time_ns, point.point, point.value
+        col(point.engine_id),
+        col(point.request_id),
+        col(point.time_ns),
+        col(point.point),
+        col(point.value),
     ).where(text(CACHED_TOKEN_POINTS))  # as written: their partial index's condition
     if since_ns is not None:
-        query = query.where(point.time_ns >= since_ns - LONGEST_REQUEST_NS)
+        query = query.where(col(point.time_ns) >= since_ns - LONGEST_REQUEST_NS)
     if until_ns is not None:
-        query = query.where(point.time_ns < until_ns + CLOCK_SLACK_NS)
-    return query.order_by(point.time_ns.desc(), point.id.desc())
+        query = query.where(col(point.time_ns) < until_ns + CLOCK_SLACK_NS)
+    return query.order_by(col(point.time_ns).desc(), col(point.id).desc())
 
 
 def _vllm_cached(

@@ -10,6 +10,7 @@ import json
 
 from pydantic import BaseModel, Field
 from sqlalchemy import Connection, select, text
+from sqlmodel import col
 
 from kvscope.backend.db.models import Request
 from kvscope.backend.db.request_numbers import numbers_of
@@ -83,8 +84,9 @@ def load_convoys(
             engine_id=engine,
             convoys=count,
             requests=requests,
-            wait_ms_total=(total_ns or 0) / 1e6,
-            wait_ms_max=(max_ns or 0) / 1e6,
+            # PostgreSQL sums bigints as numeric (a Decimal here): int() for both databases.
+            wait_ms_total=int(total_ns or 0) / 1e6,
+            wait_ms_max=int(max_ns or 0) / 1e6,
         )
         for engine, count, requests, total_ns, max_ns in connection.execute(_PER_ENGINE, window)
     ]
@@ -105,8 +107,8 @@ def _item(connection, engine, request_id, time_ns, wait_ns, attributes) -> Convo
     row_id = None
     if request_id is not None:  # the worker's points may name no engine: its request's row does
         numbers = numbers_of(request_id, (engine, ""))
-        query = select(Request.id).where(Request.request_no.in_(numbers))
-        row_id = connection.execute(query.order_by(Request.id.desc()).limit(1)).scalar()
+        query = select(col(Request.id)).where(col(Request.request_no).in_(numbers))
+        row_id = connection.execute(query.order_by(col(Request.id).desc()).limit(1)).scalar()
     return ConvoyItem(
         id=row_id,
         engine_id=engine,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pydantic import BaseModel
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from kvscope.backend.db.models import Request, Span, TimelinePoint, Transfer
 from kvscope.backend.queries.timeline import TTFT_S, _llm_attributes, of_request
@@ -41,7 +41,7 @@ def split(session: Session, request: Request) -> PdSplit:
     reads = session.exec(
         select(Transfer)
         .where(*of_request(Transfer, request), Transfer.direction == "p2p_read")
-        .order_by(Transfer.start_ns)
+        .order_by(col(Transfer.start_ns))
         .limit(MAX_SPANS)
     ).all()
     if not reads:
@@ -56,7 +56,7 @@ def split(session: Session, request: Request) -> PdSplit:
     resumed = session.exec(
         select(TimelinePoint.time_ns)
         .where(*of_request(TimelinePoint, request), TimelinePoint.point == "resumed")
-        .order_by(TimelinePoint.time_ns)
+        .order_by(col(TimelinePoint.time_ns))
         .limit(1)
     ).first()
     # The step that computes the first token starts once the request resumed after its load.
@@ -81,4 +81,4 @@ def split(session: Session, request: Request) -> PdSplit:
 def _spans(session: Session, request: Request, name: str, since_ns: int = 0) -> list[Span]:
     query = select(Span).where(*of_request(Span, request), Span.name == name)
     query = query.where(Span.start_ns >= since_ns)
-    return list(session.exec(query.order_by(Span.start_ns).limit(MAX_SPANS)).all())
+    return list(session.exec(query.order_by(col(Span.start_ns)).limit(MAX_SPANS)).all())

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, Field
 from sqlalchemy import Connection, select
+from sqlmodel import col
 
 from kvscope.backend.db.models import Request, TimelinePoint
 from kvscope.backend.db.request_numbers import numbers_of_pairs
@@ -80,6 +81,12 @@ def recomputed(incidents: Iterable[IncidentPublic]) -> list[IncidentPublic]:
     return [i for i in incidents if i.request_id and i.engine_id and i.outcome == RECOMPUTED]
 
 
+def _key(incident: IncidentPublic) -> tuple[str, str]:
+    """(engine, request id) of an incident that recomputed() kept: it names both."""
+    assert incident.engine_id is not None and incident.request_id is not None
+    return incident.engine_id, incident.request_id
+
+
 @dataclass
 class _Row:
     requests: dict[int, RecomputedRequest] = field(default_factory=dict)
@@ -98,16 +105,17 @@ def silent_recomputes(
     load failure, grouped by engine and short cause. `incidents` should reach LONGEST_REQUEST_NS
     before since_ns: a request's failure comes before its end."""
     failed = recomputed(incidents)
-    keys = {(i.engine_id, i.request_id) for i in failed}
+    keys = {_key(i) for i in failed}
     ended = _ended_normally(connection, keys, since_ns, until_ns)
     allocations = _allocations(connection, set(ended))
     tokens_of = {a[0]: a[2] for found in allocations.values() for a in found}
     rows: dict[tuple[str, str], _Row] = {}
     for incident in sorted(failed, key=lambda i: (i.time_ns, i.id)):
-        request = _request_of(ended.get((incident.engine_id, incident.request_id), ()), incident)
+        engine_id, request_id = _key(incident)
+        request = _request_of(ended.get((engine_id, request_id), ()), incident)
         if request is None:
             continue
-        row = rows.setdefault((incident.engine_id, short_cause(incident.cause)), _Row())
+        row = rows.setdefault((engine_id, short_cause(incident.cause)), _Row())
         row.load_failures += 1
         public = row.requests.setdefault(
             request.id,
@@ -158,18 +166,25 @@ def _ended_normally(
     found: dict[tuple[str, str], list[_Ended]] = {}
     for chunk in _chunks(sorted(keys)):
         query = select(
-            Request.id, Request.request_id, Request.engine_id, Request.start_ns, Request.end_ns
+            col(Request.id),
+            col(Request.request_id),
+            col(Request.engine_id),
+            col(Request.start_ns),
+            col(Request.end_ns),
         ).where(
-            Request.request_no.in_(numbers_of_pairs(chunk)),
-            Request.status.in_(NORMAL_ENDS),
-            Request.end_ns.is_not(None),
+            col(Request.request_no).in_(numbers_of_pairs(chunk)),
+            col(Request.status).in_(NORMAL_ENDS),
+            col(Request.end_ns).is_not(None),
         )
         if since_ns is not None:
-            query = query.where(Request.end_ns >= since_ns)
+            query = query.where(col(Request.end_ns) >= since_ns)
         if until_ns is not None:
-            query = query.where(Request.end_ns < until_ns)
-        for row in connection.execute(query):
-            ended = _Ended(*row)
+            query = query.where(col(Request.end_ns) < until_ns)
+        for row_id, request_id, engine_id, start_ns, end_ns in connection.execute(query):
+            # Rows of the pairs asked for (both named), ended: the query's conditions.
+            assert row_id is not None and request_id is not None and engine_id is not None
+            assert end_ns is not None
+            ended = _Ended(row_id, request_id, engine_id, start_ns, end_ns)
             found.setdefault(ended.key, []).append(ended)
     return found
 
@@ -182,15 +197,24 @@ def _allocations(
     point = TimelinePoint
     for chunk in _chunks(sorted(keys)):
         query = (
-            select(point.id, point.engine_id, point.request_id, point.time_ns, point.value)
-            .where(
-                point.request_no.in_(numbers_of_pairs(chunk)),
-                point.point == "blocks_allocated",
-                point.value.is_not(None),
+            select(
+                col(point.id),
+                col(point.engine_id),
+                col(point.request_id),
+                col(point.time_ns),
+                col(point.value),
             )
-            .order_by(point.time_ns, point.id)
+            .where(
+                col(point.request_no).in_(numbers_of_pairs(chunk)),
+                col(point.point) == "blocks_allocated",
+                col(point.value).is_not(None),
+            )
+            .order_by(col(point.time_ns), col(point.id))
         )
         for point_id, engine_id, request_id, time_ns, tokens in connection.execute(query):
+            # Points of the pairs asked for (both named), with a value: the query's conditions.
+            assert point_id is not None and engine_id is not None and request_id is not None
+            assert tokens is not None
             found.setdefault((engine_id, request_id), []).append((point_id, time_ns, tokens))
     return found
 

@@ -2,15 +2,18 @@
 
 import json
 
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from kvscope.backend.db.models import (
     Failure,
+    FailurePublic,
     Request,
     RequestPublic,
     Span,
     TimelinePoint,
+    TimelinePointPublic,
     Transfer,
+    TransferPublic,
 )
 from kvscope.backend.db.request_numbers import numbers_of
 from kvscope.backend.queries.schemas import Certainty, Timeline, TtftBreakdown
@@ -35,19 +38,19 @@ def build(session: Session, request: Request, certainty: Certainty) -> Timeline:
         if point.point in _LAST_WINS or point.point not in first:
             first[point.point] = point.time_ns
     transfers = session.exec(
-        select(Transfer).where(*of_request(Transfer, request)).order_by(Transfer.start_ns)
+        select(Transfer).where(*of_request(Transfer, request)).order_by(col(Transfer.start_ns))
     ).all()
     failures = session.exec(
-        select(Failure).where(*of_request(Failure, request)).order_by(Failure.time_ns)
+        select(Failure).where(*of_request(Failure, request)).order_by(col(Failure.time_ns))
     ).all()
     return Timeline(
         request=request_public(request),
-        points=points,
+        points=[TimelinePointPublic.model_validate(point) for point in points],
         first=first,
         missing_points=[p for p in names.TIMELINE_POINTS if p not in first],
         ttft=breakdown(request, first, _llm_attributes(session, request)),
-        transfers=transfers,
-        failures=failures,
+        transfers=[TransferPublic.model_validate(transfer) for transfer in transfers],
+        failures=[FailurePublic.model_validate(failure) for failure in failures],
         certainty=certainty,
     )
 
@@ -68,7 +71,9 @@ def of_request(model, request: Request) -> list:
 
 def _points(session: Session, request: Request) -> list[TimelinePoint]:
     query = select(TimelinePoint).where(*of_request(TimelinePoint, request))
-    return list(session.exec(query.order_by(TimelinePoint.time_ns, TimelinePoint.id)).all())
+    return list(
+        session.exec(query.order_by(col(TimelinePoint.time_ns), col(TimelinePoint.id))).all()
+    )
 
 
 def _llm_attributes(session: Session, request: Request) -> dict:
@@ -81,7 +86,9 @@ def _llm_attributes(session: Session, request: Request) -> dict:
         candidates.append(head)
     numbers = numbers_of(candidates)
     span = session.exec(
-        select(Span).where(Span.request_no.in_(numbers), Span.name == LLM_REQUEST).limit(1)
+        select(Span)
+        .where(col(Span.request_no).in_(numbers), col(Span.name) == LLM_REQUEST)
+        .limit(1)
     ).first()
     return json.loads(span.attributes) if span else {}
 

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from pydantic import BaseModel
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from kvscope.backend.db.models import Span, Transfer
 from kvscope.backend.queries.transport_rates import (
@@ -77,8 +77,8 @@ def reads(
     if engine_id is not None:
         query = query.where(Transfer.engine_id == engine_id)
     if request_nos is not None:
-        query = query.where(Transfer.request_no.in_(request_nos))
-    transfers = session.exec(query.order_by(Transfer.start_ns.desc()).limit(limit)).all()
+        query = query.where(col(Transfer.request_no).in_(request_nos))
+    transfers = session.exec(query.order_by(col(Transfer.start_ns).desc()).limit(limit)).all()
     spans = _spans_of(session, transfers)
     return [_judged(t, spans.get((t.trace_id, t.span_id), {}), rates) for t in transfers]
 
@@ -88,8 +88,8 @@ def _spans_of(session: Session, transfers) -> dict[tuple[str, str], dict]:
     if not transfers:
         return {}
     query = select(Span.trace_id, Span.span_id, Span.attributes).where(
-        Span.start_ns.in_({t.start_ns for t in transfers}),
-        Span.span_id.in_({t.span_id for t in transfers}),
+        col(Span.start_ns).in_({t.start_ns for t in transfers}),
+        col(Span.span_id).in_({t.span_id for t in transfers}),
         Span.name == names.SPAN_TRANSFER,
     )
     return {(trace, span): json.loads(attrs) for trace, span, attrs in session.exec(query)}

@@ -4,7 +4,7 @@ import json
 from typing import Annotated
 
 from fastapi import APIRouter, Query
-from sqlmodel import Session, or_, select
+from sqlmodel import Session, col, or_, select
 
 from kvscope.backend.db.models import Block, BlockPublic, Lease
 from kvscope.backend.deps import SessionDep, SettingsDep, TokenDep
@@ -31,11 +31,17 @@ def list_blocks(
     offset: Offset = 0,
     limit: Limit = 500,
 ):
-    order = (Block.engine_id, Block.tier, Block.kv_group, Block.block_id, Block.address)
+    order = (
+        col(Block.engine_id),
+        col(Block.tier),
+        col(Block.kv_group),
+        col(Block.block_id),
+        col(Block.address),
+    )
     query = select(Block).order_by(*order)
     query = equal(query, engine_id=engine_id, tier=tier, state=state, block_hash=block_hash)
     if kv_group == 0:  # rows stored before groups were named (NULL) are group 0
-        query = query.where(or_(Block.kv_group == 0, Block.kv_group.is_(None)))
+        query = query.where(or_(col(Block.kv_group) == 0, col(Block.kv_group).is_(None)))
     elif kv_group is not None:
         query = query.where(Block.kv_group == kv_group)
     found = page(session, query, offset, limit)
@@ -50,7 +56,7 @@ def list_blocks(
 def active_leases_by_block(session: Session) -> dict[tuple[str, int], str]:
     """(engine, host block id) -> id of the active lease pinning it."""
     pinned: dict[tuple[str, int], str] = {}
-    active = session.exec(select(Lease).where(Lease.ended_ns.is_(None))).all()
+    active = session.exec(select(Lease).where(col(Lease.ended_ns).is_(None))).all()
     for lease in active:
         for host_block_id in json.loads(lease.host_block_ids):
             pinned[(lease.engine_id, host_block_id)] = lease.lease_id

@@ -2,7 +2,7 @@
 they fold into, with cause, policy and outcome."""
 
 from fastapi import APIRouter
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from kvscope.backend.db.models import Failure, FailurePublic, Lease, Process
 from kvscope.backend.deps import SessionDep, TokenDep
@@ -42,7 +42,7 @@ def list_failures(
     offset: Offset = 0,
     limit: Limit = 100,
 ):
-    query = select(Failure).order_by(Failure.time_ns.desc(), Failure.id.desc())
+    query = select(Failure).order_by(col(Failure.time_ns).desc(), col(Failure.id).desc())
     query = in_window(query, Failure.time_ns, since_ns, until_ns)
     query = of_request_id(equal(query, kind=kind, cause=cause, engine_id=engine_id), request_id)
     return page(session, query, offset, limit)
@@ -56,7 +56,7 @@ def incidents_in(
     **filters,
 ) -> tuple[list[IncidentPublic], int, bool]:
     """Incidents of the window's newest MAX_REPORTS reports: (incidents, reports, truncated)."""
-    query = select(Failure).order_by(Failure.time_ns.desc(), Failure.id.desc())
+    query = select(Failure).order_by(col(Failure.time_ns).desc(), col(Failure.id).desc())
     query = in_window(query, Failure.time_ns, since_ns, until_ns)
     query = of_request_id(equal(query, **filters), request_id)
     reports = session.exec(query.limit(MAX_REPORTS + 1)).all()
@@ -85,10 +85,12 @@ def _with_holders(session: Session, reports: list[Failure]) -> list[FailurePubli
         return public
     leases = session.exec(
         select(Lease.engine_id, Lease.lease_id, Lease.holder).where(
-            Lease.lease_id.in_({lease_id for _, lease_id in wanted})
+            col(Lease.lease_id).in_({lease_id for _, lease_id in wanted})
         )
     ).all()
-    holders = {(engine, lease): holder for engine, lease, holder in leases if holder}
+    holders: dict[tuple[str | None, str | None], str] = {
+        (engine, lease): holder for engine, lease, holder in leases if holder
+    }
     return [
         r.model_copy(update={"request_id": holders.get((r.engine_id, r.lease_id))})
         if r.lease_id and not r.request_id

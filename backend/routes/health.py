@@ -12,7 +12,7 @@ router = APIRouter(tags=["health"])
 @router.get("/health", summary="Backend and database health")
 def health(session: SessionDep, ingest: IngestDep, response: Response) -> dict:
     try:
-        session.exec(text("SELECT 1"))
+        session.scalar(text("SELECT 1"))
         version = current_version(session.connection())
     except Exception as error:  # any database failure means unhealthy, with the reason shown
         response.status_code = status.HTTP_503_SERVICE_UNAVAILABLE

@@ -4,7 +4,7 @@ import math
 import time
 
 from fastapi import APIRouter, Query
-from sqlmodel import select
+from sqlmodel import col, select
 
 from kvscope.backend.db.models import Lease, LeasePublic
 from kvscope.backend.deps import SessionDep, SettingsDep, TokenDep
@@ -30,12 +30,14 @@ def list_leases(
 ):
     # Held leases oldest first: the oldest are the ones leaking, and a page must not drop them.
     if active:
-        query = select(Lease).order_by(Lease.acquired_ns, Lease.id)
+        query = select(Lease).order_by(col(Lease.acquired_ns), col(Lease.id))
     else:
-        query = select(Lease).order_by(Lease.acquired_ns.desc(), Lease.id.desc())
+        query = select(Lease).order_by(col(Lease.acquired_ns).desc(), col(Lease.id).desc())
     query = equal(query, engine_id=engine_id, holder=holder, outcome=outcome)
     if active is not None:
-        query = query.where(Lease.ended_ns.is_(None) if active else Lease.ended_ns.is_not(None))
+        query = query.where(
+            col(Lease.ended_ns).is_(None) if active else col(Lease.ended_ns).is_not(None)
+        )
     found = page(session, query, offset, limit)
     certainty = certainty_module.certainty(session, settings.gap_grace_s)
     reasons = certainty_module.uncertain_reasons(certainty.gaps)

@@ -62,7 +62,7 @@ def one_request(session: SessionDep, request_key: RowId, history_s: HistoryS = H
         raise HTTPException(404, f"no request with id {request_key}: list them at /api/v1/requests")
     if request.end_ns is None or request.status == "running":
         raise HTTPException(409, f"request {request_key} is still running: ask when it ended")
-    found = request_misses(session.connection(), request.id, request.end_ns, history_s)
+    found = request_misses(session.connection(), request_key, request.end_ns, history_s)
     if found is None:
         raise HTTPException(
             404, f"request {request_key} was not accounted (no decided lookup or prompt length)"

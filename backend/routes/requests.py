@@ -3,7 +3,7 @@
 import json
 
 from fastapi import APIRouter, HTTPException, Query
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from kvscope.backend.db.models import Request, RequestPublic, Span, SpanPublic
 from kvscope.backend.deps import SessionDep, SettingsDep, TokenDep
@@ -37,7 +37,7 @@ def list_requests(
     offset: Offset = 0,
     limit: Limit = 100,
 ):
-    query = select(Request).order_by(Request.start_ns.desc(), Request.id.desc())
+    query = select(Request).order_by(col(Request.start_ns).desc(), col(Request.id).desc())
     query = in_window(query, Request.start_ns, since_ns, until_ns)
     query = equal(query, status=status, connector=connector, engine_id=engine_id)
     query = of_request_id(query, request_id)
@@ -82,7 +82,7 @@ def read_timeline(session: SessionDep, settings: SettingsDep, request_key: RowId
 def read_spans(session: SessionDep, request_key: RowId, limit: Limit = 1000):
     request = get_request(session, request_key)
     spans = session.exec(
-        select(Span).where(*of_request(Span, request)).order_by(Span.start_ns).limit(limit)
+        select(Span).where(*of_request(Span, request)).order_by(col(Span.start_ns)).limit(limit)
     ).all()
     return [
         SpanPublic.model_validate(

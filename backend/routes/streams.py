@@ -3,7 +3,7 @@
 import time
 
 from fastapi import APIRouter
-from sqlmodel import select
+from sqlmodel import col, select
 
 from kvscope.backend.db import seqs
 from kvscope.backend.db.models import Process
@@ -23,7 +23,7 @@ def list_streams(session: SessionDep, settings: SettingsDep):
     counts = seqs.received_counts(session.connection())
     gaps = certainty.gaps(session, settings.gap_grace_s, now_ns=time.time_ns())
     streams = []
-    for process in session.exec(select(Process).order_by(Process.first_seen_ns)).all():
+    for process in session.exec(select(Process).order_by(col(Process.first_seen_ns))).all():
         received, highest = counts.get(process.instance_id, (0, -1))
         holes = [g for g in gaps if g.origin == process.instance_id]
         streams.append(

@@ -1,7 +1,7 @@
 """Transfers: bytes, duration, throughput, direction and peer of each block transfer."""
 
 from fastapi import APIRouter
-from sqlmodel import select
+from sqlmodel import col, select
 
 from kvscope.backend.db.models import Transfer, TransferPublic
 from kvscope.backend.deps import SessionDep, TokenDep
@@ -33,7 +33,7 @@ def list_transfers(
     offset: Offset = 0,
     limit: Limit = 100,
 ):
-    query = select(Transfer).order_by(Transfer.start_ns.desc(), Transfer.id.desc())
+    query = select(Transfer).order_by(col(Transfer.start_ns).desc(), col(Transfer.id).desc())
     query = in_window(query, Transfer.start_ns, since_ns, until_ns)
     query = equal(query, direction=direction, peer=peer, engine_id=engine_id, ok=ok)
     query = of_request_id(query, request_id)

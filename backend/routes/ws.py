@@ -100,7 +100,7 @@ def make_publisher(app):
                 sure = certainty.certainty(
                     session,
                     app.state.settings.gap_grace_s,
-                    {instance_id for *_, instance_id in update.finished},
+                    {instance_id for *_, instance_id in update.finished if instance_id is not None},
                 )
                 for request_no, trace_id, span_id, _ in update.finished:
                     request = session.exec(

@@ -96,7 +96,7 @@ def judge(engine_id: str, stats: TierStats, stored_bytes: int | None, window_s: 
             f"host tier of {engine_id}: {stats.stored_blocks} blocks{size} stored and "
             f"{stats.hit_blocks} hit in {span}: written, never read"
         )
-    if dropped_alarm:
+    if dropped_alarm and dropped is not None:
         alarms.append(
             f"host tier of {engine_id}: {100 * dropped:.0f}% of blocks evicted unread in {span}"
         )

@@ -61,7 +61,7 @@ def read_accesses(connection: Connection, since_ns: int, until_ns: int) -> list[
 
 
 def _access(engine_id: str, request_id, span_attributes: dict, event: dict) -> Access | None:
-    kind = _KINDS.get(event.get("name"))
+    kind = _KINDS.get(event.get("name", ""))
     attributes = event.get("attributes") or {}
     if kind is None or attributes.get(names.BLOCK_TIER, "host") != "host":
         return None

@@ -2,6 +2,7 @@
 
 from pydantic import BaseModel, Field
 from sqlalchemy import Connection, select
+from sqlmodel import col
 
 from kvscope.backend.db.models import Failure
 from kvscope.backend.queries.accounting import LONGEST_REQUEST_NS, request_accounts
@@ -115,15 +116,16 @@ def engine_misses(engine_id: str, rows: list[RequestMisses]) -> EngineMisses:
 def recomputed_loads(connection: Connection, since_ns: int, until_ns: int | None) -> set[str]:
     """The requests whose load failed and was recomputed in the range (by request id: a
     worker's report may name its process, not its engine)."""
-    query = select(Failure.request_id).where(
-        Failure.kind.in_(("load_failed", "transfer_failed")),
-        Failure.outcome == RECOMPUTED,
-        Failure.time_ns >= since_ns,
-        Failure.request_id.is_not(None),
+    query = select(col(Failure.request_id)).where(
+        col(Failure.kind).in_(("load_failed", "transfer_failed")),
+        col(Failure.outcome) == RECOMPUTED,
+        col(Failure.time_ns) >= since_ns,
+        col(Failure.request_id).is_not(None),
     )
     if until_ns is not None:
-        query = query.where(Failure.time_ns < until_ns + LONGEST_REQUEST_NS)
-    return {request for (request,) in connection.execute(query)}
+        query = query.where(col(Failure.time_ns) < until_ns + LONGEST_REQUEST_NS)
+    # Only rows that name a request (the query's condition).
+    return {request for (request,) in connection.execute(query) if request is not None}
 
 
 def request_misses(

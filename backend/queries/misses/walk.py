@@ -2,6 +2,7 @@
 and what became of the blocks stored (hit, or evicted unread)."""
 
 from dataclasses import dataclass, field
+from typing import overload
 
 from kvscope.backend.queries.misses import vocabulary as why
 from kvscope.backend.queries.misses.history import Access
@@ -99,8 +100,8 @@ class EngineWalk:
             del self._expired[req_id]
         for key in [k for k, evicted_ns in self._evicted.items() if evicted_ns < before_ns]:
             del self._evicted[key]
-            if (content := self._content_of.get(key)) is not None:
-                self._stored_content.get(content[0], set()).discard(key)
+            if (stored := self._content_of.get(key)) is not None:
+                self._stored_content.get(stored[0], set()).discard(key)
         for key, (content, asked_ns) in list(self._content_of.items()):
             if asked_ns < before_ns and key not in self._present and key not in self._evicted:
                 del self._content_of[key]
@@ -224,6 +225,10 @@ class EngineWalk:
         )
 
 
+@overload
+def _continued(previous: MissRun, index: int) -> MissRun: ...
+@overload
+def _continued(previous: MissRun | None, index: int) -> MissRun | None: ...
 def _continued(previous: MissRun | None, index: int) -> MissRun | None:
     if previous is None:
         return None

@@ -43,8 +43,9 @@ def replay(stream: EngineStream, policy_name: str, pool_blocks: int) -> Outcome:
     (compared with the replay's at today's size); the replay makes its own.
     """
     pool: Policy = POLICIES[policy_name](pool_blocks)
-    pending: dict[str, tuple[str, ...]] = {}  # keys asked beyond the hit, not stored yet
-    pinned: dict[str, tuple[str, ...]] = {}
+    # By request id (None: an access that names no request, as the stream gave it).
+    pending: dict[str | None, tuple[str, ...]] = {}  # keys asked beyond the hit, not stored yet
+    pinned: dict[str | None, tuple[str, ...]] = {}
     writing: dict[str, int] = {}  # reserved, being copied: invisible and not evictable
     hit_blocks = asked_blocks = in_flight_lookups = in_flight_blocks = 0
     hits_by_request: dict[str, int] = {}
@@ -140,6 +141,6 @@ def _commit(pool: Policy, writing: dict[str, int], now_ns: int) -> None:
         pool.unpin(key)
 
 
-def _unpin(pool: Policy, pinned: dict[str, tuple[str, ...]], req_id: str | None) -> None:
+def _unpin(pool: Policy, pinned: dict[str | None, tuple[str, ...]], req_id: str | None) -> None:
     for key in pinned.pop(req_id, ()):
         pool.unpin(key)

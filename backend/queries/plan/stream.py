@@ -90,7 +90,7 @@ def _in_order(stream: EngineStream) -> None:
 
 
 def _access(stream: EngineStream, event: dict, span_attributes: dict, request_id) -> Access | None:
-    kind = _KINDS.get(event.get("name"))
+    kind = _KINDS.get(event.get("name", ""))
     attributes = event.get("attributes") or {}
     if kind is None or attributes.get(names.BLOCK_TIER, "host") != "host":
         return None

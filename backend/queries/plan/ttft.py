@@ -44,7 +44,10 @@ def measured_ttft(
 ) -> MeasuredTtft:
     """The window's TTFTs of the requests in hit_tokens (by the engine's request id). vLLM's
     llm_request span names the API server's id: the engine's without its '-xxxxxxxx' tail."""
-    by_id = dict(connection.execute(_TTFT, {"since": since_ns, "until": until_ns}).all())
+    by_id: dict[str, float] = {
+        request_id: ttft
+        for request_id, ttft in connection.execute(_TTFT, {"since": since_ns, "until": until_ns})
+    }
     found: dict[str, float] = {}
     for req_id in hit_tokens:
         head, dash, tail = req_id.rpartition("-")
