@@ -1,6 +1,7 @@
 """Shared screen parts: the live section wrapper, backend states, empty states, warnings."""
 
 from collections.abc import Callable
+from typing import Literal
 
 import streamlit as st
 
@@ -76,6 +77,8 @@ def backend_caption() -> None:
 
 def chart(figure, stretch: bool = True, height: int | None = None, **options):
     """st.altair_chart at the height the builder chose (Streamlit ignores the spec's own)."""
-    height = height or (figure.height if isinstance(figure.height, int) else "content")
-    width = "stretch" if stretch else "content"
-    return st.altair_chart(figure, width=width, height=height, **options)
+    shown: int | Literal["content"] = height or (
+        figure.height if isinstance(figure.height, int) else "content"
+    )
+    width: Literal["stretch", "content"] = "stretch" if stretch else "content"
+    return st.altair_chart(figure, width=width, height=shown, **options)

@@ -18,7 +18,9 @@ PROMPTS = [
 def traced_example_config(storage: Path, **tracing: str) -> dict:
     """TracedConnector around vLLM's ExampleConnector, which stores KV as files in storage;
     tracing: TracedConnector's own keys (trace_layer_mode, trace_quiet_hooks)."""
-    connector = traced_child("ExampleConnector", shared_storage_path=str(storage), **tracing)
+    connector = traced_child(
+        "ExampleConnector", "traced", registered=False, shared_storage_path=str(storage), **tracing
+    )
     return engine_config(connector, policy="fail")  # vLLM's default: a failed load fails
 
 

@@ -21,6 +21,13 @@ class Service:
     log_path: Path
     process: subprocess.Popen | None = None
 
+    @property
+    def started(self) -> subprocess.Popen:
+        """The process start() started."""
+        if self.process is None:
+            raise RuntimeError(f"{self.name} was not started")
+        return self.process
+
     def start(self) -> None:
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
@@ -63,7 +70,7 @@ class Stack:
         service.start()
         started = time.monotonic()
         while not service.healthy():
-            if service.process.poll() is not None:
+            if service.started.poll() is not None:
                 raise RuntimeError(f"{service.name} exited; its log: {service.log_path}")
             if time.monotonic() - started > timeout_s:
                 raise TimeoutError(
@@ -74,7 +81,7 @@ class Stack:
 
     def check_alive(self) -> None:
         for service in self.services:
-            if service.process.poll() is not None:
+            if service.started.poll() is not None:
                 raise RuntimeError(f"{service.name} exited; its log: {service.log_path}")
 
     def stop(self) -> None:

@@ -146,8 +146,8 @@ def miss_reasons(version: int) -> None:
     if found is None or not found["engines"]:
         return
     st.subheader("Why tokens missed")
-    if sentence := misses_charts.headline(found, labels):
-        st.warning(sentence, icon=":material/search_off:")
+    if headline := misses_charts.headline(found, labels):
+        st.warning(headline, icon=":material/search_off:")
     st.markdown(misses_charts.engines_table(found, labels))
 
 

@@ -36,7 +36,8 @@ def request_picker(found: list[dict]) -> int:
         st.session_state.setdefault("open_request", int(wanted))
     if st.session_state.get("open_request") not in keys:
         st.session_state.pop("open_request", None)
-    key = st.selectbox("Open a request", keys, format_func=labels.get, key="open_request")
+    key = st.selectbox("Open a request", keys, format_func=labels.__getitem__, key="open_request")
+    assert key is not None  # the page shows no picker without requests
     st.query_params["request"] = str(key)
     return key
 

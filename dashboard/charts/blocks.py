@@ -1,6 +1,7 @@
 """The block map: every block slot per engine and tier, colored by state, thousands at once."""
 
 import json
+from collections.abc import Sequence
 
 import altair as alt
 import pandas as pd
@@ -35,7 +36,7 @@ COLUMNS_OUT = [
 
 
 def block_frame(
-    blocks: list[dict], failures: list[dict] = (), labels: dict[str, str] | None = None
+    blocks: list[dict], failures: Sequence[dict] = (), labels: dict[str, str] | None = None
 ) -> pd.DataFrame:
     """Blocks with the state to show: leased while a lease pins them, failed when a load
     failure named the engine block after its last update (or it never arrived)."""
@@ -49,12 +50,12 @@ def block_frame(
         # A load failure names block ids without their group: group 0's slots show it.
         for block_id in json.loads(failure.get("block_ids") or "[]"):
             key = (failure["engine_id"], "device", 0, block_id)
-            row = by_slot.get(key)
-            if row is None:
-                row = by_slot[key] = _failed_row(failure, block_id)
-                rows.append(row)
-            elif row["updated_ns"] <= failure["time_ns"]:
-                row["state"] = "failed"
+            slot = by_slot.get(key)
+            if slot is None:
+                slot = by_slot[key] = _failed_row(failure, block_id)
+                rows.append(slot)
+            elif slot["updated_ns"] <= failure["time_ns"]:
+                slot["state"] = "failed"
     frame = pd.DataFrame(rows, columns=COLUMNS_OUT)
     return _place(frame, labels)
 

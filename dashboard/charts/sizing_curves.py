@@ -10,7 +10,7 @@ CEILING_COLOR = "#555"
 X = alt.X("pool blocks:Q", scale=alt.Scale(type="log"), title="host pool blocks")
 
 
-def hit_rate_chart(curve: pd.DataFrame, ceiling: dict) -> alt.LayerChart:
+def hit_rate_chart(curve: pd.DataFrame, ceiling: dict) -> alt.LayerChart | alt.FacetChart:
     """Hit rate against pool size; the ceiling as a dashed level and a dashed size, each knee
     as a diamond on its policy's line."""
     rate = round(100 * ceiling["pool_hit_rate"], 2)
@@ -27,7 +27,9 @@ def hit_rate_chart(curve: pd.DataFrame, ceiling: dict) -> alt.LayerChart:
     )
 
 
-def ttft_chart(curve: pd.DataFrame, measured_p50_ms: float | None) -> alt.LayerChart:
+def ttft_chart(
+    curve: pd.DataFrame, measured_p50_ms: float | None
+) -> alt.LayerChart | alt.FacetChart:
     """Predicted TTFT p50 (solid) and p95 (dashed) against pool size, each knee a diamond on
     the p50 line; today's measured p50 as a dashed level."""
     quantiles = curve.melt(

@@ -21,7 +21,7 @@ MIN_BAR_SHARE = 0.004
 TTFT_PARTS = {"queue_ms": "queue", "lookup_ms": "lookup", "kv_wait_ms": "KV wait"}
 
 
-def _inherited(span: dict, by_id: dict[str, dict], key: str):
+def _inherited(span: dict | None, by_id: dict[str, dict], key: str):
     """An attribute from the span or its nearest ancestor (transfers carry no engine role)."""
     seen = 0
     while span is not None and seen < 64:
@@ -103,7 +103,7 @@ def points_frame(timeline: dict, origin_ns: int) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["point", "at_ms", "value"])
 
 
-def gantt_chart(bars: pd.DataFrame, points: pd.DataFrame) -> alt.LayerChart:
+def gantt_chart(bars: pd.DataFrame, points: pd.DataFrame) -> alt.LayerChart | alt.FacetChart:
     lanes = sorted(bars["lane"].unique(), key=_lane_order)
     x = alt.X("start_ms:Q", title="ms since the request started")
     spans = (
