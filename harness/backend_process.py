@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -21,6 +22,13 @@ class BackendProcess:
         self.port = free_port()
         self.process: subprocess.Popen | None = None
         self.restarts = 0
+
+    @property
+    def started(self) -> subprocess.Popen:
+        """The process start() started."""
+        if self.process is None:
+            raise RuntimeError("the backend process was not started: call start()")
+        return self.process
 
     @property
     def url(self) -> str:
@@ -40,7 +48,7 @@ class BackendProcess:
     def wait_ready(self, timeout_s: float = 90) -> "BackendProcess":
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self.process.poll() is not None:
+            if self.started.poll() is not None:
                 break
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(self.url + "/health", timeout=2).status_code == 200:
@@ -66,12 +74,12 @@ class BackendProcess:
 
     def pause(self) -> None:
         """SIGSTOP: alive, port open, answers nothing (a backend that cannot keep up)."""
-        os.kill(self.process.pid, signal.SIGSTOP)
+        os.kill(self.started.pid, signal.SIGSTOP)
 
     def resume(self) -> None:
-        os.kill(self.process.pid, signal.SIGCONT)
+        os.kill(self.started.pid, signal.SIGCONT)
 
-    def get(self, path: str, **params) -> dict | list:
+    def get(self, path: str, **params) -> Any:  # the JSON answer, as httpx parses it
         response = httpx.get(self.url + path, params=params, timeout=20)
         response.raise_for_status()
         return response.json()

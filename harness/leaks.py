@@ -100,7 +100,9 @@ def open_leases(spans_file: Path, wait_s: float = 5.0) -> list[str]:
 
     deadline = time.monotonic() + wait_s  # spans reach the file every OTEL_BSP_SCHEDULE_DELAY
     while True:
-        acquired, ended = _lease_events(read_spans_file(spans_file) if spans_file.exists() else [])
+        acquired, ended = _lease_events(
+            read_spans_file(str(spans_file)) if spans_file.exists() else []
+        )
         still = sorted(acquired - ended)
         if not still or time.monotonic() > deadline:
             return [f"spans: lease {lease} acquired, never released" for lease in still]

@@ -1,7 +1,7 @@
 """vLLM's ModelRunnerOutput for a hand-stepped engine step, on every supported vLLM release."""
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 from vllm.v1.outputs import ModelRunnerOutput
 
@@ -12,6 +12,15 @@ if TYPE_CHECKING:
 _FIELDS = frozenset(field.name for field in dataclasses.fields(ModelRunnerOutput))
 
 
+class _Fields(TypedDict):
+    """The fields runner_output sets, by name."""
+
+    req_ids: list[str]
+    sampled_token_ids: list[list[int]]
+    kv_connector_output: "KVConnectorOutput | None"
+    req_id_to_index: NotRequired[dict[str, int]]  # vLLM 0.32 and 0.33 only
+
+
 def runner_output(
     output: "SchedulerOutput", kv_output: "KVConnectorOutput | None", token_id: int = 7
 ) -> ModelRunnerOutput:
@@ -19,7 +28,7 @@ def runner_output(
     output. vLLM 0.34 dropped req_id_to_index (the order of req_ids says it), so fields go by
     name."""
     req_ids = list(output.num_scheduled_tokens)
-    fields = {
+    fields: _Fields = {
         "req_ids": req_ids,
         "sampled_token_ids": [[token_id] for _ in req_ids],
         "kv_connector_output": kv_output,

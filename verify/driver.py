@@ -90,7 +90,7 @@ def add_requests(
     added: dict[str, float] = {}
     vocab = vocab_size(llm)
     for i, (req_id, prompt) in enumerate(zip(req_ids, prompts, strict=True)):
-        params = request_params(max_tokens, kv_params and kv_params[i])
+        params = request_params(max_tokens, kv_params[i] if kv_params else None)
         llm.llm_engine.add_request(req_id, as_prompt(prompt, vocab), params)
         added[req_id] = time.monotonic()
     return added
