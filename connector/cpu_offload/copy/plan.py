@@ -2,7 +2,7 @@
 
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 import numpy as np
@@ -17,6 +17,8 @@ class CopyRun:
     num_blocks: int
     device_start: int | None  # set when the device ids are consecutive too: a plain slice copy
     scattered_ids: torch.Tensor | None = None  # int64, when device_start is None
+    # The same ids as a list, where planning had one: splitting reads it without a torch call.
+    scattered_list: list[int] | None = field(default=None, compare=False, repr=False)
 
     @property
     def device_block_ids(self) -> torch.Tensor:
@@ -151,7 +153,8 @@ def _one_host_range(
         return CopyRun(host_start, count, device_start)
     if len(set(device_ids)) != count:
         return None
-    return CopyRun(host_start, count, None, torch.frombuffer(device_array, dtype=torch.int64))
+    ids = torch.frombuffer(device_array, dtype=torch.int64)
+    return CopyRun(host_start, count, None, ids, device_ids)
 
 
 def _checked_small(side: str, block_ids: Sequence[int], limit: int) -> list[int]:
@@ -214,7 +217,7 @@ def split_scattered(
         if run.device_start is not None or run.num_blocks < 2:
             split.append(run)
             continue
-        ids, breaks = _ranges(run.device_block_ids)
+        ids, breaks = _ranges(run.scattered_list or run.device_block_ids)
         num_ranges = len(breaks) + 1
         if num_ranges > max_ranges and run.num_blocks * row_bytes < num_ranges * range_bytes:
             split.append(run)  # many short ranges: one gather beats a memcpy each
@@ -245,12 +248,15 @@ def split_at_multiples(runs: Sequence[CopyRun], every: int) -> list[CopyRun]:
     return split
 
 
-def _ranges(device_block_ids: torch.Tensor) -> tuple[list[int], list[int]]:
+def _ranges(device_block_ids: torch.Tensor | list[int]) -> tuple[list[int], list[int]]:
     """The ids, and where each consecutive range after the first begins. Short runs in plain
     Python: a job is planned right after a copy evicted the caches, when numpy's first calls
-    took ~100 us for 64 ids."""
-    if len(device_block_ids) > SMALL_JOB:
-        ids = device_block_ids.numpy()
-        return ids.tolist(), (np.flatnonzero(np.diff(ids) != 1) + 1).tolist()
-    ids = device_block_ids.tolist()
+    took ~100 us for 64 ids (and a tensor's tolist ~28 us)."""
+    if isinstance(device_block_ids, list):
+        ids = device_block_ids
+    elif len(device_block_ids) > SMALL_JOB:
+        array_ids = device_block_ids.numpy()
+        return array_ids.tolist(), (np.flatnonzero(np.diff(array_ids) != 1) + 1).tolist()
+    else:
+        ids = device_block_ids.tolist()
     return ids, [i for i in range(1, len(ids)) if ids[i] != ids[i - 1] + 1]
