@@ -3,9 +3,7 @@ workload with scheduled faults, on this machine; Ctrl-C stops everything."""
 
 import asyncio
 import json
-import os
 import signal
-import sys
 import tempfile
 import time
 import urllib.request
@@ -13,10 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvscope.demo.fault_schedule import FaultSchedule
-from kvscope.demo.stack import Service, Stack
+from kvscope.demo.stack import Stack
 from kvscope.demo.workload import WorkloadStats, run_workload
 from kvscope.harness.configs import demo_config
-from kvscope.harness.engine import engine_env, free_port, serve_command
+from kvscope.harness.pd_system import PDSystemConfig, start_pd_system
 
 
 @dataclass
@@ -34,82 +32,20 @@ class DemoOptions:
     proxy_port: int = 8000
 
 
-def python(*args: str) -> list[str]:
-    return [sys.executable, "-m", *args]
-
-
 def start_stack(options: DemoOptions, workdir: Path, stack: Stack) -> dict[str, str]:
     """Starts every service; returns their URLs."""
-    backend = f"http://127.0.0.1:{options.backend_port}"
-    env = {**os.environ, "DATABASE_URL": f"sqlite:///{workdir / 'kvscope.db'}"}
-    stack.start(
-        Service(
-            "backend",
-            python("kvscope.cli.main", "backend", "--port", str(options.backend_port)),
-            env,
-            backend + "/health",
-            workdir / "backend.log",
-        )
+    config = PDSystemConfig(
+        model=options.model,
+        workdir=workdir,
+        engine_config=lambda side_channel_port: demo_config(
+            side_channel_port, workdir / "faults.json"
+        ),
+        backend_port=options.backend_port,
+        proxy_port=options.proxy_port,
+        dashboard_port=options.dashboard_port if options.dashboard else None,
+        otlp_endpoint=options.otlp_endpoint,
     )
-    urls = {"backend": backend}
-    if options.dashboard:
-        dashboard = f"http://127.0.0.1:{options.dashboard_port}"
-        cmd = python(
-            "kvscope.dashboard", "--port", str(options.dashboard_port), "--backend-url", backend
-        )
-        stack.start(
-            Service(
-                "dashboard",
-                cmd,
-                dict(os.environ),
-                dashboard + "/_stcore/health",
-                workdir / "dashboard.log",
-            )
-        )
-        urls["dashboard"] = dashboard
-    endpoints = ",".join(filter(None, [backend + "/v1/traces", options.otlp_endpoint]))
-    for role in ("prefill", "decode"):
-        port = free_port()
-        config = demo_config(free_port(), workdir / "faults.json")
-        cmd = serve_command(options.model, port, config)
-        # A small KV cache, so vLLM's own prefix cache evicts and the offload pool gets hits.
-        cmd += [
-            "--otlp-traces-endpoint",
-            backend + "/v1/traces",
-            "--served-model-name",
-            "kvscope-tiny",
-            "--num-gpu-blocks-override",
-            "64",
-        ]
-        server_env = engine_env(
-            KVSCOPE_OTLP_ENDPOINTS=endpoints,
-            KVSCOPE_BACKEND_URL=backend,
-            OTEL_SERVICE_NAME=f"vllm-{role}",
-            OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="http/protobuf",
-            OTEL_BSP_SCHEDULE_DELAY="200",
-        )
-        url = f"http://127.0.0.1:{port}"
-        stack.start(Service(role, cmd, server_env, url + "/health", workdir / f"{role}.log"))
-        urls[role] = url
-    proxy = f"http://127.0.0.1:{options.proxy_port}"
-    cmd = python(
-        "kvscope.harness.proxy",
-        "--port",
-        str(options.proxy_port),
-        "--prefill-url",
-        urls["prefill"],
-        "--decode-url",
-        urls["decode"],
-    )
-    proxy_env = {
-        **os.environ,
-        "KVSCOPE_OTLP_ENDPOINTS": endpoints,
-        "KVSCOPE_BACKEND_URL": backend,
-        "OTEL_SERVICE_NAME": "kvscope-proxy",
-    }
-    stack.start(Service("proxy", cmd, proxy_env, proxy + "/health", workdir / "proxy.log"))
-    urls["proxy"] = proxy
-    return urls
+    return start_pd_system(config, stack).urls
 
 
 def summary_line(backend: str) -> str:

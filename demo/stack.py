@@ -44,12 +44,17 @@ class Service:
             return r.status == 200
         return False
 
+    def terminate(self) -> None:
+        """SIGTERM to the process group, if it still runs."""
+        if self.process is not None and self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGTERM)
+
     def stop(self, timeout_s: float = 20) -> None:
         """SIGTERM to the process group, SIGKILL after timeout_s."""
         if self.process is None or self.process.poll() is not None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGTERM)
+        self.terminate()
         try:
             self.process.wait(timeout_s)
         except subprocess.TimeoutExpired:
@@ -79,12 +84,35 @@ class Stack:
             time.sleep(0.5)
         print(f"ready in {time.monotonic() - started:.0f} s", flush=True)
 
+    def start_together(self, services: list[Service], timeout_s: float = 300) -> None:
+        """Starts the services at once (two vLLM servers start in about the time of one) and
+        waits until every one is healthy."""
+        print(f"  starting {', '.join(s.name for s in services)} ... ", end="", flush=True)
+        started = time.monotonic()
+        for service in services:
+            self.services.append(service)
+            service.start()
+        waiting = list(services)
+        while waiting:
+            self.check_alive()
+            if time.monotonic() - started > timeout_s:
+                raise TimeoutError(
+                    f"{waiting[0].name} not healthy in {timeout_s:.0f} s; see {waiting[0].log_path}"
+                )
+            waiting = [s for s in waiting if not s.healthy()]
+            time.sleep(0.5)
+        print(f"ready in {time.monotonic() - started:.0f} s", flush=True)
+
     def check_alive(self) -> None:
         for service in self.services:
             if service.started.poll() is not None:
                 raise RuntimeError(f"{service.name} exited; its log: {service.log_path}")
 
     def stop(self) -> None:
+        """SIGTERM to every service at once (a vLLM server takes seconds to exit), then each is
+        waited for, newest first, and SIGKILLed if it is still there."""
+        for service in self.services:
+            service.terminate()
         for service in reversed(self.services):
             service.stop()
 

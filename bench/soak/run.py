@@ -27,7 +27,7 @@ from kvscope.bench.soak.rebuilt import (
     rebuilt_state_matches,
 )
 from kvscope.bench.soak.reference import start_reference, wait_reference
-from kvscope.bench.soak.system import SERVERS, start_system, stop_all
+from kvscope.bench.soak.system import SERVERS, start_system
 from kvscope.demo.fault_schedule import FaultSchedule
 from kvscope.demo.stack import Stack
 
@@ -81,7 +81,7 @@ def run_soak(options: SoakOptions) -> list[CheckResult]:
         table = wait_reference(*reference, timeout_s=options.startup_timeout_s)
     finally:
         stopping = time.monotonic()
-        stop_all(stack)
+        stack.stop()
         if reference[0].poll() is None:
             reference[0].kill()
     phases["stop_s"] = time.monotonic() - stopping
