@@ -8,7 +8,7 @@ import time
 import pytest
 from vllm.config import KVTransferConfig
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole, supports_hma
+from vllm.distributed.kv_transfer.kv_connector.v1.base import supports_hma
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
@@ -20,7 +20,7 @@ from tests.connector.cpu_offload.hma_harness import (
     BLOCK,
     NUM_BLOCKS,
     NUM_LAYERS,
-    Engine,
+    HmaEngine,
     block_value,
     kv_cache_config,
     overlaid_kv_caches,
@@ -43,37 +43,25 @@ def multi_config(model, children: list[dict], policy: str = "recompute"):
     return config
 
 
-class MultiEngine(Engine):
+class MultiEngine(HmaEngine):
     """The harness's engine with the Multi in place of the offload connector."""
 
     def __init__(self, model, children: list[dict], policy: str = "recompute"):
-        self.config = multi_config(model, children, policy)
-        self.kv_config = kv_cache_config()
-        self.scheduler = Scheduler(
-            self.config,
-            self.kv_config,
-            StructuredOutputManager(self.config),
-            block_size=BLOCK,
-            log_stats=True,
-        )
-        self.worker = KvscopeMultiConnector(self.config, KVConnectorRole.WORKER, self.kv_config)
-        self.kv_caches = overlaid_kv_caches()
-        self.worker.register_kv_caches(self.kv_caches)
-        self.outputs = []
+        config = multi_config(model, children, policy)
+        super().__init__(config, kv_cache_config(), overlaid_kv_caches())
 
     def child(self, index: int):
         """A child's scheduler half (OffloadScheduler)."""
         return self.scheduler.connector.inner.children[index].connector.scheduler
 
     def run(self, max_steps: int = 40) -> None:
-        for _ in range(max_steps):
+        def idle() -> bool:
             stores = any(self.child(i).stores.in_flight for i in (0, 1))
-            if not self.scheduler.has_unfinished_requests() and not stores:
-                return
-            self.step()
-        raise AssertionError("requests still unfinished")
+            return not self.scheduler.has_unfinished_requests() and not stores
 
-    def _wait_for_copies(self) -> None:
+        self.run_until(idle, max_steps)
+
+    def settle(self) -> None:
         for child in self.worker.inner.children:
             for job_id in list(child.connector.worker._pending):
                 child.connector.worker.copies.wait(job_id)
