@@ -20,31 +20,17 @@ from typing import Any
 import pytest
 import torch
 import vllm
-from vllm import SamplingParams
-from vllm.config import (
-    CacheConfig,
-    DeviceConfig,
-    KVTransferConfig,
-    ModelConfig,
-    SchedulerConfig,
-    VllmConfig,
-)
+from vllm.config import KVTransferConfig, VllmConfig
 from vllm.distributed.kv_transfer import kv_transfer_state
-from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.forward_context import set_forward_context
-from vllm.utils.hashing import sha256_cbor
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.output import SchedulerOutput
-from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig
 from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import Request
-from vllm.v1.structured_output import StructuredOutputManager
 from vllm.v1.worker.gpu.kv_connector import ActiveKVConnector
 
-from kvscope.harness import configs
-from kvscope.harness.runner_output import runner_output
+from kvscope.harness import configs, stepped
+from kvscope.harness.stepped import ComputedBlock, SteppedEngine
 
 try:
     from vllm.v1.worker.kv_connector_model_runner_mixin import KVConnectorModelRunnerMixin
@@ -55,8 +41,6 @@ BLOCK = 32
 NUM_LAYERS = 2
 HEADS, HEAD_DIM = 2, 32
 OFFLOAD = configs.OFFLOAD_MODULE
-init_none_hash(sha256_cbor)
-HASHER = get_request_block_hasher(BLOCK, sha256_cbor)
 
 
 class HookOrder(StrEnum):
@@ -116,10 +100,7 @@ def kv_cache_config(num_blocks: int, zeroing: bool = False) -> KVCacheConfig:
     spec = FullAttentionSpec(BLOCK, num_kv_heads=HEADS, head_size=HEAD_DIM, dtype=torch.bfloat16)
     subclass = zeroing and not ZEROING_IS_A_FIELD
     cls = ZeroingKVCacheConfig if subclass else KVCacheConfig
-    layers = [f"layer.{i}" for i in range(NUM_LAYERS)]
-    config = cls(
-        num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(layers, spec)]
-    )
+    config = stepped.stepped_kv_cache_config(num_blocks, {"layer": spec}, NUM_LAYERS, cls)
     if zeroing and ZEROING_IS_A_FIELD:
         config.needs_kv_cache_zeroing = True
     return config
@@ -129,27 +110,11 @@ def vllm_config(
     model: Path, transfer: KVTransferConfig, num_blocks: int, **scheduler: Any
 ) -> VllmConfig:
     """`scheduler`: SchedulerConfig fields other than the defaults here (max_num_seqs=8)."""
-    config = VllmConfig(
-        model_config=ModelConfig(model=str(model), skip_tokenizer_init=True, max_model_len=1024),
-        scheduler_config=SchedulerConfig(
-            **{"max_num_seqs": 8, **scheduler},
-            max_num_batched_tokens=1024,
-            max_model_len=1024,
-            is_encoder_decoder=False,
-        ),
-        cache_config=CacheConfig(
-            block_size=BLOCK, enable_prefix_caching=True, num_gpu_blocks_override=num_blocks
-        ),
-        kv_transfer_config=transfer,
-        device_config=DeviceConfig("cpu"),
-    )
-    config.cache_config.num_gpu_blocks = num_blocks
-    return config
+    return stepped.stepped_vllm_config(model, transfer, num_blocks, BLOCK, **scheduler)
 
 
 def request(req_id: str, prompt: list[int], max_tokens: int) -> Request:
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    return Request(req_id, prompt, params, None, block_hasher=HASHER)
+    return stepped.stepped_request(req_id, prompt, max_tokens, BLOCK)
 
 
 def block_pattern(block_hash: bytes, layer: int) -> torch.Tensor:
@@ -160,7 +125,7 @@ def block_pattern(block_hash: bytes, layer: int) -> torch.Tensor:
     return values.repeat(cells // len(values) + 1)[:cells].view(HEADS, BLOCK, 2 * HEAD_DIM)
 
 
-class Rig:
+class Rig(SteppedEngine):
     """A scheduler and one worker of a connector, stepped in a runner's hook order."""
 
     def __init__(
@@ -171,25 +136,12 @@ class Rig:
         zeroing: bool = False,
         **scheduler: Any,
     ) -> None:
-        self.config = vllm_config(model, transfer, num_blocks, **scheduler)
-        self.kv_config = kv_cache_config(num_blocks, zeroing)
-        self.scheduler = Scheduler(
-            self.config,
-            self.kv_config,
-            StructuredOutputManager(self.config),
-            block_size=BLOCK,
-            log_stats=True,
-        )
-        cls = KVConnectorFactory.get_connector_class(transfer)
-        self.worker = cls(self.config, KVConnectorRole.WORKER, self.kv_config)
-        memory = [
-            torch.zeros(num_blocks, HEADS, BLOCK, 2 * HEAD_DIM, dtype=torch.bfloat16)
-            for _ in range(NUM_LAYERS)
-        ]
-        self.kv_caches = {f"layer.{i}": m for i, m in enumerate(memory)}
+        config = vllm_config(model, transfer, num_blocks, **scheduler)
+        kv_config = kv_cache_config(num_blocks, zeroing)
+        # V2's wrapper registers the KV caches itself, as its runner builds it.
+        super().__init__(config, kv_config, stepped.overlaid_kv_caches(kv_config), register=False)
         self.steps = 0
         with self.as_transfer_group():
-            # V2's wrapper registers the KV caches itself, as its runner builds it.
             self.v2 = ActiveKVConnector(self.config, self.kv_caches)
 
     @contextlib.contextmanager
@@ -200,9 +152,6 @@ class Rig:
             yield
         finally:
             kv_transfer_state._KV_CONNECTOR_AGENT = None
-
-    def add(self, req: Request) -> None:
-        self.scheduler.add_request(req)
 
     def step(
         self,
@@ -217,15 +166,16 @@ class Rig:
             before_worker(output)
         with self.as_transfer_group(), set_forward_context(None, self.config):
             kv_output = self._run_worker(order, output)
-        self.scheduler.update_from_output(output, runner_output(output, kv_output))
+        self.finish_step(output, kv_output)
         return output
 
     def _run_worker(self, order: HookOrder, output: SchedulerOutput) -> KVConnectorOutput:
+        """The worker's hooks and the forward in `order`, by vLLM's own runner code."""
         if order is HookOrder.V2:
             if output.total_num_scheduled_tokens == 0:
                 return self.v2.no_forward(output).kv_connector_output or KVConnectorOutput()
             self.v2.pre_forward(output)
-            self._forward(output)
+            self.forward(output)
             self.v2.finish_forward()
             return self.v2.post_forward(output.finished_req_ids) or KVConnectorOutput()
         deferred = order is HookOrder.DEFERRED
@@ -233,7 +183,7 @@ class Rig:
             if not deferred:
                 pytest.skip(f"vLLM {vllm.__version__} has no model runner V1")
             self.v2.pre_forward(output)
-            self._forward(output)
+            self.forward(output)
             self.v2.finish_forward()
             kv_output = self.v2.post_forward(output.finished_req_ids, defer_finalize=True)
             self.v2.finalize_step()  # after the drafter proposed
@@ -241,28 +191,24 @@ class Rig:
         with KVConnectorModelRunnerMixin._get_kv_connector_output(
             output, defer_finalize=deferred
         ) as kv_output:
-            self._forward(output)
+            self.forward(output)
         if deferred:
             KVConnectorModelRunnerMixin.finalize_kv_connector()  # after the drafter proposed
         return kv_output
 
-    def _forward(self, output: SchedulerOutput) -> None:
-        """Writes each block this step fills its content's pattern (full blocks only)."""
-        manager = self.scheduler.kv_cache_manager
-        for req_id, num_tokens in output.num_scheduled_tokens.items():
-            req = self.scheduler.requests[req_id]
-            done = req.num_computed_tokens  # schedule() already counted this step's tokens
-            first, last = (done - num_tokens) // BLOCK, done // BLOCK
-            block_ids = manager.get_block_ids(req_id)[0]
-            for index in range(first, min(last, len(block_ids), len(req.block_hashes))):
-                for layer in range(NUM_LAYERS):
-                    pattern = block_pattern(req.block_hashes[index], layer)
-                    self.kv_caches[f"layer.{layer}"][block_ids[index]] = pattern
+    def write_block(self, block: ComputedBlock) -> None:
+        """Each block this step fills gets its content's pattern (full blocks only)."""
+        req = self.scheduler.requests[block.req_id]
+        if block.index >= len(req.block_hashes):
+            return
+        for layer in range(NUM_LAYERS):
+            pattern = block_pattern(req.block_hashes[block.index], layer)
+            self.kv_caches[f"layer.{layer}"][block.block_id] = pattern
 
     def holds_right_kv(self, req_id: str, num_blocks: int) -> bool:
         """Whether the request's first blocks hold what the forward wrote for their content."""
         req = self.scheduler.requests[req_id]
-        block_ids = self.scheduler.kv_cache_manager.get_block_ids(req_id)[0]
+        block_ids = self.block_ids(req_id)[0]
         return all(
             torch.equal(
                 self.kv_caches[f"layer.{layer}"][block_ids[index]].float(),
