@@ -136,7 +136,7 @@ class SteppedEngine:
         worker's; register: whether the worker half registers kv_caches here (a runner's own
         wrapper may)."""
         self.config, self.kv_config, self.kv_caches = config, kv_config, kv_caches
-        self.block_size = config.cache_config.block_size
+        self.block_size = kv_config.kv_cache_groups[0].kv_cache_spec.block_size
         self.scheduler = Scheduler(
             config,
             scheduler_kv_config or kv_config,

@@ -13,18 +13,9 @@ import time
 from typing import TYPE_CHECKING, Any, Final
 
 import torch
-from vllm import SamplingParams
 from vllm.config import KVTransferConfig
-from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
-from vllm.utils.hashing import sha256_cbor
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.outputs import KVConnectorOutput
-from vllm.v1.request import Request
-from vllm.v1.structured_output import StructuredOutputManager
 
-from kvscope.harness.runner_output import runner_output
+from kvscope.harness.stepped import ComputedBlock, SteppedEngine, stepped_request
 
 if TYPE_CHECKING:
     from tests.gpu_handoff.builder import HandOff
@@ -35,8 +26,6 @@ OFFLOAD_MODULE: Final = "kvscope.connector.cpu_offload.connector"
 """Where the traced offload connector lives."""
 CONNECTORS: Final = ("core", "traced", "multi")
 """The connector set-ups over the offload connector: untraced, traced, and inside a Multi."""
-
-init_none_hash(sha256_cbor)
 
 
 def offload_transfer_config(setup: str, extra: dict[str, Any] | None = None) -> KVTransferConfig:
@@ -70,69 +59,42 @@ def pattern(numel: int, req_id: str, group: int, index: int, layer: int) -> torc
     return ((torch.arange(numel, dtype=torch.int64) * 7 + seed) % 251).to(torch.uint8)
 
 
-class HandOffEngine:
+class HandOffEngine(SteppedEngine):
     """A scheduler with the connector's scheduler half and one worker half, stepped by hand."""
 
     def __init__(self, handoff: HandOff):
         self.handoff = handoff
-        config = handoff.vllm_config
-        self.block_size = handoff.block_size
-        self.hasher = get_request_block_hasher(self.block_size, sha256_cbor)
-        self.scheduler = Scheduler(
-            config,
-            handoff.scheduler_kv_cache_config,
-            StructuredOutputManager(config),
-            block_size=self.block_size,
-            log_stats=True,
+        super().__init__(
+            handoff.vllm_config,
+            handoff.kv_cache_config,
+            handoff.kv_caches,
+            scheduler_kv_config=handoff.scheduler_kv_cache_config,
         )
-        self.worker = KVConnectorFactory.create_connector(
-            config, KVConnectorRole.WORKER, handoff.kv_cache_config
-        )
-        self.worker.register_kv_caches(handoff.kv_caches)
         # Layers that own KV, per group: KV-sharing layers write nowhere of their own.
         self.group_layers = [g.layer_names for g in handoff.kv_cache_config.kv_cache_groups]
-        self.outputs: list[KVConnectorOutput] = []
         # Each request's block ids when it last ran (vLLM forgets them when it finishes).
         self.request_blocks: dict[str, tuple[list[int], ...]] = {}
 
     def add(self, req_id: str, prompt: list[int], max_tokens: int = 1) -> None:
-        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-        self.scheduler.add_request(Request(req_id, prompt, params, None, block_hasher=self.hasher))
+        super().add(stepped_request(req_id, prompt, max_tokens, self.block_size))
 
-    def step(self) -> Any:
-        output = self.scheduler.schedule()
-        self.worker.bind_connector_metadata(output.kv_connector_metadata)
-        self.worker.start_load_kv(None)
-        self._forward(output)
-        self.worker.wait_for_save()
+    def settle(self) -> None:
         time.sleep(0.01)  # the CPU copy thread posts results right after each copy
-        results = self.worker.get_transfer_results(output.finished_req_ids)
-        kv_output = KVConnectorOutput(
-            finished_sending=results.finished_sending,
-            finished_recving=results.finished_recving,
-            failed_recving=results.failed_recving,
-            invalid_block_ids=self.worker.get_block_ids_with_load_errors(),
-            kv_connector_worker_meta=self.worker.build_connector_worker_meta(),
-        )
-        self.worker.clear_connector_metadata()
-        self.outputs.append(kv_output)
-        runner = runner_output(output, kv_output)
-        self.scheduler.update_from_output(output, runner)
-        return output
 
     def run_until_idle(self, max_steps: int = 60) -> None:
         """Steps until every request finished and vLLM's prefix cache could be emptied (which
         needs the connector to have let go of every block it was storing)."""
-        for _ in range(max_steps):
-            self.step()
-            if not self.scheduler.has_unfinished_requests() and self.scheduler.reset_prefix_cache():
-                return
-        raise AssertionError("requests or stores still unfinished")
+        scheduler = self.scheduler
+        self.run_until(
+            lambda: not scheduler.has_unfinished_requests() and scheduler.reset_prefix_cache(),
+            max_steps,
+            "requests or stores still unfinished",
+        )
 
     def block_ids(self, req_id: str) -> tuple[list[int], ...]:
         """A request's block ids per group, now or when it last ran."""
         if req_id in self.scheduler.requests:
-            return self.scheduler.kv_cache_manager.get_block_ids(req_id)
+            return super().block_ids(req_id)
         return self.request_blocks[req_id]
 
     def clobber(self) -> None:
@@ -146,20 +108,15 @@ class HandOffEngine:
         numel = self.handoff.block_bytes(layer_name, 0).numel()
         return pattern(numel, req_id, group, index, layer)
 
-    def _forward(self, output: Any) -> None:
-        for req_id, num_tokens in output.num_scheduled_tokens.items():
-            done = self.scheduler.requests[req_id].num_computed_tokens  # already counts this step
-            first, last = (done - num_tokens) // self.block_size, done // self.block_size
+    def forward(self, output: Any) -> None:
+        for req_id in output.num_scheduled_tokens:
             self.request_blocks[req_id] = self.block_ids(req_id)
-            for group, ids in enumerate(self.request_blocks[req_id]):
-                for index in range(first, min(last, len(ids))):
-                    for layer_name in self.group_layers[group]:
-                        self._write(
-                            layer_name, ids[index], self.written(req_id, group, index, layer_name)
-                        )
+        super().forward(output)
 
-    def _write(self, layer_name: str, block_id: int, data: torch.Tensor) -> None:
-        view = self.handoff.kv_caches[layer_name]
-        ratio = view.shape[0] // self.handoff.num_blocks
-        rows = view[block_id * ratio : (block_id + 1) * ratio]
-        rows.view(torch.uint8).copy_(data.view(rows.view(torch.uint8).shape))
+    def write_block(self, block: ComputedBlock) -> None:
+        for layer_name in self.group_layers[block.group]:
+            data = self.written(block.req_id, block.group, block.index, layer_name)
+            view = self.handoff.kv_caches[layer_name]
+            ratio = view.shape[0] // self.handoff.num_blocks
+            rows = view[block.block_id * ratio : (block.block_id + 1) * ratio]
+            rows.view(torch.uint8).copy_(data.view(rows.view(torch.uint8).shape))
