@@ -1,13 +1,20 @@
 """Facts a hook reports while no span is recording, kept for the span that ends up covering them."""
 
 import time
+from collections.abc import Sequence
 from contextvars import ContextVar
 from typing import Any
 
 from opentelemetry import trace
 
-Kept = list[tuple[str, dict, int]]
-"""Events as (name, attributes, epoch ns)."""
+Event = tuple[str, dict, int]
+"""An event as (name, attributes, epoch ns)."""
+
+Kept = list[Event]
+"""The events a caller keeps (call_buffered, keep_for_step)."""
+
+Events = Sequence[Event]
+"""Events to put on a span: those kept, or none (an empty tuple)."""
 
 _buffer: ContextVar[Kept | None] = ContextVar("kvscope_event_buffer", default=None)
 
@@ -46,7 +53,7 @@ def end_step_keeping() -> None:
     _buffer.set(None)
 
 
-def add_events(span: trace.Span, events: Kept) -> None:
+def add_events(span: trace.Span, events: Events) -> None:
     """Puts events kept by call_buffered() on the span that ended up covering them."""
     for name, attributes, timestamp in events:
         span.add_event(name, attributes, timestamp=timestamp)

@@ -97,6 +97,7 @@ def _forwarding_method(name: str, inner_attribute: str):
 
     forward.__name__ = forward.__qualname__ = name
     forward.__doc__ = f"Forwarded to the wrapped connector's {name}."
+    # typeshed's FunctionType declares no __signature__, which inspect.signature() reads.
     forward.__signature__ = inspect.signature(base)  # type: ignore[attr-defined]
     return forward
 

@@ -2,7 +2,7 @@
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -57,9 +57,13 @@ class HookSpans:
         hook: str,
         parent: Context | None = None,
         links: Sequence[Link] = (),
+        /,
         **attributes: Any,
     ) -> "HookSpan":
-        """A span around one hook call; an exception is recorded and re-raised unchanged."""
+        """A span around one hook call; an exception is recorded and re-raised unchanged.
+
+        hook, parent and links are positional only: `**attributes` (keys from names) never
+        fills them."""
         span = self.tracer.start_span(
             names.SPAN_HOOK_PREFIX + hook,
             context=parent,
@@ -88,10 +92,12 @@ class HookSpans:
         name: str,
         parent: Context | None = None,
         links: Sequence[Link] = (),
+        /,
         start_time: int | None = None,
         **attributes: Any,
     ) -> Span:
-        """A span the caller ends (request and step spans)."""
+        """A span the caller ends (request and step spans); name, parent and links are
+        positional only, as in hook()."""
         return self.tracer.start_span(
             name,
             context=parent,
@@ -115,7 +121,7 @@ class HookSpan:
         self._token = otel_context.attach(trace.set_span_in_context(self.span))
         return self.span
 
-    def __exit__(self, kind, error, traceback) -> bool:
+    def __exit__(self, kind, error, traceback) -> Literal[False]:
         otel_context.detach(self._token)
         if error is not None:
             self.span.record_exception(error)

@@ -2,7 +2,7 @@
 
 import copy
 import os
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
@@ -21,6 +21,8 @@ from kvscope.traces.worker_spans import WorkerTracing
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.config.kv_transfer import KVTransferConfig
+
+    from kvscope.traces.hook_host import KvCacheAccessClass
 
 EXTRA_LAYER_MODE: Final = "trace_layer_mode"
 """kv_connector_extra_config key: 'aggregated' (default) or 'per_layer' spans for layer hooks."""
@@ -127,6 +129,8 @@ class InstrumentedConnector(SchedulerHooks, WorkerHooks, KVConnectorBase_V1):
     @classmethod
     def inner_vllm_config(cls, vllm_config: "VllmConfig") -> "VllmConfig":
         outer = vllm_config.kv_transfer_config
+        if outer is None:  # no connector configured: nothing to hand on
+            return vllm_config
         inner = cls.inner_transfer_config(outer)
         if inner is outer:
             return vllm_config
@@ -194,7 +198,7 @@ class InstrumentedConnector(SchedulerHooks, WorkerHooks, KVConnectorBase_V1):
     def kv_cache_access(cls, kv_transfer_config: "KVTransferConfig") -> Any:
         """vLLM 0.34's question (how the extensible KV cache allocates): the wrapped class's
         KVCacheAccess, so a connector that registers the cache keeps one allocation a segment."""
-        inner = cls._inner_class_of_transfer(kv_transfer_config)
+        inner = cast("KvCacheAccessClass", cls._inner_class_of_transfer(kv_transfer_config))
         return inner.kv_cache_access(cls.inner_transfer_config(kv_transfer_config))
 
     @classmethod

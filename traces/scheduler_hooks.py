@@ -1,6 +1,8 @@
 """Traced scheduler-side hooks: each opens a span, delegates to the inner connector in one call."""
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import SupportsHMA
 
 from kvscope.traces import names
 from kvscope.traces.attribute_values import (
@@ -12,8 +14,14 @@ from kvscope.traces.attribute_values import (
 )
 from kvscope.traces.metadata import TracedMetadata, carry
 
+if TYPE_CHECKING:
+    from kvscope.traces.hook_host import ConnectorHost as _Host
+    from kvscope.traces.hook_host import LoadsAsync
+else:
+    _Host = object
 
-class SchedulerHooks:
+
+class SchedulerHooks(_Host):
     """Mixin for InstrumentedConnector: the hooks vLLM's scheduler calls."""
 
     def _request_hook(self, hook: str, request: Any, **attributes: Any):
@@ -33,7 +41,7 @@ class SchedulerHooks:
         """vLLM 0.34's question on each arrival (--max-num-inflight-kv-loads), untraced: the
         wrapped connector's answer. Written out, since the generated forwarders follow the
         installed vLLM: the wrapper's API is then one on every supported release."""
-        return self._inner.may_load_async(request)
+        return cast("LoadsAsync", self._inner).may_load_async(request)
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int):
         with self._request_hook("get_num_new_matched_tokens", request) as span:
@@ -117,8 +125,9 @@ class SchedulerHooks:
 
     def request_finished_all_groups(self, request: Any, block_ids: tuple[list[int], ...]):
         if self._inner_supports_hma:
-            call = self._inner.request_finished_all_groups
-            return self._finished(request, block_ids[0], call, block_ids, len(block_ids))
+            assert isinstance(self._inner, SupportsHMA)  # what _inner_supports_hma says
+            all_groups = self._inner.request_finished_all_groups
+            return self._finished(request, block_ids[0], all_groups, block_ids, len(block_ids))
         if len(block_ids) != 1:  # vLLM enabled HMA for a class that is SupportsHMA: us
             raise RuntimeError(
                 f"{type(self._inner).__name__} is not SupportsHMA and got {len(block_ids)} KV "

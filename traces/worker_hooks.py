@@ -1,7 +1,7 @@
 """Traced worker-side hooks: a step span per bound metadata, a span per hook, per-layer timings."""
 
 import time
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from kvscope.traces import names
 from kvscope.traces.attribute_values import (
@@ -30,8 +30,13 @@ which in a quiet step call the wrapped connector bare (each checks `_quiet_step`
 they return reaches the scheduler's update_connector_output, traced when it holds anything.
 Load errors are not among them: their load_failed event must not wait for a step with work."""
 
+if TYPE_CHECKING:
+    from kvscope.traces.hook_host import ConnectorHost as _Host
+else:
+    _Host = object
 
-class WorkerHooks:
+
+class WorkerHooks(_Host):
     """Mixin for InstrumentedConnector: the hooks vLLM's model runner and attention layers call."""
 
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:

@@ -6,10 +6,11 @@ from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span
 
 from kvscope.traces import context, names
-from kvscope.traces.buffer import add_events, call_buffered, end_step_keeping, keep_for_step
+from kvscope.traces.buffer import Events, add_events, call_buffered, end_step_keeping, keep_for_step
 from kvscope.traces.hook_spans import HookSpans, from_headers
 from kvscope.traces.metadata import TracedMetadata
 
@@ -31,7 +32,7 @@ class WorkerTracing:
         self.spans = spans
         self.per_layer = per_layer
         self.step_span: Span | None = None
-        self.step_context = None
+        self.step_context: Context | None = None
         self.step_index = -1
         self.request_spans: dict[str, Span] = {}
         self.loading: frozenset[str] = frozenset()
@@ -60,6 +61,7 @@ class WorkerTracing:
             span = self.spans.start(
                 names.SPAN_WORKER_REQUEST,
                 parent,
+                start_time=None,  # named: the attributes' ** would fill it, for the checker
                 **{
                     names.REQUEST_ID: req_id,
                     names.STEP: metadata.step,
@@ -77,7 +79,7 @@ class WorkerTracing:
         self.quiet_steps = 0
         self.step_context = trace.set_span_in_context(self.step_span)
 
-    def call_in_step(self, call, *args: Any) -> tuple[Any, list[tuple[str, dict, int]]]:
+    def call_in_step(self, call, *args: Any) -> tuple[Any, Events]:
         """Runs a per-step query; returns (its result, the events it reported outside a span).
 
         In a traced step the step span is current, so the connector's facts land on it; in a

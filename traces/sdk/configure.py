@@ -86,21 +86,25 @@ def configure_tracing(
     with _lock:
         if _configured or not settings.enabled:
             return False
-        provider = trace.get_tracer_provider()
-        joined = isinstance(provider, TracerProvider)
+        current = trace.get_tracer_provider()
+        joined = isinstance(current, TracerProvider)
         exporters = list(exporters or []) + [
             make_exporter(d, settings.backend_token) for d in _destinations(settings, joined)
         ]
         if not exporters and not joined:  # a joined provider exports our spans itself
             return False
         origin = uuid.uuid4().hex
-        if not joined:
+        if isinstance(current, TracerProvider):  # joined
+            provider = current
+        else:
             provider = TracerProvider(
                 resource=_resource(settings, service_name, origin, attributes)
             )
             trace.set_tracer_provider(provider)
         # Tracers made from now on (ours included) draw ids that vLLM's seeding cannot repeat.
-        provider.id_generator = SystemRandomIdGenerator()
+        # opentelemetry-sdk leaves TracerProvider.id_generator unannotated: mypy takes the type
+        # of its default (RandomIdGenerator) for it, where the SDK accepts any IdGenerator.
+        provider.id_generator = SystemRandomIdGenerator()  # type: ignore[assignment]
         _sequence = SequenceProcessor(origin)
         provider.add_span_processor(_sequence)
         for exporter in exporters:

@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TypedDict
 from urllib.parse import urlsplit
 from urllib.request import getproxies, proxy_bypass
 
@@ -60,12 +61,18 @@ def timeout_from_env() -> float:
     return DEFAULT_TIMEOUT_S
 
 
+class _Tls(TypedDict, total=False):
+    """The TLS options connection_pool passes on to urllib3's connection pools."""
+
+    ca_certs: str
+
+
 def connection_pool(endpoint: str, certificate: str | None = None) -> urllib3.PoolManager:
     """Kept-alive connections to one endpoint, through the proxy the environment names for it
     (HTTP(S)_PROXY and NO_PROXY, as the SDK's exporter honours them)."""
     url = urlsplit(endpoint)
     proxy = None if proxy_bypass(url.hostname or "") else getproxies().get(url.scheme)
-    tls = {"ca_certs": certificate} if certificate else {}
+    tls: _Tls = {"ca_certs": certificate} if certificate else {}
     if proxy:
         return urllib3.ProxyManager(proxy, num_pools=1, maxsize=1, **tls)
     return urllib3.PoolManager(num_pools=1, maxsize=1, **tls)
@@ -95,7 +102,7 @@ class OtlpHttpExporter(SpanExporter):
         self.encoding = encoding
         self._timeout_s = timeout_s if timeout_s is not None else timeout_from_env()
         self._gzip = (_env("COMPRESSION") or "none").lower() == "gzip"
-        self._headers = parse_env_headers(_env("HEADERS") or "", liberal=True)
+        self._headers = dict(parse_env_headers(_env("HEADERS") or "", liberal=True))
         self._headers.update({"Content-Type": CONTENT_TYPES[encoding], **(headers or {})})
         if self._gzip:
             self._headers["Content-Encoding"] = "gzip"
@@ -175,7 +182,7 @@ class OtlpGrpcExporter(OTLPSpanExporter):
     def __init__(
         self, endpoint: str | None = None, headers: dict[str, str] | None = None, **kwargs
     ) -> None:
-        metadata = parse_env_headers(_env("HEADERS") or "", liberal=True)
+        metadata = dict(parse_env_headers(_env("HEADERS") or "", liberal=True))
         metadata.update((key.lower(), value) for key, value in (headers or {}).items())
         super().__init__(endpoint=endpoint, headers=metadata or None, **kwargs)
 

@@ -43,7 +43,7 @@ class SequenceProcessor(SpanProcessor):
             return
         attributes = getattr(span, "_attributes", None)
         frozen = getattr(attributes, "_immutable", None)
-        if frozen is None:  # an SDK whose span keeps its attributes otherwise
+        if attributes is None or frozen is None:  # an SDK whose span keeps its attributes otherwise
             return
         # The SDK freezes attributes just before OnEnding; the spec lets OnEnding change them.
         attributes._immutable = False

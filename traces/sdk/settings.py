@@ -1,6 +1,7 @@
 """Tracing settings read from the standard OTEL_* variables plus kvscope's own KVSCOPE_* ones."""
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit
 
@@ -35,7 +36,7 @@ class TracingSettings:
     backend_token: str | None = None
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> "TracingSettings":
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "TracingSettings":
         env = os.environ if env is None else env
         layer_mode = env.get("KVSCOPE_LAYER_SPANS", "aggregated")
         if layer_mode not in LAYER_MODES:
@@ -53,7 +54,7 @@ class TracingSettings:
         )
 
 
-def _destinations(env: dict[str, str]) -> list[Destination]:
+def _destinations(env: Mapping[str, str]) -> list[Destination]:
     """KVSCOPE_OTLP_ENDPOINTS (several, comma-separated), the standard OTLP endpoint, a file."""
     found: list[Destination] = []
     for url in filter(None, (u.strip() for u in env.get("KVSCOPE_OTLP_ENDPOINTS", "").split(","))):
@@ -71,7 +72,7 @@ def _destinations(env: dict[str, str]) -> list[Destination]:
     return [d for i, d in enumerate(found) if d not in found[:i]]
 
 
-def _mark_backend(found: list[Destination], env: dict[str, str]) -> list[Destination]:
+def _mark_backend(found: list[Destination], env: Mapping[str, str]) -> list[Destination]:
     backends = []
     if url := env.get("KVSCOPE_BACKEND_URL", "").strip():
         backends.append(Destination("http/protobuf", url))
@@ -103,7 +104,7 @@ def backend_destination(destination: Destination, backends: list[Destination]) -
     return server is not None and any(server == _server(b) for b in backends)
 
 
-def _base_endpoint(env: dict[str, str]) -> str | None:
+def _base_endpoint(env: Mapping[str, str]) -> str | None:
     base = env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
     if not base:
         return None
