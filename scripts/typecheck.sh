@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${KVSCOPE_VENV:-.venv}
 FOLDERS=(cli model connector traces backend dashboard demo bench verify harness deploy)
-PACKAGES=(backend dashboard cli deploy demo harness verify model)
+PACKAGES=(backend dashboard cli deploy demo harness verify model traces)
 
 root=build/typecheck
 mkdir -p "$root/kvscope"
